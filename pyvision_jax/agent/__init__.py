@@ -1,0 +1,1 @@
+"""The agent: prompts, action parsing, the sandboxed Python runtime, episodes and tasks."""

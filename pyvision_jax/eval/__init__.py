@@ -1,0 +1,1 @@
+"""Benchmark evaluation and the HTML trajectory viewer."""

@@ -1,0 +1,1 @@
+"""Image/video preprocessing to patches, tokenizers and chat templates, visual-token counts."""

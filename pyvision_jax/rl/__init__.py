@@ -1,0 +1,1 @@
+"""The PyVision-RL math: answer scoring, rewards, group selection, advantages, losses."""

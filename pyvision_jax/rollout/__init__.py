@@ -1,0 +1,1 @@
+"""Rollout engines, the trajectory queue, rollout workers and weight publishing."""

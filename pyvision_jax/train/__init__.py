@@ -1,0 +1,1 @@
+"""The sharded GRPO trainer."""

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs pyvision_jax into ./.venv with every pinned dependency, plus the Debian packages
+# the sandbox and the queue need (bubblewrap, redis-server). Idempotent.
+#   bash scripts/install.sh          # runtime + test dependencies
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if command -v apt-get >/dev/null 2>&1; then
+  missing=()
+  command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  if [ ${#missing[@]} -gt 0 ]; then
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+  fi
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+# The CPU torch first, by exact version, so no resolver ever pulls a CUDA build.
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[test]"
