@@ -1,0 +1,176 @@
+"""Training metrics: TensorBoard scalars and a one-line console summary per step.
+
+The scalar names the trainer logs are constants here so that the trainer, the launcher and the
+tests share one spelling. `TRAINER_SCALARS` lists the names every training step writes;
+`end_reason_tag(name)` builds the per-end-reason names (`end_reason/<NAME>`), one per episode
+end reason.
+
+Event files are written with `tensorboard.summary.Writer` (no TensorFlow needed); they read
+back with `tensorboard.backend.event_processing.event_accumulator` as tensors of the
+"scalars" plugin.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from tensorboard.summary import Writer
+
+REWARD_TOTAL = "reward/total"
+REWARD_ACCURACY = "reward/accuracy"
+TOOLS_CALLS_PER_TRAJ = "tools/calls_per_traj"
+RESPONSE_LENGTH = "response/length"
+VISUAL_TOKENS_PER_TRAJ = "visual_tokens/per_traj"
+ACTOR_ENTROPY = "actor/entropy"
+ACTOR_GRAD_NORM = "actor/grad_norm"
+ACTOR_CLIPFRAC = "actor/clipfrac"
+ACTOR_APPROX_KL = "actor/approx_kl"
+ACTOR_IS_RATIO_MAX = "actor/is_ratio_max"
+FILTER_ZERO_VARIANCE_FRAC = "filter/zero_variance_frac"
+FILTER_BROKEN_FRAC = "filter/broken_frac"
+FILTER_GROUPS_KEPT = "filter/groups_kept"
+PERF_STEP_TIME = "perf/step_time"
+PERF_ROLLOUT_WAIT = "perf/rollout_wait"
+PERF_TOKENS_PER_SEC = "perf/tokens_per_sec"
+VERSION_STALENESS_MEAN = "version/staleness_mean"
+END_REASON_PREFIX = "end_reason/"
+
+TRAINER_SCALARS: tuple[str, ...] = (
+    REWARD_TOTAL,
+    REWARD_ACCURACY,
+    TOOLS_CALLS_PER_TRAJ,
+    RESPONSE_LENGTH,
+    VISUAL_TOKENS_PER_TRAJ,
+    ACTOR_ENTROPY,
+    ACTOR_GRAD_NORM,
+    ACTOR_CLIPFRAC,
+    ACTOR_APPROX_KL,
+    ACTOR_IS_RATIO_MAX,
+    FILTER_ZERO_VARIANCE_FRAC,
+    FILTER_BROKEN_FRAC,
+    FILTER_GROUPS_KEPT,
+    PERF_STEP_TIME,
+    PERF_ROLLOUT_WAIT,
+    PERF_TOKENS_PER_SEC,
+    VERSION_STALENESS_MEAN,
+)
+"""Names written at every training step (besides one `end_reason/<NAME>` per end reason)."""
+
+# (tag, short label, format) of the fields in the console line, in order.
+CONSOLE_FIELDS: tuple[tuple[str, str, str], ...] = (
+    (REWARD_TOTAL, "reward", ".3f"),
+    (REWARD_ACCURACY, "acc", ".3f"),
+    (TOOLS_CALLS_PER_TRAJ, "tools", ".2f"),
+    (RESPONSE_LENGTH, "len", ".0f"),
+    (ACTOR_GRAD_NORM, "gnorm", ".3g"),
+    (ACTOR_CLIPFRAC, "clip", ".3f"),
+    (FILTER_GROUPS_KEPT, "kept", ".0f"),
+    (VERSION_STALENESS_MEAN, "stale", ".2f"),
+    (PERF_STEP_TIME, "step_s", ".2f"),
+    (PERF_ROLLOUT_WAIT, "wait_s", ".2f"),
+    (PERF_TOKENS_PER_SEC, "tok/s", ".4g"),
+)
+
+_END_REASON_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def end_reason_tag(name: str) -> str:
+    """The scalar name for the fraction of trajectories that ended for reason `name`."""
+    if not isinstance(name, str) or not _END_REASON_NAME.match(name):
+        raise ValueError(
+            f"end reason name must be a non-empty string of letters, digits, '_', '.' or '-'; "
+            f"got {name!r}"
+        )
+    return END_REASON_PREFIX + name
+
+
+def _scalar_value(tag: str, step: int, value: Any) -> float:
+    array = np.asarray(value)
+    if array.size != 1:
+        raise ValueError(f"metric {tag!r} at step {step}: expected a scalar, got shape {array.shape}")
+    if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
+        raise ValueError(f"metric {tag!r} at step {step}: expected a number, got dtype {array.dtype}")
+    if np.iscomplexobj(array):
+        raise ValueError(f"metric {tag!r} at step {step}: expected a real number, got a complex value")
+    return float(array.reshape(()))
+
+
+def _checked_step(step: Any) -> int:
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise ValueError(f"step must be a non-negative integer, got {step!r}")
+    return int(step)
+
+
+def format_console_line(
+    step: int, scalars: Mapping[str, Any], total_steps: int | None = None
+) -> str:
+    """One concise line for a step, e.g. `step 3/10 | reward 0.512 | acc 0.438 | ...`.
+
+    Only the `CONSOLE_FIELDS` present in `scalars` appear; non-finite values print as `nan`/`inf`.
+    """
+    step = _checked_step(step)
+    head = f"step {step}" if total_steps is None else f"step {step}/{total_steps}"
+    parts = [head]
+    for tag, label, fmt in CONSOLE_FIELDS:
+        if tag in scalars:
+            value = _scalar_value(tag, step, scalars[tag])
+            text = format(value, fmt) if math.isfinite(value) else str(value)
+            parts.append(f"{label} {text}")
+    return " | ".join(parts)
+
+
+class MetricsWriter:
+    """Writes named scalars per step to TensorBoard event files under `logdir`.
+
+    Not thread-safe (neither is the underlying `tensorboard.summary.Writer`): call it from the
+    trainer's loop only. `close()` flushes and is idempotent; the writer is a context manager.
+    """
+
+    def __init__(self, logdir: str | os.PathLike[str]) -> None:
+        self._logdir = os.fspath(logdir)
+        os.makedirs(self._logdir, exist_ok=True)
+        self._writer: Writer | None = Writer(self._logdir)
+
+    @property
+    def logdir(self) -> str:
+        return self._logdir
+
+    def _open_writer(self) -> Writer:
+        if self._writer is None:
+            raise RuntimeError(f"MetricsWriter for {self._logdir} is closed")
+        return self._writer
+
+    def write(self, step: int, scalars: Mapping[str, Any]) -> None:
+        """Writes every (name, value) of `scalars` at `step`; values are numbers or size-1 arrays.
+
+        All values are validated before any is written, so a bad value leaves no partial step.
+        """
+        writer = self._open_writer()
+        step = _checked_step(step)
+        checked: list[tuple[str, float]] = []
+        for tag, value in scalars.items():
+            if not isinstance(tag, str) or not tag or tag != tag.strip():
+                raise ValueError(f"metric name must be a non-empty string without surrounding "
+                                 f"whitespace, got {tag!r}")
+            checked.append((tag, _scalar_value(tag, step, value)))
+        for tag, value in checked:
+            writer.add_scalar(tag, value, step)
+
+    def flush(self) -> None:
+        self._open_writer().flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
