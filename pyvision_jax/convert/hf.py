@@ -1,0 +1,336 @@
+"""Hugging Face Qwen2.5-VL checkpoint directories <-> (ModelConfig, Flax params pytree).
+
+Both directions stream one tensor at a time, so peak host memory stays near one copy of the
+model (plus one tensor): tensors are read with ``readinto`` into their final Flax layout and
+placed on devices before the next one is read; on export each leaf is written in row chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from pyvision_jax.convert import names
+from pyvision_jax.convert.layout import hf_chunks, read_flax_leaf
+from pyvision_jax.convert.safetensors_io import TensorEntry, TensorSpec, read_header, write_file
+from pyvision_jax.models.config import ModelConfig
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
+
+Params = dict[str | int, Any]
+ShardingSpec = jax.sharding.Sharding | Mapping | Callable[[names.ParamPath, tuple[int, ...]], Any] | None
+
+
+class CheckpointMismatchError(ValueError):
+    """Tensors missing, unexpected, duplicated or of the wrong shape, all listed by name."""
+
+    def __init__(
+        self,
+        source: str,
+        missing: Iterable[str] = (),
+        unexpected: Iterable[str] = (),
+        mis_shaped: Iterable[str] = (),
+        duplicated: Iterable[str] = (),
+    ):
+        self.missing, self.unexpected = sorted(missing), sorted(unexpected)
+        self.mis_shaped, self.duplicated = sorted(mis_shaped), sorted(duplicated)
+        lines = [f"{source} does not match its config:"]
+        for title, items in (
+            ("missing tensors", self.missing),
+            ("unexpected tensors", self.unexpected),
+            ("tensors with the wrong shape", self.mis_shaped),
+            ("tensors stored twice", self.duplicated),
+        ):
+            if items:
+                lines.append(f"  {len(items)} {title}:")
+                lines.extend(f"    {item}" for item in items)
+        super().__init__("\n".join(lines))
+
+    @property
+    def problems(self) -> bool:
+        return bool(self.missing or self.unexpected or self.mis_shaped or self.duplicated)
+
+
+# ---------------------------------------------------------------------------- load
+
+
+def read_hf_config(hf_dir: Path) -> dict[str, Any]:
+    """The raw config.json of an HF checkpoint directory."""
+    path = Path(hf_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (expected a Hugging Face checkpoint directory)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+
+
+def _weight_files(hf_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """Safetensors files of a checkpoint and, when sharded, the index's weight map."""
+    index_path = hf_dir / INDEX_FILE
+    if index_path.is_file():
+        try:
+            weight_map = json.loads(index_path.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{index_path}: not a safetensors index with a 'weight_map' ({err})") from None
+        files = [hf_dir / name for name in sorted(set(weight_map.values()))]
+        absent = [str(f) for f in files if not f.is_file()]
+        if absent:
+            raise FileNotFoundError(f"{index_path} lists shard files that do not exist: {', '.join(absent)}")
+        return files, weight_map
+    if (hf_dir / SINGLE_FILE).is_file():
+        return [hf_dir / SINGLE_FILE], None
+    files = sorted(hf_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{hf_dir}: no {INDEX_FILE}, {SINGLE_FILE} or other *.safetensors file")
+    return files, None
+
+
+def _checkpoint_entries(hf_dir: Path, hf_config: Mapping[str, Any]) -> dict[str, TensorEntry]:
+    """Header entries of every stored tensor, keyed by Hub name, after checking them all
+    against the shapes the config implies; raises one error listing every problem."""
+    files, weight_map = _weight_files(hf_dir)
+    expected = names.checkpoint_shapes(hf_config)
+    entries: dict[str, TensorEntry] = {}
+    seen: dict[str, str] = {}
+    unexpected, mis_shaped, duplicated, missing = [], [], [], []
+    for file in files:
+        file_entries, _ = read_header(file)
+        for stored_name, entry in file_entries.items():
+            name = names.hub_name(stored_name)
+            where = f"{stored_name} (in {file.name})"
+            if names.is_tied_lm_head(name, hf_config):
+                continue
+            if name not in expected:
+                unexpected.append(where)
+            elif name in seen:
+                duplicated.append(f"{name} (as {seen[name]} and {where})")
+            elif entry.shape != expected[name]:
+                mis_shaped.append(f"{where}: shape {list(entry.shape)}, expected {list(expected[name])}")
+            else:
+                entries[name] = entry
+            seen.setdefault(name, where)
+        if weight_map is not None:
+            listed = {n for n, f in weight_map.items() if f == file.name}
+            missing.extend(f"{n} (listed for {file.name} in {INDEX_FILE})" for n in sorted(listed - set(file_entries)))
+    missing.extend(n for n in expected if n not in seen)
+    mismatch = CheckpointMismatchError(str(hf_dir), missing, unexpected, mis_shaped, duplicated)
+    if mismatch.problems:
+        raise mismatch
+    return entries
+
+
+def _placement(sharding: ShardingSpec, path: names.ParamPath, shape: tuple[int, ...]) -> Any:
+    """The sharding of one leaf: one Sharding for all, a params-shaped tree, or a callable."""
+    if sharding is None or isinstance(sharding, jax.sharding.Sharding):
+        return sharding
+    if isinstance(sharding, Mapping):
+        node: Any = sharding
+        for key in path:
+            node = node[key]
+        return node
+    return sharding(path, shape)
+
+
+def _set_leaf(tree: Params, path: names.ParamPath, value: Any) -> None:
+    node = tree
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+
+
+def load_hf(
+    hf_dir: str | os.PathLike,
+    dtype: Any = None,
+    sharding: ShardingSpec = None,
+    progress: bool = True,
+) -> tuple[ModelConfig, Params]:
+    """Loads an HF Qwen2.5-VL directory as ``(ModelConfig, params)``.
+
+    Accepts a single ``model.safetensors`` or shards with ``model.safetensors.index.json``,
+    Hub names or transformers-v5 names. ``dtype`` (e.g. ``"bfloat16"``) casts every tensor,
+    ``None`` keeps the stored dtypes. ``sharding`` is a ``jax.sharding.Sharding`` for every
+    leaf, a params-shaped tree of them, or ``fn(path, shape) -> Sharding``; each tensor is
+    placed with ``jax.device_put`` before the next is read.
+    """
+    hf_dir = Path(hf_dir)
+    hf_config = read_hf_config(hf_dir)
+    config = ModelConfig.from_hf_dict(hf_config, source=str(hf_dir / CONFIG_FILE))
+    entries = _checkpoint_entries(hf_dir, hf_config)
+    target = None if dtype is None else np.dtype(jnp.dtype(dtype))
+    by_file: dict[Path, list[tuple[str, TensorEntry]]] = defaultdict(list)
+    for name, entry in entries.items():
+        by_file[entry.file].append((name, entry))
+    params: Params = {}
+    total = sum(e.nbytes for e in entries.values())
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"loading {hf_dir.name}", disable=not progress) as bar:
+        for file, file_entries in by_file.items():
+            with open(file, "rb") as fh:
+                for name, entry in sorted(file_entries, key=lambda item: item[1].start):
+                    path = names.flax_path(name)
+                    leaf = read_flax_leaf(fh, entry, names.tensor_kind(name), target)
+                    placement = _placement(sharding, path, leaf.shape)
+                    _set_leaf(params, path, jax.device_put(leaf, placement))
+                    del leaf
+                    bar.update(entry.nbytes)
+    return config, params
+
+
+# ---------------------------------------------------------------------------- save
+
+
+def flatten_params(params: Mapping) -> dict[names.ParamPath, Any]:
+    """``{path: leaf}`` of a nested-dict params tree (as ``nnx.State.to_pure_dict`` gives)."""
+    flat: dict[names.ParamPath, Any] = {}
+
+    def visit(node: Any, prefix: names.ParamPath) -> None:
+        if isinstance(node, Mapping):
+            for key, child in node.items():
+                visit(child, (*prefix, key))
+        else:
+            flat[prefix] = node
+
+    visit(params, ())
+    return flat
+
+
+def _export_specs(
+    config: ModelConfig, params: Mapping, dtype: np.dtype | None
+) -> tuple[dict[str, Any], list[tuple[TensorSpec, Any]]]:
+    """Hub config dict and the (spec, leaf) pairs to write, after checking the tree against it."""
+    hf_config = config.to_hf_dict()
+    expected = names.checkpoint_shapes(hf_config)
+    leaves: dict[str, Any] = {}
+    seen: set[str] = set()
+    unexpected, mis_shaped = [], []
+    for path, leaf in flatten_params(params).items():
+        try:
+            name = names.hf_name(path)
+            known = name in expected and names.flax_path(name) == path
+        except ValueError:
+            known = False
+        where = "/".join(map(str, path))
+        if not known:
+            unexpected.append(where)
+            continue
+        seen.add(name)
+        want = names.flax_shape(name, expected[name])
+        if tuple(leaf.shape) != want:
+            mis_shaped.append(f"{where} ({name}): shape {list(leaf.shape)}, expected {list(want)}")
+        else:
+            leaves[name] = leaf
+    missing = ["/".join(map(str, names.flax_path(n))) + f" ({n})" for n in expected if n not in seen]
+    mismatch = CheckpointMismatchError("params tree", missing, unexpected, mis_shaped)
+    if mismatch.problems:
+        raise mismatch
+    specs = [(TensorSpec(n, np.dtype(dtype or leaves[n].dtype), expected[n]), leaves[n]) for n in expected]
+    return hf_config, specs
+
+
+def _plan_shards(specs: list[tuple[TensorSpec, Any]], max_shard_bytes: int) -> list[list[tuple[TensorSpec, Any]]]:
+    shards: list[list[tuple[TensorSpec, Any]]] = [[]]
+    size = 0
+    for spec, leaf in specs:
+        if shards[-1] and size + spec.nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((spec, leaf))
+        size += spec.nbytes
+    return shards
+
+
+def _host_chunks(leaf: Any, spec: TensorSpec) -> Iterator[np.ndarray]:
+    host = np.asarray(jax.device_get(leaf))
+    yield from hf_chunks(host, names.tensor_kind(spec.name), spec.dtype)
+
+
+def _dtype_name(dtypes: set[np.dtype]) -> str:
+    if len(dtypes) != 1:
+        return "float32"
+    return {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}.get(np.dtype(next(iter(dtypes))).name, "float32")
+
+
+def save_hf(
+    config: ModelConfig,
+    params: Mapping,
+    out_dir: str | os.PathLike,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    dtype: Any = None,
+    overwrite: bool = False,
+    extra_files: Iterable[str | os.PathLike] = (),
+    progress: bool = True,
+) -> Path:
+    """Writes ``params`` as a Hub-layout HF checkpoint directory and returns its path.
+
+    Shards named like transformers' (``model-00001-of-00003.safetensors`` + index, or a single
+    ``model.safetensors``), ``config.json`` from ``config.to_hf_dict()`` with the stored dtype,
+    and ``extra_files`` (tokenizer, chat template, ...) copied beside them. Everything is
+    written into a temporary sibling directory that is renamed into place at the end, so a
+    crash never leaves a half-written ``out_dir``. ``dtype`` casts on export.
+    """
+    out_dir = Path(out_dir).absolute()
+    if out_dir.exists() and not overwrite:
+        raise FileExistsError(f"{out_dir} already exists (pass overwrite=True to replace it)")
+    extra = [Path(f) for f in extra_files]
+    absent = [str(f) for f in extra if not f.is_file()]
+    if absent:
+        raise FileNotFoundError(f"extra files to copy do not exist: {', '.join(absent)}")
+    target = None if dtype is None else np.dtype(jnp.dtype(dtype))
+    hf_config, specs = _export_specs(config, params, target)
+    hf_config["torch_dtype"] = _dtype_name({spec.dtype for spec, _ in specs})
+    shards = _plan_shards(specs, max_shard_bytes)
+    file_names = (
+        [SINGLE_FILE] if len(shards) == 1
+        else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
+    )
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.with_name(f".{out_dir.name}.partial-{uuid.uuid4().hex[:8]}")
+    staging.mkdir()
+    try:
+        leaf_of = {spec.name: leaf for spec, leaf in specs}
+        total = sum(spec.nbytes for spec, _ in specs)
+        with tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {out_dir.name}", disable=not progress) as bar:
+            for file_name, shard in zip(file_names, shards):
+                write_file(
+                    staging / file_name,
+                    [spec for spec, _ in shard],
+                    lambda spec: _host_chunks(leaf_of[spec.name], spec),
+                    on_tensor_written=lambda spec: bar.update(spec.nbytes),
+                )
+        if len(shards) > 1:
+            weight_map = {spec.name: f for f, shard in zip(file_names, shards) for spec, _ in shard}
+            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+            (staging / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        (staging / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
+        for file in extra:
+            shutil.copy2(file, staging / file.name)
+        _replace_dir(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _replace_dir(staging: Path, out_dir: Path) -> None:
+    """Renames ``staging`` to ``out_dir``, moving an existing ``out_dir`` aside first."""
+    if not out_dir.exists():
+        os.rename(staging, out_dir)
+        return
+    previous = out_dir.with_name(f".{out_dir.name}.previous-{uuid.uuid4().hex[:8]}")
+    os.rename(out_dir, previous)
+    os.rename(staging, out_dir)
+    shutil.rmtree(previous)
