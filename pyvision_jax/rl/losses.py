@@ -1,0 +1,225 @@
+"""Per-token PPO clipped surrogate over [B, T] token arrays, returned as (sum, denominator).
+
+Every aggregation mode returns a sum and a denominator that do not mix micro-batches, so
+gradient accumulation is exact: the full-batch loss is sum(loss_sum) / sum(denominator)
+over micro-batches. Metrics are likewise sums/extrema that combine with `combine_metrics`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+IS_LEVELS = ("none", "token", "sequence")
+KL_ESTIMATORS = ("k1", "k3")
+LOG_RATIO_LIMIT = 20.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOLossConfig:
+    """Settings of the PPO policy loss (the defaults are the PyVision-RL recipe)."""
+
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip: float | None = 3.0
+    """Upper bound c on the loss ratio for negative advantages; None disables dual clip."""
+    aggregation: Aggregation = "token-mean"
+    norm_length: int | None = None
+    """Constant token count for seq-mean-token-sum-norm; None uses the padded length T (then
+    micro-batches must share T for exact accumulation)."""
+    importance_sampling: Literal["none", "token", "sequence"] = "none"
+    """Truncated IS correction between the rollout engine (behaviour) and the trainer's old
+    logprobs, per token or per sequence."""
+    is_truncation: float = 2.0
+    kl_coef: float = 0.0
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    entropy_coef: float = 0.0
+
+    def __post_init__(self):
+        problems = []
+        if not 0 <= self.eps_low < 1:
+            problems.append(f"eps_low={self.eps_low} must be in [0, 1)")
+        if self.eps_high < 0:
+            problems.append(f"eps_high={self.eps_high} must be >= 0")
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            problems.append(f"dual_clip={self.dual_clip} must be > 1 or None")
+        if self.aggregation not in AGGREGATIONS:
+            problems.append(f"aggregation={self.aggregation!r} must be one of {AGGREGATIONS}")
+        if self.norm_length is not None and self.norm_length < 1:
+            problems.append(f"norm_length={self.norm_length} must be >= 1 or None")
+        if self.importance_sampling not in IS_LEVELS:
+            problems.append(f"importance_sampling={self.importance_sampling!r} must be one of {IS_LEVELS}")
+        if self.is_truncation <= 0:
+            problems.append(f"is_truncation={self.is_truncation} must be > 0")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            problems.append(f"kl_estimator={self.kl_estimator!r} must be one of {KL_ESTIMATORS}")
+        if problems:
+            raise ValueError("PPOLossConfig: " + "; ".join(problems))
+
+
+class PPOMetrics(NamedTuple):
+    """Accumulable metric sums over loss tokens; `summarize_metrics` turns them into values."""
+
+    token_count: jax.Array
+    clipped_tokens: jax.Array
+    dual_clipped_tokens: jax.Array
+    approx_kl_sum: jax.Array
+    """Sum of the k3 estimate exp(old - new) - (old - new) - 1 of KL(new || old)."""
+    entropy_sum: jax.Array
+    is_ratio_sum: jax.Array
+    """Sum of the untruncated IS ratio exp(old - behaviour) (1 without behaviour logprobs)."""
+    is_ratio_min: jax.Array
+    is_ratio_max: jax.Array
+
+
+class PPOLossOutput(NamedTuple):
+    loss_sum: jax.Array
+    denominator: jax.Array
+    metrics: PPOMetrics
+
+
+def _masked_sum(values: jax.Array, mask: jax.Array) -> jax.Array:
+    return jnp.where(mask, values, 0.0).sum()
+
+
+def ppo_loss(
+    logprobs: jax.Array,
+    old_logprobs: jax.Array,
+    advantages: jax.Array,
+    loss_mask: jax.Array,
+    config: PPOLossConfig = PPOLossConfig(),
+    *,
+    behaviour_logprobs: jax.Array | None = None,
+    ref_logprobs: jax.Array | None = None,
+    entropy: jax.Array | None = None,
+) -> PPOLossOutput:
+    """PPO clipped surrogate with asymmetric and dual clipping, per token, aggregated.
+
+    Args:
+      logprobs: [B, T] log-probabilities of the taken tokens under the current policy.
+      old_logprobs: [B, T] the same under the policy of the trainer's previous step.
+      advantages: [B] (one per sequence) or [B, T].
+      loss_mask: [B, T], true only on model-generated tokens.
+      config: static settings (hashable; pass with functools.partial or static_argnames).
+      behaviour_logprobs: [B, T] from the rollout engine; needed for `importance_sampling`.
+      ref_logprobs: [B, T] of the reference policy; needed when `kl_coef` > 0.
+      entropy: [B, T] per-token policy entropy; needed when `entropy_coef` > 0, reported if given.
+
+    Positions outside `loss_mask` never influence the result, whatever they hold.
+    """
+    mask = jnp.asarray(loss_mask, bool)
+    batch, length = mask.shape
+    advantages = jnp.asarray(advantages, jnp.float32)
+    if advantages.ndim == 1:
+        advantages = advantages[:, None]
+    advantages = jnp.broadcast_to(advantages, (batch, length))
+    advantages = jnp.where(mask, advantages, 0.0)
+
+    log_ratio = jnp.where(mask, jnp.asarray(logprobs, jnp.float32) - jnp.asarray(old_logprobs, jnp.float32), 0.0)
+    ratio = jnp.exp(jnp.clip(log_ratio, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    unclipped = -advantages * ratio
+    clipped = -advantages * jnp.clip(ratio, 1.0 - config.eps_low, 1.0 + config.eps_high)
+    token_loss = jnp.maximum(unclipped, clipped)
+    dual_clipped = jnp.zeros_like(mask)
+    if config.dual_clip is not None:
+        dual_bound = -advantages * config.dual_clip
+        dual_clipped = (advantages < 0) & (dual_bound < token_loss)
+        token_loss = jnp.where(advantages < 0, jnp.minimum(token_loss, dual_bound), token_loss)
+
+    is_ratio = jnp.ones((batch, length), jnp.float32)
+    if behaviour_logprobs is not None:
+        is_log = jnp.where(
+            mask, jnp.asarray(old_logprobs, jnp.float32) - jnp.asarray(behaviour_logprobs, jnp.float32), 0.0
+        )
+        if config.importance_sampling == "sequence":
+            is_log = jnp.broadcast_to(is_log.sum(axis=-1, keepdims=True), (batch, length))
+        is_log = jnp.clip(is_log, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+        is_ratio = jnp.exp(is_log)
+        if config.importance_sampling != "none":
+            weight = jnp.exp(jnp.minimum(is_log, math.log(config.is_truncation)))
+            token_loss = token_loss * jax.lax.stop_gradient(weight)
+    elif config.importance_sampling != "none":
+        raise ValueError(
+            f"ppo_loss: importance_sampling={config.importance_sampling!r} needs behaviour_logprobs"
+        )
+
+    if config.kl_coef:
+        if ref_logprobs is None:
+            raise ValueError(f"ppo_loss: kl_coef={config.kl_coef} needs ref_logprobs")
+        ref_log_ratio = jnp.where(mask, jnp.asarray(ref_logprobs, jnp.float32) - jnp.asarray(logprobs, jnp.float32), 0.0)
+        if config.kl_estimator == "k1":
+            kl = -ref_log_ratio
+        else:
+            clamped = jnp.clip(ref_log_ratio, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+            kl = jnp.exp(clamped) - clamped - 1.0
+        token_loss = token_loss + config.kl_coef * kl
+
+    entropy_values = jnp.zeros((batch, length), jnp.float32)
+    if entropy is not None:
+        entropy_values = jnp.where(mask, jnp.asarray(entropy, jnp.float32), 0.0)
+    if config.entropy_coef:
+        if entropy is None:
+            raise ValueError(f"ppo_loss: entropy_coef={config.entropy_coef} needs entropy")
+        token_loss = token_loss - config.entropy_coef * entropy_values
+
+    token_loss = jnp.where(mask, token_loss, 0.0)
+    tokens_per_sequence = mask.sum(axis=-1)
+    has_tokens = tokens_per_sequence > 0
+    if config.aggregation == "token-mean":
+        loss_sum = token_loss.sum()
+        denominator = tokens_per_sequence.sum()
+    elif config.aggregation == "seq-mean-token-mean":
+        per_sequence = token_loss.sum(axis=-1) / jnp.maximum(tokens_per_sequence, 1)
+        loss_sum = jnp.where(has_tokens, per_sequence, 0.0).sum()
+        denominator = has_tokens.sum()
+    else:
+        norm_length = config.norm_length if config.norm_length is not None else length
+        loss_sum = token_loss.sum() / norm_length
+        denominator = has_tokens.sum()
+
+    neg_log_ratio = -log_ratio
+    approx_kl = jnp.exp(neg_log_ratio) - neg_log_ratio - 1.0
+    metrics = PPOMetrics(
+        token_count=tokens_per_sequence.sum().astype(jnp.float32),
+        clipped_tokens=_masked_sum((clipped > unclipped).astype(jnp.float32), mask),
+        dual_clipped_tokens=_masked_sum(dual_clipped.astype(jnp.float32), mask),
+        approx_kl_sum=_masked_sum(approx_kl, mask),
+        entropy_sum=entropy_values.sum(),
+        is_ratio_sum=_masked_sum(is_ratio, mask),
+        is_ratio_min=jnp.where(mask, is_ratio, jnp.inf).min(),
+        is_ratio_max=jnp.where(mask, is_ratio, -jnp.inf).max(),
+    )
+    return PPOLossOutput(loss_sum=loss_sum, denominator=denominator.astype(jnp.float32), metrics=metrics)
+
+
+def combine_metrics(first: PPOMetrics, second: PPOMetrics) -> PPOMetrics:
+    """Metrics of two micro-batches as if computed on their union."""
+    return PPOMetrics(
+        token_count=first.token_count + second.token_count,
+        clipped_tokens=first.clipped_tokens + second.clipped_tokens,
+        dual_clipped_tokens=first.dual_clipped_tokens + second.dual_clipped_tokens,
+        approx_kl_sum=first.approx_kl_sum + second.approx_kl_sum,
+        entropy_sum=first.entropy_sum + second.entropy_sum,
+        is_ratio_sum=first.is_ratio_sum + second.is_ratio_sum,
+        is_ratio_min=jnp.minimum(first.is_ratio_min, second.is_ratio_min),
+        is_ratio_max=jnp.maximum(first.is_ratio_max, second.is_ratio_max),
+    )
+
+
+def summarize_metrics(metrics: PPOMetrics) -> dict[str, jax.Array]:
+    """Means and extrema for logging: clip fractions, approx KL, entropy, IS ratio."""
+    count = jnp.maximum(metrics.token_count, 1.0)
+    return {
+        "clip_fraction": metrics.clipped_tokens / count,
+        "dual_clip_fraction": metrics.dual_clipped_tokens / count,
+        "approx_kl": metrics.approx_kl_sum / count,
+        "entropy": metrics.entropy_sum / count,
+        "is_ratio_mean": metrics.is_ratio_sum / count,
+        "is_ratio_min": metrics.is_ratio_min,
+        "is_ratio_max": metrics.is_ratio_max,
+    }

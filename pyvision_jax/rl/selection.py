@@ -1,0 +1,140 @@
+"""Oversample-filter-rank: choose the rollout groups that train this step.
+
+Works on padded [P, G] arrays (P prompt groups, G rollouts each) and returns a fixed number
+of indices so the result has a static shape under `jax.jit`.
+"""
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from pyvision_jax.rl.group_stats import group_statistics, usable_mask
+
+SelectionMode = Literal["group", "trajectory"]
+
+
+class SelectionCounts(NamedTuple):
+    """Counts for metrics (int32 scalars). The four group outcomes partition `groups`."""
+
+    groups: jax.Array
+    """Groups with at least one valid rollout."""
+    broken_groups_dropped: jax.Array
+    """Groups dropped because a rollout broke (only with `drop_groups_with_broken`)."""
+    too_few_members: jax.Array
+    """Groups with fewer than `min_members` usable rollouts."""
+    zero_variance: jax.Array
+    """Groups whose reward std over usable rollouts is <= `std_eps`."""
+    eligible: jax.Array
+    """Groups that passed every filter."""
+    broken_rollouts: jax.Array
+    """Valid rollouts marked broken."""
+    kept: jax.Array
+    """Real selected items: groups in group mode, trajectories in trajectory mode."""
+
+
+class Selection(NamedTuple):
+    indices: jax.Array
+    """[num_select] int32: group indices (group mode) or flat rollout indices p * G + g
+    (trajectory mode), best first. Entries past the real ones are filler."""
+    real: jax.Array
+    """[num_select] bool: which entries of `indices` are real selections."""
+    rollout_indices: jax.Array
+    """[R] int32 flat rollout indices p * G + g of everything selected (R = num_select * G in
+    group mode, num_select in trajectory mode); gather with `take_selected`."""
+    rollout_real: jax.Array
+    """[R] bool: the rollout is selected, valid and not broken (it trains)."""
+    counts: SelectionCounts
+
+
+def select_rollouts(
+    rewards: jax.Array,
+    valid: jax.Array,
+    broken: jax.Array,
+    num_select: int,
+    *,
+    mode: SelectionMode = "group",
+    std_eps: float = 1e-6,
+    min_members: int = 2,
+    drop_groups_with_broken: bool = False,
+) -> Selection:
+    """Drop uninformative groups, rank the rest by reward std (descending), keep the top.
+
+    A group is dropped when it has no valid rollout (padding), when it holds a broken rollout
+    and `drop_groups_with_broken` is set, when fewer than `min_members` of its rollouts are
+    usable (valid and not broken), or when the std of its usable rewards is <= `std_eps`.
+
+    mode="group" (default) ranks whole groups by the population std of their usable rewards,
+    ties to the lower group index, and returns `num_select` group indices.
+    mode="trajectory" reproduces the official implementation: every usable rollout of a
+    surviving group is ranked by its group's unbiased std, ties to the lower flat index, and
+    `num_select` single rollouts are returned (so a group may be split at the cut).
+
+    `num_select`, `mode`, `min_members` and `drop_groups_with_broken` are static under jit.
+    """
+    rewards = jnp.asarray(rewards, jnp.float32)
+    valid = jnp.asarray(valid, bool)
+    broken = jnp.asarray(broken, bool)
+    num_groups, group_size = rewards.shape
+    if mode not in ("group", "trajectory"):
+        raise ValueError(f"select_rollouts: mode must be 'group' or 'trajectory', got {mode!r}")
+    capacity = num_groups if mode == "group" else num_groups * group_size
+    if not 1 <= num_select <= capacity:
+        raise ValueError(
+            f"select_rollouts: num_select={num_select} must be in [1, {capacity}] for "
+            f"mode={mode!r} and rewards of shape {rewards.shape}"
+        )
+
+    usable = usable_mask(valid, broken)
+    stats = group_statistics(rewards, usable)
+    has_member = valid.any(axis=-1)
+    valid_broken = valid & broken
+    if drop_groups_with_broken:
+        dropped_broken = has_member & valid_broken.any(axis=-1)
+    else:
+        dropped_broken = jnp.zeros_like(has_member)
+    remaining = has_member & ~dropped_broken
+    too_few = remaining & (stats.count < min_members)
+    remaining = remaining & ~too_few
+    zero_variance = remaining & (stats.std <= std_eps)
+    eligible = remaining & ~zero_variance
+
+    if mode == "group":
+        key = jnp.where(eligible, stats.std, -jnp.inf)
+        _, indices = jax.lax.top_k(key, num_select)
+        real = eligible[indices]
+        rollout_indices = (indices[:, None] * group_size + jnp.arange(group_size)[None, :]).reshape(-1)
+        rollout_real = (real[:, None] & usable[indices]).reshape(-1)
+    else:
+        trainable = (eligible[:, None] & usable).reshape(-1)
+        key = jnp.where(trainable, jnp.repeat(stats.unbiased_std, group_size), -jnp.inf)
+        _, indices = jax.lax.top_k(key, num_select)
+        real = trainable[indices]
+        rollout_indices, rollout_real = indices, real
+
+    def total(mask: jax.Array) -> jax.Array:
+        return mask.sum(dtype=jnp.int32)
+
+    counts = SelectionCounts(
+        groups=total(has_member),
+        broken_groups_dropped=total(dropped_broken),
+        too_few_members=total(too_few),
+        zero_variance=total(zero_variance),
+        eligible=total(eligible),
+        broken_rollouts=total(valid_broken),
+        kept=total(real),
+    )
+    return Selection(
+        indices=indices.astype(jnp.int32),
+        real=real,
+        rollout_indices=rollout_indices.astype(jnp.int32),
+        rollout_real=rollout_real,
+        counts=counts,
+    )
+
+
+def take_selected(values: jax.Array, selection: Selection) -> jax.Array:
+    """Gather per-rollout data [P, G, ...] into the selected rollouts [R, ...]."""
+    flat = values.reshape((values.shape[0] * values.shape[1],) + values.shape[2:])
+    return jnp.take(flat, selection.rollout_indices, axis=0)
