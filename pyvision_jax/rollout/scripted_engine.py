@@ -1,0 +1,102 @@
+"""An engine that replays written responses: for tests and for dry runs of the agent loop.
+
+Each request's response for its k-th turn comes from a script (a mapping from request id, or
+from the task id part of ``"{task_id}/{rollout}"``, to a list of turn texts, or a callable).
+The text is tokenized with the real tokenizer and then treated exactly as a sampled
+continuation would be: cut after the first stop string (kept), otherwise ended with the
+end-of-turn token, then limited to the request's token budget. Logprobs are deterministic
+pseudo-values so tests can check their alignment.
+
+The engine also checks that every request's image-pad tokens match its image grids, which
+catches visual-token accounting errors in the episode early.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Callable, Mapping, Sequence
+
+from pyvision_jax.rollout.engine import GenerationRequest, GenerationResult, SamplingParams
+
+Script = Mapping[str, Sequence[str]] | Callable[[GenerationRequest, int], str]
+
+
+class ScriptedEngine:
+    """Replays ``script`` turn by turn; records every batch in ``calls``."""
+
+    def __init__(self, tokenizer: Any, script: Script, *, version: int = 0,
+                 merge_size: int = 2, image_pad_token: str = "<|image_pad|>",
+                 on_generate: Callable[[Sequence[GenerationRequest]], None] | None = None):
+        self._tokenizer = tokenizer
+        self._script = script
+        self._version = version
+        self._merge_size = merge_size
+        self._image_pad_id = tokenizer.convert_tokens_to_ids(image_pad_token)
+        self._eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self._on_generate = on_generate
+        self._turns: dict[str, int] = defaultdict(int)
+        self.calls: list[tuple[str, ...]] = []
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def update_weights(self, weights: Any, version: int) -> None:
+        del weights
+        self._version = version
+
+    def generate(self, requests: Sequence[GenerationRequest],
+                 params: SamplingParams) -> list[GenerationResult]:
+        self.calls.append(tuple(r.request_id for r in requests))
+        if self._on_generate is not None:
+            self._on_generate(requests)
+        results = []
+        for request in requests:
+            self._check_visual_tokens(request)
+            turn = self._turns[request.request_id]
+            self._turns[request.request_id] += 1
+            results.append(self._respond(request, turn, params))
+        return results
+
+    def _response_text(self, request: GenerationRequest, turn: int) -> str:
+        if callable(self._script):
+            return self._script(request, turn)
+        key = request.request_id
+        if key not in self._script:
+            key = request.request_id.rsplit("/", 1)[0]
+        if key not in self._script:
+            raise KeyError(f"ScriptedEngine: no script for request {request.request_id!r}")
+        turns = self._script[key]
+        if turn >= len(turns):
+            raise IndexError(
+                f"ScriptedEngine: script for {key!r} has {len(turns)} turns, "
+                f"turn {turn} requested")
+        return turns[turn]
+
+    def _respond(self, request: GenerationRequest, turn: int,
+                 params: SamplingParams) -> GenerationResult:
+        text = self._response_text(request, turn)
+        stop_hits = [(text.find(s) + len(s), s) for s in params.stop if s in text]
+        if stop_hits:
+            end, stop_string = min(stop_hits)
+            token_ids = list(self._tokenizer.encode(text[:end], add_special_tokens=False))
+            finish, matched = "stop", stop_string
+        else:
+            token_ids = list(self._tokenizer.encode(text, add_special_tokens=False))
+            token_ids.append(self._eos_id)
+            finish, matched = "eos", None
+        limit = request.token_limit(params)
+        if len(token_ids) > limit:
+            token_ids, finish, matched = token_ids[:limit], "length", None
+        logprobs = tuple(-0.001 * (1 + (7 * i + 13 * turn + tok) % 997)
+                         for i, tok in enumerate(token_ids))
+        return GenerationResult(tuple(token_ids), logprobs, finish, matched, self._version)
+
+    def _check_visual_tokens(self, request: GenerationRequest) -> None:
+        expected = sum(int(t * h * w) // self._merge_size ** 2
+                       for t, h, w in request.image_grid_thw)
+        found = sum(1 for tok in request.prompt_token_ids if tok == self._image_pad_id)
+        if expected != found:
+            raise ValueError(
+                f"request {request.request_id}: {found} image-pad tokens in the prompt but "
+                f"the image grids account for {expected}")
