@@ -12,7 +12,7 @@ import os
 import shutil
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from pyvision_jax.convert import names
 from pyvision_jax.convert.layout import hf_chunks, read_flax_leaf
 from pyvision_jax.convert.safetensors_io import TensorEntry, TensorSpec, read_header, write_file
+from pyvision_jax.convert.tree import Params, ShardingSpec, flatten_params, leaf_sharding, set_leaf
 from pyvision_jax.models.config import ModelConfig
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -31,8 +32,6 @@ SINGLE_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 
-Params = dict[str | int, Any]
-ShardingSpec = jax.sharding.Sharding | Mapping | Callable[[names.ParamPath, tuple[int, ...]], Any] | None
 
 
 class CheckpointMismatchError(ValueError):
@@ -77,6 +76,13 @@ def read_hf_config(hf_dir: Path) -> dict[str, Any]:
         return json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from None
+
+
+def side_files(hf_dir: str | os.PathLike) -> list[Path]:
+    """Files of an HF directory other than weights, index and config.json (tokenizer, chat
+    template, generation and preprocessor configs), to carry along through a conversion."""
+    skip = {INDEX_FILE, CONFIG_FILE}
+    return sorted(p for p in Path(hf_dir).iterdir() if p.is_file() and p.suffix != ".safetensors" and p.name not in skip)
 
 
 def _weight_files(hf_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
@@ -134,25 +140,6 @@ def _checkpoint_entries(hf_dir: Path, hf_config: Mapping[str, Any]) -> dict[str,
     return entries
 
 
-def _placement(sharding: ShardingSpec, path: names.ParamPath, shape: tuple[int, ...]) -> Any:
-    """The sharding of one leaf: one Sharding for all, a params-shaped tree, or a callable."""
-    if sharding is None or isinstance(sharding, jax.sharding.Sharding):
-        return sharding
-    if isinstance(sharding, Mapping):
-        node: Any = sharding
-        for key in path:
-            node = node[key]
-        return node
-    return sharding(path, shape)
-
-
-def _set_leaf(tree: Params, path: names.ParamPath, value: Any) -> None:
-    node = tree
-    for key in path[:-1]:
-        node = node.setdefault(key, {})
-    node[path[-1]] = value
-
-
 def load_hf(
     hf_dir: str | os.PathLike,
     dtype: Any = None,
@@ -183,29 +170,14 @@ def load_hf(
                 for name, entry in sorted(file_entries, key=lambda item: item[1].start):
                     path = names.flax_path(name)
                     leaf = read_flax_leaf(fh, entry, names.tensor_kind(name), target)
-                    placement = _placement(sharding, path, leaf.shape)
-                    _set_leaf(params, path, jax.device_put(leaf, placement))
+                    placement = leaf_sharding(sharding, path, leaf.shape)
+                    set_leaf(params, path, jax.device_put(leaf, placement))
                     del leaf
                     bar.update(entry.nbytes)
     return config, params
 
 
 # ---------------------------------------------------------------------------- save
-
-
-def flatten_params(params: Mapping) -> dict[names.ParamPath, Any]:
-    """``{path: leaf}`` of a nested-dict params tree (as ``nnx.State.to_pure_dict`` gives)."""
-    flat: dict[names.ParamPath, Any] = {}
-
-    def visit(node: Any, prefix: names.ParamPath) -> None:
-        if isinstance(node, Mapping):
-            for key, child in node.items():
-                visit(child, (*prefix, key))
-        else:
-            flat[prefix] = node
-
-    visit(params, ())
-    return flat
 
 
 def _export_specs(

@@ -1,0 +1,130 @@
+"""A Flax params checkpoint directory: an orbax checkpoint of the params pytree, the model's
+config.json beside it, and optionally the HF side files (tokenizer, chat template, ...)
+carried along so that a later export is a complete HF directory again.
+
+Layout::
+
+    DIR/config.json   (Hub layout, ModelConfig.to_hf_dict)
+    DIR/params/       (orbax StandardCheckpointer)
+    DIR/hf_files/     (optional, copied verbatim)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from pyvision_jax.convert import names
+from pyvision_jax.convert.hf import CONFIG_FILE
+from pyvision_jax.convert.tree import Params, ShardingSpec, leaf_sharding, set_leaf
+from pyvision_jax.models.config import ModelConfig
+
+PARAMS_DIR = "params"
+HF_FILES_DIR = "hf_files"
+
+
+def save_params(
+    config: ModelConfig,
+    params: Mapping,
+    out_dir: str | os.PathLike,
+    extra_files: Iterable[str | os.PathLike] = (),
+    overwrite: bool = False,
+) -> Path:
+    """Writes ``params`` (orbax) and ``config`` into ``out_dir`` atomically; returns its path."""
+    out_dir = Path(out_dir).absolute()
+    if out_dir.exists() and not overwrite:
+        raise FileExistsError(f"{out_dir} already exists (pass overwrite=True to replace it)")
+    extra = [Path(f) for f in extra_files]
+    absent = [str(f) for f in extra if not f.is_file()]
+    if absent:
+        raise FileNotFoundError(f"extra files to copy do not exist: {', '.join(absent)}")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.with_name(f".{out_dir.name}.partial-{uuid.uuid4().hex[:8]}")
+    staging.mkdir()
+    try:
+        checkpointer = ocp.StandardCheckpointer()
+        checkpointer.save(staging / PARAMS_DIR, dict(params))
+        checkpointer.wait_until_finished()
+        (staging / CONFIG_FILE).write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")
+        if extra:
+            (staging / HF_FILES_DIR).mkdir()
+            for file in extra:
+                shutil.copy2(file, staging / HF_FILES_DIR / file.name)
+        if out_dir.exists():
+            previous = out_dir.with_name(f".{out_dir.name}.previous-{uuid.uuid4().hex[:8]}")
+            os.rename(out_dir, previous)
+            os.rename(staging, out_dir)
+            shutil.rmtree(previous)
+        else:
+            os.rename(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _stored_dtypes(params_dir: Path) -> dict[names.ParamPath, np.dtype]:
+    """Per-leaf dtypes recorded in the orbax metadata, keyed by params path (int list keys)."""
+    tree = ocp.StandardCheckpointer().metadata(params_dir).item_metadata.tree
+    dtypes: dict[names.ParamPath, np.dtype] = {}
+
+    def visit(node: Any, prefix: names.ParamPath) -> None:
+        if isinstance(node, Mapping):
+            for key, child in node.items():
+                visit(child, (*prefix, int(key) if str(key).isdigit() else key))
+        else:
+            dtypes[prefix] = np.dtype(node.dtype)
+
+    visit(tree, ())
+    return dtypes
+
+
+def load_params(
+    ckpt_dir: str | os.PathLike, dtype: Any = None, sharding: ShardingSpec = None
+) -> tuple[ModelConfig, Params]:
+    """Reads a directory written by ``save_params`` as ``(ModelConfig, params)``.
+
+    The expected tree comes from config.json, so a checkpoint of another shape fails with
+    the offending leaves named. ``dtype``/``sharding`` as in ``load_hf``.
+    """
+    ckpt_dir = Path(ckpt_dir).absolute()
+    config_path, params_dir = ckpt_dir / CONFIG_FILE, ckpt_dir / PARAMS_DIR
+    for required in (config_path, params_dir):
+        if not required.exists():
+            raise FileNotFoundError(f"{required}: no such file or directory (expected a params checkpoint)")
+    config = ModelConfig.from_hf_dir(config_path)
+    hf_config = json.loads(config_path.read_text())
+    stored = _stored_dtypes(params_dir)
+    target: Params = {}
+    problems = []
+    for name, hf_shape in names.checkpoint_shapes(hf_config).items():
+        path = names.flax_path(name)
+        if path not in stored:
+            problems.append("/".join(map(str, path)))
+            continue
+        shape = names.flax_shape(name, hf_shape)
+        leaf_dtype = jnp.dtype(dtype) if dtype is not None else stored[path]
+        set_leaf(target, path, jax.ShapeDtypeStruct(shape, leaf_dtype, sharding=leaf_sharding(sharding, path, shape)))
+    if problems:
+        raise ValueError(f"{params_dir} lacks leaves that {config_path} requires: {', '.join(problems)}")
+    try:
+        params = ocp.StandardCheckpointer().restore(params_dir, target)
+    except ValueError as err:
+        raise ValueError(f"{params_dir} does not match {config_path}: {err}") from None
+    return config, params
+
+
+def hf_side_files(ckpt_dir: str | os.PathLike) -> list[Path]:
+    """The HF side files stored with a params checkpoint (empty when there are none)."""
+    directory = Path(ckpt_dir) / HF_FILES_DIR
+    return sorted(p for p in directory.iterdir() if p.is_file()) if directory.is_dir() else []
