@@ -1,0 +1,60 @@
+import pytest
+
+from pyvision_jax.convert import names
+from tests.convert.conftest import tiny_hf_config
+
+
+@pytest.fixture(scope="module")
+def hf_config() -> dict:
+    return tiny_hf_config().to_dict()
+
+
+def test_paths_follow_the_contract():
+    assert names.flax_path("visual.blocks.1.attn.qkv.weight") == ("visual", "blocks", 1, "attn", "qkv", "kernel")
+    assert names.flax_path("visual.merger.mlp.2.bias") == ("visual", "merger", "mlp", 2, "bias")
+    assert names.flax_path("visual.merger.ln_q.weight") == ("visual", "merger", "ln_q", "scale")
+    assert names.flax_path("model.embed_tokens.weight") == ("model", "embed_tokens", "embedding")
+    assert names.flax_path("model.layers.0.input_layernorm.weight") == ("model", "layers", 0, "input_layernorm", "scale")
+    assert names.flax_path("model.norm.weight") == ("model", "norm", "scale")
+    assert names.flax_path("lm_head.weight") == ("lm_head", "kernel")
+    assert names.flax_path("visual.patch_embed.proj.weight") == ("visual", "patch_embed", "proj", "kernel")
+
+
+def test_v5_names_map_to_hub_paths():
+    assert names.hub_name("model.visual.blocks.0.norm1.weight") == "visual.blocks.0.norm1.weight"
+    assert names.hub_name("model.language_model.layers.3.mlp.up_proj.weight") == "model.layers.3.mlp.up_proj.weight"
+    assert names.hub_name("model.language_model.embed_tokens.weight") == "model.embed_tokens.weight"
+    assert names.hub_name("lm_head.weight") == "lm_head.weight"
+    assert names.flax_path("model.language_model.norm.weight") == ("model", "norm", "scale")
+
+
+def test_every_checkpoint_name_round_trips_through_its_path(hf_config):
+    shapes = names.checkpoint_shapes(hf_config)
+    paths = {names.flax_path(name) for name in shapes}
+    assert len(paths) == len(shapes)
+    for name in shapes:
+        assert names.hf_name(names.flax_path(name)) == name
+
+
+def test_shapes_match_transformers_model(hf_model, hf_config):
+    hub_state = {names.hub_name(k): tuple(v.shape) for k, v in hf_model.state_dict().items()}
+    assert names.checkpoint_shapes(hf_config) == hub_state
+
+
+def test_tied_config_has_no_lm_head():
+    shapes = names.checkpoint_shapes(tiny_hf_config(tie_word_embeddings=True).to_dict())
+    assert "lm_head.weight" not in shapes and "model.embed_tokens.weight" in shapes
+
+
+def test_flax_shapes_transpose_linear_and_flatten_conv():
+    assert names.flax_shape("model.layers.0.mlp.up_proj.weight", (96, 64)) == (64, 96)
+    assert names.flax_shape("visual.patch_embed.proj.weight", (32, 3, 2, 14, 14)) == (1176, 32)
+    assert names.flax_shape("model.embed_tokens.weight", (2048, 64)) == (2048, 64)
+    assert names.flax_shape("model.layers.0.self_attn.q_proj.bias", (64,)) == (64,)
+
+
+def test_bad_names_are_rejected():
+    with pytest.raises(ValueError, match="running_mean"):
+        names.flax_path("visual.blocks.0.norm1.running_mean")
+    with pytest.raises(ValueError, match="weights"):
+        names.hf_name(("model", "norm", "weights"))
