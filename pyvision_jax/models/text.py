@@ -1,0 +1,170 @@
+"""Qwen2 text decoder in Flax NNX: GQA with q/k/v biases, M-RoPE, SwiGLU, and a KV cache.
+
+The KV cache has a fixed number of slots. Every call writes its tokens at `cache.index`
+(the same slot for all rows, so prompts are left-padded or right-padded into one block) and
+marks them valid with the call's attention mask; a query attends to valid slots up to its
+own. Padding therefore never changes the logits of real tokens.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from pyvision_jax.models.config import ModelConfig
+from pyvision_jax.models.sharding import linear_initializers
+from pyvision_jax.models.vision import MASK_VALUE, RMSNorm, apply_rotary
+
+
+@struct.dataclass
+class KVCache:
+    """Per-layer keys/values [B, S, kv_heads, head_dim], slot validity [B, S], next write slot."""
+
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+    valid: jax.Array
+    index: jax.Array
+
+    @classmethod
+    def init(cls, config: ModelConfig, batch: int, max_length: int, dtype: Any = jnp.float32) -> "KVCache":
+        shape = (batch, max_length, config.num_key_value_heads, config.head_dim)
+        zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_hidden_layers))
+        return cls(keys=zeros, values=tuple(jnp.zeros(shape, dtype) for _ in zeros),
+                   valid=jnp.zeros((batch, max_length), bool), index=jnp.zeros((), jnp.int32))
+
+    @property
+    def max_length(self) -> int:
+        return self.valid.shape[1]
+
+
+def mrope_cos_sin(positions: jax.Array, head_dim: int, theta: float,
+                  mrope_section: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+    """cos/sin [B, T, 1, head_dim] for 3-D positions [3, B, T] (chunked mrope layout).
+
+    Rotary frequency i (of head_dim/2) takes its position from the temporal, height or width
+    axis according to which `mrope_section` chunk it falls in; the half is then repeated.
+    """
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    axis_of_freq = np.repeat(np.arange(3), mrope_section)
+    pos = positions.astype(jnp.float32)[axis_of_freq]  # [head_dim/2, B, T]
+    freqs = jnp.moveaxis(pos, 0, -1) * inv_freq  # [B, T, head_dim/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+    """q [B, T, H, d], k/v [B, S, KVH, d], mask [B, T, S] -> [B, T, H, d]; fp32 softmax."""
+    b, t, h, d = q.shape
+    kvh = k.shape[2]
+    qg = q.reshape(b, t, kvh, h // kvh, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(mask[:, None, None], scores, MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, h, d)
+
+
+def _linear(din: int, dout: int, axes: tuple, use_bias: bool, rngs: nnx.Rngs, param_dtype: Any,
+            dtype: Any) -> nnx.Linear:
+    inits = linear_initializers(axes)
+    if not use_bias:
+        inits.pop("bias_init", None)
+    return nnx.Linear(din, dout, use_bias=use_bias, rngs=rngs, param_dtype=param_dtype, dtype=dtype, **inits)
+
+
+class TextAttention(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any, dtype: Any):
+        d, hd = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (config.num_attention_heads,
+                                                            config.num_key_value_heads, hd)
+        kw = dict(rngs=rngs, param_dtype=param_dtype, dtype=dtype)
+        self.q_proj = _linear(d, self.num_heads * hd, ("embed", "heads"), True, **kw)
+        self.k_proj = _linear(d, self.num_kv_heads * hd, ("embed", "kv_heads"), True, **kw)
+        self.v_proj = _linear(d, self.num_kv_heads * hd, ("embed", "kv_heads"), True, **kw)
+        self.o_proj = _linear(self.num_heads * hd, d, ("heads", "embed"), False, **kw)
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
+                 cached: tuple[jax.Array, jax.Array] | None = None, index: jax.Array | None = None):
+        b, t, _ = x.shape
+        q = apply_rotary(self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rotary(self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim), cos, sin)
+        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        if cached is not None:
+            start = (0, index, 0, 0)
+            k = jax.lax.dynamic_update_slice(cached[0], k.astype(cached[0].dtype), start)
+            v = jax.lax.dynamic_update_slice(cached[1], v.astype(cached[1].dtype), start)
+            cached = (k, v)
+            k, v = k.astype(q.dtype), v.astype(q.dtype)
+        out = gqa_attention(q, k, v, mask, self.head_dim**-0.5)
+        return self.o_proj(out.reshape(b, t, -1)), cached
+
+
+class TextMLP(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any, dtype: Any):
+        d, f = config.hidden_size, config.intermediate_size
+        kw = dict(rngs=rngs, param_dtype=param_dtype, dtype=dtype)
+        self.gate_proj = _linear(d, f, ("embed", "mlp"), False, **kw)
+        self.up_proj = _linear(d, f, ("embed", "mlp"), False, **kw)
+        self.down_proj = _linear(f, d, ("mlp", "embed"), False, **kw)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any, dtype: Any):
+        kw = dict(rngs=rngs, param_dtype=param_dtype, dtype=dtype)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+        self.self_attn = TextAttention(config, **kw)
+        self.mlp = TextMLP(config, **kw)
+
+    def __call__(self, x, cos, sin, mask, cached=None, index=None):
+        attn, cached = self.self_attn(self.input_layernorm(x), cos, sin, mask, cached, index)
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), cached
+
+
+class TextModel(nnx.Module):
+    """`model.*` of the Hub checkpoint: embed_tokens, layers, norm."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any = jnp.float32,
+                 dtype: Any = jnp.float32):
+        kw = dict(rngs=rngs, param_dtype=param_dtype, dtype=dtype)
+        self.config = config
+        self.embed_tokens = nnx.Embed(
+            config.vocab_size, config.hidden_size, rngs=rngs, param_dtype=param_dtype, dtype=dtype,
+            embedding_init=nnx.with_partitioning(nnx.initializers.normal(0.02), ("vocab", "embed")))
+        self.layers = nnx.List([DecoderLayer(config, **kw) for _ in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+
+    def __call__(self, embeds: jax.Array, positions: jax.Array, attention_mask: jax.Array,
+                 cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+        """embeds [B, T, D], positions [3, B, T], attention_mask [B, T] -> normed hidden [B, T, D]."""
+        cfg = self.config
+        b, t, _ = embeds.shape
+        cos, sin = mrope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
+        attention_mask = attention_mask.astype(bool)
+        if cache is None:
+            causal = jnp.tril(jnp.ones((t, t), bool))
+            mask = causal[None] & attention_mask[:, None, :]
+            index = None
+        else:
+            index = cache.index
+            valid = jax.lax.dynamic_update_slice(cache.valid, attention_mask, (0, index))
+            query_slot = index + jnp.arange(t)
+            key_slot = jnp.arange(cache.max_length)
+            mask = (key_slot[None, :] <= query_slot[:, None])[None] & valid[:, None, :]
+        x = embeds
+        new_keys, new_values = [], []
+        for layer_index, layer in enumerate(self.layers):
+            cached = None if cache is None else (cache.keys[layer_index], cache.values[layer_index])
+            x, cached = layer(x, cos, sin, mask, cached, index)
+            if cached is not None:
+                new_keys.append(cached[0])
+                new_values.append(cached[1])
+        if cache is not None:
+            cache = KVCache(keys=tuple(new_keys), values=tuple(new_values), valid=valid, index=index + t)
+        return self.norm(x), cache
