@@ -1,0 +1,19 @@
+import pytest
+from PIL import Image
+
+from pyvision_jax.agent.tasks import Task
+from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return load_tiny_tokenizer()
+
+
+@pytest.fixture
+def image_task(tmp_path):
+    path = tmp_path / "task.png"
+    Image.new("RGB", (56, 56), (200, 30, 30)).save(path)
+    return Task(id="img", question="What colour is the square?", answer="A",
+                answer_type="multiple_choice", data_source="test", image_path=str(path),
+                options=("red", "blue"))
