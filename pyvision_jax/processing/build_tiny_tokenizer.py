@@ -25,6 +25,8 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR
+
 NUM_REGULAR_TOKENS = 2000
 CORPUS_SEED = 20261129
 CORPUS_DOCUMENTS = 4000
@@ -364,8 +366,6 @@ def write_tokenizer_files(out_dir: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=TINY_TOKENIZER_DIR,
                         help="output directory (default: the package's asset directory)")
