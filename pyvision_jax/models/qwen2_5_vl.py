@@ -112,7 +112,7 @@ def _init_params(config: ModelConfig, seed: int, dtype: str) -> dict:
 def _merge(config: ModelConfig, compute_dtype: str, params: Any) -> Qwen2_5_VL:
     gdef, abstract = _abstract(config, compute_dtype)
     state = jax.tree.map(lambda x: x, abstract)
-    state.replace_by_pure_dict(params)
+    nnx.replace_by_pure_dict(state, params)
     return nnx.merge(gdef, state)
 
 

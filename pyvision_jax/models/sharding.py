@@ -39,7 +39,7 @@ def param(initializer: Callable, rngs: nnx.Rngs, shape: Sequence[int], dtype: An
     """A parameter annotated with logical axis names (one per dimension)."""
     if len(axes) != len(shape):
         raise ValueError(f"logical axes {axes} do not match parameter shape {tuple(shape)}")
-    return nnx.Param(initializer(rngs.params(), tuple(shape), dtype), sharding_names=axes,
+    return nnx.Param(initializer(rngs.params(), tuple(shape), dtype), out_sharding=axes,
                      eager_sharding=False)
 
 
@@ -55,7 +55,7 @@ def logical_axes(state: nnx.State) -> Any:
     """Pure nested dict of logical axis-name tuples, mirroring `state.to_pure_dict()`."""
     def names(variable: nnx.Variable) -> tuple:
         meta = variable.get_metadata()
-        axes = meta.get("sharding_names") or meta.get("out_sharding") or meta.get("sharding")
+        axes = meta.get("out_sharding") or meta.get("sharding_names")
         return tuple(axes) if axes else (None,) * jnp.ndim(variable.get_value())
 
     specs = jax.tree.map(names, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
