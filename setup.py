@@ -24,6 +24,10 @@ INSTALL_REQUIRES = [
     "scikit-image==0.26.0",
     "tqdm==4.70.1",
     "psutil==7.2.2",
+    "msgpack==1.2.4",
+    "imageio==2.38.1",
+    "imageio-ffmpeg==0.6.0",
+    "absl-py==2.5.1",
 ]
 
 EXTRAS_REQUIRE = {
