@@ -26,11 +26,11 @@ def usable_mask(valid: jax.Array, broken: jax.Array) -> jax.Array:
 
 def group_statistics(rewards: jax.Array, mask: jax.Array) -> GroupStatistics:
     """Mean, population std and unbiased std of `rewards` over the members where `mask` holds."""
-    rewards = jnp.asarray(rewards, jnp.float32)
-    weights = jnp.asarray(mask, jnp.float32)
-    count = weights.sum(axis=-1)
-    mean = (rewards * weights).sum(axis=-1) / jnp.maximum(count, 1.0)
-    squared = (jnp.square(rewards - mean[:, None]) * weights).sum(axis=-1)
+    mask = jnp.asarray(mask, bool)
+    rewards = jnp.where(mask, jnp.asarray(rewards, jnp.float32), 0.0)
+    count = mask.sum(axis=-1).astype(jnp.float32)
+    mean = rewards.sum(axis=-1) / jnp.maximum(count, 1.0)
+    squared = jnp.where(mask, jnp.square(rewards - mean[:, None]), 0.0).sum(axis=-1)
     std = jnp.sqrt(squared / jnp.maximum(count, 1.0))
     unbiased_std = jnp.where(count > 1, jnp.sqrt(squared / jnp.maximum(count - 1.0, 1.0)), 0.0)
     return GroupStatistics(count=count.astype(jnp.int32), mean=mean, std=std, unbiased_std=unbiased_std)

@@ -1,0 +1,81 @@
+import functools
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pyvision_jax.rl import group_advantages
+from tests.rl import numpy_reference as ref
+
+P, G = 10, 6
+advantages = jax.jit(group_advantages, static_argnames=("normalize_std", "mean_over_full_group"))
+
+
+def random_batch(seed):
+    rng = np.random.default_rng(seed)
+    rewards = rng.choice([0.0, 0.5, 1.0, 1.2, 1.3], size=(P, G)).astype(np.float32)
+    valid = rng.random((P, G)) < 0.85
+    broken = (rng.random((P, G)) < 0.15) & valid
+    return rewards, valid, broken
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), normalize_std=st.booleans(), mean_over_full_group=st.booleans())
+def test_matches_reference(seed, normalize_std, mean_over_full_group):
+    rewards, valid, broken = random_batch(seed)
+    got = advantages(rewards, valid, broken, normalize_std=normalize_std, mean_over_full_group=mean_over_full_group)
+    expected = ref.advantages(rewards, valid, broken, normalize_std=normalize_std,
+                              mean_over_full_group=mean_over_full_group)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    assert np.all(np.asarray(got)[~(valid & ~broken)] == 0)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_unnormalized_advantages_sum_to_zero_over_each_usable_group(seed):
+    rewards, valid, broken = random_batch(seed)
+    got = np.asarray(advantages(rewards, valid, broken))
+    np.testing.assert_allclose(got.sum(axis=1), 0.0, atol=1e-5)
+
+
+def test_full_group_baseline_includes_broken_rollouts():
+    rewards = np.array([[1.0, 0.0, 0.0, 1.0]], np.float32)
+    valid = np.ones_like(rewards, bool)
+    broken = np.array([[False, False, False, True]])
+    filtered = advantages(rewards, valid, broken)
+    official = advantages(rewards, valid, broken, mean_over_full_group=True)
+    np.testing.assert_allclose(filtered, [[2 / 3, -1 / 3, -1 / 3, 0.0]], atol=1e-6)
+    np.testing.assert_allclose(official, [[0.5, -0.5, -0.5, 0.0]], atol=1e-6)
+
+
+def test_normalized_by_unbiased_std():
+    rewards = np.array([[1.0, 0.0, 1.0, 0.0]], np.float32)
+    valid = np.ones_like(rewards, bool)
+    got = advantages(rewards, valid, np.zeros_like(valid), normalize_std=True)
+    np.testing.assert_allclose(got, [[0.5, -0.5, 0.5, -0.5]] / np.float32(np.sqrt(1 / 3) + 1e-6), rtol=1e-5)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), normalize_std=st.booleans())
+def test_padding_never_changes_advantages(seed, normalize_std):
+    rewards, valid, broken = random_batch(seed)
+    rng = np.random.default_rng(seed)
+    padded_rewards = (rng.normal(size=(P + 3, G + 2)) * 1e6).astype(np.float32)
+    padded_rewards[:P, :G] = rewards
+    padded_valid = np.zeros((P + 3, G + 2), bool)
+    padded_valid[:P, :G] = valid
+    padded_broken = rng.random((P + 3, G + 2)) < 0.5
+    padded_broken[:P, :G] = broken
+    plain = advantages(rewards, valid, broken, normalize_std=normalize_std)
+    padded = advantages(padded_rewards, padded_valid, padded_broken, normalize_std=normalize_std)
+    np.testing.assert_allclose(np.asarray(padded)[:P, :G], plain, rtol=1e-6, atol=1e-6)
+    assert not np.asarray(padded)[P:].any() and not np.asarray(padded)[:, G:].any()
+
+
+def test_jit_equals_eager():
+    rewards, valid, broken = random_batch(3)
+    for normalize_std in (False, True):
+        eager = group_advantages(rewards, valid, broken, normalize_std=normalize_std)
+        jitted = advantages(rewards, valid, broken, normalize_std=normalize_std)
+        np.testing.assert_allclose(eager, jitted, rtol=1e-6, atol=1e-7)
