@@ -1,0 +1,92 @@
+"""The embedded default: a tiny random-init Qwen2.5-VL on CPU, synthetic tasks, in process.
+
+Runs a handful of GRPO steps in a few minutes on 2 cores:
+    python launch/train.py --config configs/tiny_cpu.py --workdir /tmp/pyvision_tiny
+Override any field: --config.rl.group_size=4 --config.train.steps=2
+"""
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+
+    c.model = ml_collections.ConfigDict()
+    c.model.preset = "tiny"          # a ModelConfig preset, used when hf_dir is empty
+    c.model.hf_dir = ""              # a Hugging Face Qwen2.5-VL directory (config + weights)
+    c.model.tokenizer = "tiny"       # "tiny" (the packaged tokenizer) or a tokenizer directory
+    c.model.param_dtype = "float32"
+    c.model.compute_dtype = "float32"
+
+    c.data = ml_collections.ConfigDict()
+    c.data.train_files = ""          # comma-separated JSON/JSONL task files; empty: synthetic
+    c.data.skip_bad_rows = False
+    c.data.synthetic_per_kind = 8    # synthetic tasks per kind (visual search, counting, video)
+    c.data.synthetic_seed = 0
+    c.data.synthetic_kinds = "visual_search,counting,video"
+
+    c.episode = ml_collections.ConfigDict()
+    c.episode.max_tool_calls = 4
+    c.episode.max_images = 32
+    c.episode.max_new_tokens_per_turn = 48
+    c.episode.max_total_tokens = 1024
+    c.episode.on_error = "terminate"
+    c.episode.broken_end_reasons = "SANDBOX_FAILURE"
+    c.episode.image_min_pixels = 3136
+    c.episode.image_max_pixels = 56 * 56 * 4
+    c.episode.max_concurrent = 8
+
+    c.sandbox = ml_collections.ConfigDict()
+    c.sandbox.pool_size = 2
+    c.sandbox.timeout_s = 10.0
+    c.sandbox.allow_unisolated = False
+
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.engine = "jax"         # "jax" (in process) or "vllm"
+    c.rollout.max_batch = 8
+    c.rollout.temperature = 1.0
+    c.rollout.top_p = 1.0
+    c.rollout.top_k = 0
+    c.rollout.queue = "local"        # "local" or "redis"
+    c.rollout.redis_url = "redis://127.0.0.1:6379/0"
+    c.rollout.max_backlog = 64
+    c.rollout.max_staleness = 0      # 0: synchronous (on-policy, as in the paper)
+
+    c.rl = ml_collections.ConfigDict()
+    c.rl.batch_groups = 2            # B: groups trained on per step
+    c.rl.oversample = 2.0            # alpha: draw alpha * B prompts per round
+    c.rl.group_size = 4              # G: rollouts per prompt
+    c.rl.tool_reward_coef = 0.1
+    c.rl.selection_mode = "group"    # "group" or "trajectory" (official behaviour)
+    c.rl.drop_groups_with_broken = False
+    c.rl.min_members = 2
+    c.rl.normalize_std = False
+    c.rl.max_gen_rounds = 2
+    c.rl.eps_low = 0.2
+    c.rl.eps_high = 0.2
+    c.rl.dual_clip = 3.0
+    c.rl.loss_agg = "token-mean"
+    c.rl.kl_coef = 0.0
+    c.rl.entropy_coef = 0.0
+
+    c.train = ml_collections.ConfigDict()
+    c.train.steps = 4
+    c.train.lr = 1e-6
+    c.train.weight_decay = 0.01
+    c.train.b1 = 0.9
+    c.train.b2 = 0.999
+    c.train.grad_clip = 1.0
+    c.train.freeze_vision = True
+    c.train.micro_batch = 4
+    c.train.length_buckets = "512,1024"
+    c.train.mesh_data = 1
+    c.train.mesh_fsdp = 1
+    c.train.mesh_tensor = 1
+    c.train.checkpoint_every = 2
+    c.train.keep_checkpoints = 2
+
+    c.eval = ml_collections.ConfigDict()
+    c.eval.k = 4
+    c.eval.max_tool_calls = 30
+    c.eval.temperature = 1.0
+    return c
