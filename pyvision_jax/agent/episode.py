@@ -8,8 +8,8 @@ State machine of one trajectory (``_Episode``)::
                                   |  --code or malformed+feedback, budget spent-> EXCEED_MAX_TURNS
                                   v
                                  TOOL (sandbox run / format feedback)
-                                  |  --sandbox crashed or lost its state-------> SANDBOX_FAILURE
-                                  |  --code error, on_error=terminate----------> ERROR_IN_ACTION
+                                  |  --sandbox infrastructure raised-----------> SANDBOX_FAILURE
+                                  |  --code error/timeout, on_error=terminate--> ERROR_IN_ACTION
                                   |  --too many images-------------------------> EXCEED_MAX_IMAGES
                                   |  --observation would overflow the context--> OVER_LENGTH
                                   v
@@ -364,32 +364,23 @@ class EpisodeRunner:
             self._observe(episode, turn, action.feedback, [], error=action.feedback)
             return
         try:
-            sandbox = self._sandbox(episode)
-            result = sandbox.run(action.code)
+            result = self._sandbox(episode).run(action.code)
         except Exception as err:  # the sandbox's infrastructure, not the model's code
             self._end(episode, TurnRecord(**turn, tool_error=f"sandbox failure: {err!r}"),
                       EndReason.SANDBOX_FAILURE)
             return
         episode.tool_s += result.wall_time_s
         turn["tool_wall_s"] = result.wall_time_s
-        if result.state_lost and not result.timed_out:
-            self._end(episode, TurnRecord(**turn, tool_error=result.error or "runtime lost"),
-                      EndReason.SANDBOX_FAILURE)
-            return
         error = _run_error(result)
         if error is not None:
             if self.config.on_error == "terminate":
                 self._end(episode, TurnRecord(**turn, tool_error=error),
                           EndReason.ERROR_IN_ACTION)
                 return
-            if result.state_lost:
-                episode.sandbox = None
-                self.sandboxes.release(sandbox)
-                error += ("\nThe runtime was restarted: variables from earlier code are lost; "
-                          "the image and video clues are loaded again.")
-            self._observe(episode, turn, result.stdout + error, [], error=error)
+            self._observe(episode, turn, _text_result(result.stdout, error), [], error=error)
             return
-        self._observe(episode, turn, result.stdout, list(result.images), error=None)
+        self._observe(episode, turn, _text_result(result.stdout, None), list(result.images),
+                      error=None)
 
     def _observe(self, episode: _Episode, turn: dict[str, Any], text: str,
                  images: list[Image.Image], error: str | None) -> None:
@@ -408,7 +399,7 @@ class EpisodeRunner:
                           EndReason.ERROR_IN_ACTION)
                 return
             error = f"Error: an image could not be shown: {err}"
-            text, images, rendered = text + error, [], []
+            text, images, rendered = _text_result(text, error), [], []
         records = [r for r, _ in rendered]
         labels = [r.label for r in records]
         closing = self.renderer.turn_closing_ids
@@ -471,9 +462,18 @@ class EpisodeRunner:
 
 
 def _run_error(result: Any) -> str | None:
-    """The error text of a failed run (timeout or exception), None when it succeeded."""
-    if result.timed_out:
-        return "\nError: " + (result.error or "the code timed out") + "\n"
-    if result.error:
-        return "\nError: " + result.error.rstrip() + "\n"
+    """The error text of a failed run (exception, timeout or crash of the runtime; the
+    sandbox restarts a killed runtime itself and says so in the next result's stdout), None
+    when the run succeeded."""
+    if result.error or result.timed_out:
+        return "Error: " + (result.error or "the code timed out").strip()
     return None
+
+
+def _text_result(stdout: str, error: str | None) -> str:
+    """The observation's text: what the code printed (trailing whitespace trimmed), then
+    the error on its own line."""
+    text = stdout.rstrip()
+    if error is None:
+        return text
+    return f"{text}\n{error}" if text else error

@@ -22,15 +22,18 @@ class FakeRunResult:
 
 @dataclass
 class FakeSandbox:
-    """Directives: ``print TEXT``, ``images N WxH``, ``error TEXT``, ``timeout``, ``lost``,
-    ``raise``, ``names`` (print the preloaded names), ``wait EVENT`` (block until the pool's
+    """Directives: ``print TEXT``, ``images N WxH``, ``error TEXT``, ``timeout``, ``crash``,
+    ``raise``, ``preload-fails``, ``names`` (print the preloaded names), ``wait EVENT`` (block until the pool's
     named event is set, at most 10 s)."""
 
     pool: "FakePool"
     preloaded: dict = field(default_factory=dict)
     codes: list = field(default_factory=list)
+    restarted: bool = False
 
     def preload_image(self, name, image):
+        if any("#! preload-fails" in code for code in self.codes):
+            raise RuntimeError("preload failed")
         self.preloaded[name] = image
 
     def preload_video(self, name, path):
@@ -38,7 +41,10 @@ class FakeSandbox:
 
     def run(self, code: str) -> FakeRunResult:
         self.codes.append(code)
-        stdout, images, error, timed_out, lost = [], [], None, False, False
+        stdout, images, error, timed_out = [], [], None, False
+        state_lost, self.restarted = self.restarted, False
+        if state_lost:  # like the real sandbox: the killed runtime restarted, media restored
+            stdout.append("[session restarted]")
         for line in code.splitlines():
             if not line.startswith("#! "):
                 continue
@@ -52,9 +58,9 @@ class FakeSandbox:
             elif name == "error":
                 error = arg
             elif name == "timeout":
-                timed_out, lost, error = True, True, "timed out after 1 s"
-            elif name == "lost":
-                lost, error = True, "the runtime process died"
+                timed_out, error, self.restarted = True, "TimeoutError: too slow", True
+            elif name == "crash":
+                error, self.restarted = "SandboxCrash: the process died", True
             elif name == "raise":
                 raise RuntimeError("sandbox infrastructure broke")
             elif name == "names":
@@ -64,7 +70,7 @@ class FakeSandbox:
                 released = self.pool.events[arg].wait(timeout=10)
                 self.pool.log(f"run-end:{arg}:{'released' if released else 'timed-out'}")
         return FakeRunResult("\n".join(stdout) + ("\n" if stdout else ""), images, error,
-                             timed_out, 0.001, lost)
+                             timed_out, 0.001, state_lost)
 
 
 class FakePool:

@@ -60,14 +60,14 @@ def test_observation_tokens_have_the_exact_format(tokenizer, image_task):
     observation = t.token_ids[first.generated_end:first.observation_end].tolist()
     enc = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
     expected = (enc("<|im_end|>\n<|im_start|>user\n<tool_response>\n<interpreter>\n"
-                    "Text Result:\nhello\n\nImage Result:\n<image_clue_1><|vision_start|>")
+                    "Text Result:\nhello\nImage Result:\n<image_clue_1><|vision_start|>")
                 + [PAD] * 4
                 + enc("<|vision_end|></image_clue_1></interpreter>\n\n</tool_response>"
                       "<|im_end|>\n<|im_start|>assistant\n"))
     assert observation == expected
     text = tokenizer.decode(observation)
     assert text == ("<|im_end|>\n<|im_start|>user\n<tool_response>\n<interpreter>\n"
-                    "Text Result:\nhello\n\nImage Result:\n<image_clue_1><|vision_start|>"
+                    "Text Result:\nhello\nImage Result:\n<image_clue_1><|vision_start|>"
                     + "<|image_pad|>" * 4 + "<|vision_end|></image_clue_1></interpreter>\n\n"
                     "</tool_response><|im_end|>\n<|im_start|>assistant\n")
     assert pool.acquired[0].preloaded.keys() == {"image_clue_0", "image_clue_1"}
@@ -185,7 +185,7 @@ def test_feedback_turns_errors_into_observations_that_cost_a_turn(tokenizer, ima
     assert t.end_reason is EndReason.DONE
     assert t.num_tool_calls == 2 and t.num_successful_tool_calls == 0
     text = tokenizer.decode(t.token_ids.tolist())
-    assert ("Text Result:\npartial\n\nError: ZeroDivisionError: division by zero\n\n"
+    assert ("Text Result:\npartial\nError: ZeroDivisionError: division by zero\n"
             "Image Result:\n</interpreter>") in text
     assert "Format error: the reply has neither a <code> block nor an <answer> block." in text
     # the model ended its malformed turn with <|im_end|>; only the newline is added
@@ -195,14 +195,22 @@ def test_feedback_turns_errors_into_observations_that_cost_a_turn(tokenizer, ima
                             ).startswith("\n<|im_start|>user\n<tool_response>")
 
 
-def test_feedback_after_a_timeout_restarts_the_runtime_with_the_clues(tokenizer, image_task):
+def test_feedback_after_a_timeout_continues_in_the_restarted_runtime(tokenizer, image_task):
     t, _, pool = run_one(tokenizer, image_task, [
         code_turn("images 1 64x48"), code_turn("timeout"), code_turn("names"), answer_turn()],
         on_error="feedback")
     assert t.end_reason is EndReason.DONE
-    assert len(pool.acquired) == 2 and pool.released == pool.acquired
-    assert set(pool.acquired[1].preloaded) == {"image_clue_0", "image_clue_1"}
-    assert "variables from earlier code are lost" in tokenizer.decode(t.token_ids.tolist())
+    assert t.num_tool_calls == 3 and t.num_successful_tool_calls == 2
+    assert len(pool.acquired) == 1 and pool.released == pool.acquired
+    text = tokenizer.decode(t.token_ids.tolist())
+    assert "Text Result:\nError: TimeoutError: too slow\nImage Result:" in text
+    assert "Text Result:\n[session restarted]\nimage_clue_0 image_clue_1\n" in text
+
+
+@pytest.mark.parametrize("directive", ["timeout", "crash"])
+def test_timeout_or_crash_of_the_code_is_an_error_in_action(tokenizer, image_task, directive):
+    t, _, _ = run_one(tokenizer, image_task, [code_turn(directive), answer_turn()])
+    assert t.end_reason is EndReason.ERROR_IN_ACTION and not t.broken
 
 
 def test_per_turn_token_limit_ends_with_over_length(tokenizer, image_task):
@@ -248,15 +256,27 @@ def test_image_budget_ends_with_exceed_max_images(tokenizer, image_task):
     assert t.end_reason is EndReason.EXCEED_MAX_IMAGES and len(t.images) == 1
 
 
-@pytest.mark.parametrize("directive", ["raise", "lost"])
+@pytest.mark.parametrize("directive", ["raise", "preload-fails\n#! images 1 64x48"])
 def test_sandbox_failure_is_broken_by_default(tokenizer, image_task, directive):
     t, _, pool = run_one(tokenizer, image_task, [code_turn(directive), answer_turn()],
                          on_error="feedback")
     assert t.end_reason is EndReason.SANDBOX_FAILURE and t.broken
+    assert "sandbox failure" in t.turns[-1].tool_error
     assert pool.released == pool.acquired
     t2, _, _ = run_one(tokenizer, image_task, [code_turn(directive), answer_turn()],
                        broken_end_reasons=frozenset())
     assert t2.end_reason is EndReason.SANDBOX_FAILURE and not t2.broken
+
+
+def test_sandbox_acquisition_failure_is_a_sandbox_failure(tokenizer, image_task):
+    class NoSandboxes(FakePool):
+        def acquire(self, timeout_s=None):
+            raise TimeoutError("no sandbox became ready")
+
+    engine = ScriptedEngine(tokenizer, {"img": [code_turn(), answer_turn()]})
+    (t,) = EpisodeRunner(engine, tokenizer, NoSandboxes()).run_trajectories([(image_task, 0)])
+    assert t.end_reason is EndReason.SANDBOX_FAILURE and t.broken
+    assert "no sandbox became ready" in t.turns[-1].tool_error
 
 
 def test_groups_hold_g_rollouts_with_their_own_sandboxes(tokenizer, image_task):
