@@ -11,7 +11,7 @@ import inspect
 import math
 import re
 import threading
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 import math_verify
 
@@ -24,7 +24,6 @@ MRA_TOLERANCES_IN_TWENTIETHS = tuple(range(10, 0, -1))
 """1 - theta for theta in {0.50, 0.55, ..., 0.95}, in units of 1/20 so comparisons are exact."""
 
 
-@dataclasses.dataclass(frozen=True)
 class GroundTruthError(ValueError):
     """The ground truth of a task cannot be interpreted by the scorer of its answer type."""
 
@@ -43,10 +42,6 @@ class Score:
 
 
 ZERO_SCORE = Score(score=0.0, correct=False, extracted=None)
-
-
-class Scorer(Protocol):
-    def __call__(self, response: str, ground_truth: str, **kwargs) -> Score: ...
 
 
 # ----------------------------------------------------------------------------- extraction
