@@ -1,0 +1,475 @@
+"""The trajectory queue between rollout workers and the trainer.
+
+The queue carries opaque payload bytes tagged with the policy version that produced them; it
+does not know the trajectory format. Producers call `put` with either
+
+* an object with a `to_bytes()` method and a `policy_version` attribute (a `TrajectoryGroup`);
+  its version is that attribute and `version=` must not be given, or
+* `bytes` with an explicit `version=`.
+
+Consumers call `get`, which returns `QueueItem`s (payload bytes and, when the queue was built
+with a `decode` callable, the decoded object), and `ack` the ids once the items are consumed.
+An item taken but never acknowledged stays pending; on the Redis backend another consumer
+reclaims it after `claim_idle_ms` (delivery is at-least-once across consumer deaths and
+exactly-once while consumers acknowledge in time).
+
+Admission: with `max_staleness = s`, `get` drops items whose version is below
+`trainer_version() - s`; each dropped item is acknowledged and counted in
+`stats().dropped_stale_total`, never lost silently.
+
+Back-pressure: the backlog is every item put and not yet acknowledged (ready + pending). When it
+reaches `max_backlog`, `put` blocks until consumers acknowledge; after its timeout it raises
+`QueueFullError`. Data is never dropped to make room.
+
+The trainer also shares two small values through the backend for the workers to watch: its
+current version (`set_trainer_version`) and the latest published weights
+(`publish_weights(version, location)` / `latest_weights()`).
+
+Backends: `local` (in-process, thread-safe; the embedded default) here, and `redis` (Streams
+with a consumer group) in `pyvision_jax.rollout.redis_queue`. `make_queue(config)` builds either.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import dataclasses
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("local", "redis")
+
+
+class QueueFullError(TimeoutError):
+    """`put` waited its whole timeout for the backlog to drop below `max_backlog`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueConfig:
+    """Settings of a trajectory queue (`make_queue` also accepts a mapping with these keys).
+
+    Attributes:
+      backend: "local" (in process) or "redis".
+      max_backlog: the most items put and not yet acknowledged; `put` blocks beyond it.
+      max_staleness: `get` drops items older than `trainer_version - max_staleness`; None
+        admits every version.
+      put_timeout_s: how long `put` waits for room before raising `QueueFullError`
+        (`math.inf` waits forever).
+      redis_url: the server, e.g. "redis://127.0.0.1:6379/0" (redis backend only).
+      namespace: prefix of every Redis key, so several runs can share one server.
+      group: the Redis consumer group of the trainer's consumers.
+      consumer: this process's consumer name within the group; None picks a unique one.
+      claim_idle_ms: items pending this long on a consumer are reclaimed by another one.
+    """
+
+    backend: str = "local"
+    max_backlog: int = 256
+    max_staleness: int | None = 1
+    put_timeout_s: float = 600.0
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    namespace: str = "pyvision"
+    group: str = "trainer"
+    consumer: str | None = None
+    claim_idle_ms: int = 600_000
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"queue.backend must be one of {BACKENDS}, got {self.backend!r}")
+        check_limits(self.max_backlog, self.max_staleness, self.put_timeout_s)
+        if not _is_int(self.claim_idle_ms) or self.claim_idle_ms < 1:
+            raise ValueError(
+                f"queue.claim_idle_ms must be an integer >= 1, got {self.claim_idle_ms!r}"
+            )
+        if not self.namespace or not self.group:
+            raise ValueError("queue.namespace and queue.group must be non-empty strings")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> QueueConfig:
+        """Builds a config from a dict or ConfigDict, naming any unknown key."""
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown queue config keys {unknown}; known keys: {sorted(known)}")
+        return cls(**dict(values))
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueItem:
+    """One group taken from the queue: its id (for `ack`), policy version and payload.
+
+    `obj` is `decode(payload)` when the queue has a `decode` callable, else None.
+    """
+
+    id: str
+    version: int
+    payload: bytes
+    obj: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueStats:
+    """Queue counters; the `_total` ones count since the queue (or Redis namespace) was created.
+
+    backlog = ready + pending: the items put and not yet acknowledged.
+    """
+
+    ready: int
+    pending: int
+    backlog: int
+    put_total: int
+    delivered_total: int
+    acked_total: int
+    dropped_stale_total: int
+    reclaimed_total: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishedWeights:
+    """The latest weights the trainer published: their version and where they are."""
+
+    version: int
+    location: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RawEntry:
+    """A backend's entry before admission and decoding."""
+
+    id: str
+    version: int
+    payload: bytes
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def check_limits(max_backlog: Any, max_staleness: Any, put_timeout_s: Any) -> None:
+    """Raises a ValueError naming the first invalid queue limit."""
+    if not _is_int(max_backlog) or max_backlog < 1:
+        raise ValueError(f"queue.max_backlog must be an integer >= 1, got {max_backlog!r}")
+    if max_staleness is not None and (not _is_int(max_staleness) or max_staleness < 0):
+        raise ValueError(
+            f"queue.max_staleness must be None or an integer >= 0, got {max_staleness!r}"
+        )
+    if not isinstance(put_timeout_s, (int, float)) or not put_timeout_s > 0:
+        raise ValueError(f"queue.put_timeout_s must be a number > 0, got {put_timeout_s!r}")
+
+
+def checked_version(value: Any, what: str = "version") -> int:
+    """`value` as a non-negative int, or a ValueError naming `what`."""
+    if not _is_int(value) or value < 0:
+        raise ValueError(f"{what} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def payload_and_version(group: Any, version: int | None) -> tuple[bytes, int]:
+    """The bytes and version to enqueue for `put(group, version=version)`."""
+    if isinstance(group, (bytes, bytearray, memoryview)):
+        if version is None:
+            raise TypeError("put(bytes) needs version=<policy version that produced the payload>")
+        return bytes(group), checked_version(version)
+    to_bytes = getattr(group, "to_bytes", None)
+    if not callable(to_bytes) or not hasattr(group, "policy_version"):
+        raise TypeError(
+            f"put() takes bytes with version= or an object with to_bytes() and policy_version; "
+            f"got {type(group).__name__}"
+        )
+    if version is not None:
+        raise TypeError(
+            f"put({type(group).__name__}) takes its version from .policy_version; "
+            f"do not pass version="
+        )
+    payload = to_bytes()
+    if not isinstance(payload, bytes):
+        raise TypeError(
+            f"{type(group).__name__}.to_bytes() must return bytes, got {type(payload).__name__}"
+        )
+    return payload, checked_version(group.policy_version, f"{type(group).__name__}.policy_version")
+
+
+def deadline_after(timeout: float | None) -> float:
+    """A monotonic deadline `timeout` seconds from now (None: never)."""
+    if timeout is None:
+        return math.inf
+    if timeout < 0:
+        raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+    return time.monotonic() + timeout
+
+
+def seconds_left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
+
+
+class TrajectoryQueue(abc.ABC):
+    """The queue API shared by the backends (see the module docstring for the semantics)."""
+
+    def __init__(
+        self,
+        *,
+        max_backlog: int,
+        max_staleness: int | None,
+        put_timeout_s: float,
+        decode: Callable[[bytes], Any] | None,
+    ) -> None:
+        check_limits(max_backlog, max_staleness, put_timeout_s)
+        self.max_backlog = max_backlog
+        self.max_staleness = max_staleness
+        self.put_timeout_s = put_timeout_s
+        self._decode = decode
+
+    def put(self, group: Any, *, version: int | None = None, timeout: float | None = None) -> str:
+        """Enqueues one group and returns its id; blocks while the backlog is full.
+
+        `timeout` (seconds) defaults to the queue's `put_timeout_s`; when it runs out the call
+        raises `QueueFullError` and nothing is enqueued.
+        """
+        payload, version = payload_and_version(group, version)
+        wait = self.put_timeout_s if timeout is None else timeout
+        return self._put(payload, version, deadline_after(None if math.isinf(wait) else wait))
+
+    def get(self, max_groups: int = 1, timeout: float | None = None) -> list[QueueItem]:
+        """Takes up to `max_groups` admitted items, waiting up to `timeout` seconds for one.
+
+        Returns as soon as at least one admitted item is available (possibly fewer than
+        `max_groups`), or an empty list when the timeout passes; `timeout=None` waits forever
+        and 0 does not wait. Stale items met on the way are acknowledged and counted.
+        """
+        if not _is_int(max_groups) or max_groups < 1:
+            raise ValueError(f"max_groups must be an integer >= 1, got {max_groups!r}")
+        deadline = deadline_after(timeout)
+        while True:
+            admitted = self._admit(self._take(int(max_groups), deadline))
+            if admitted or seconds_left(deadline) <= 0:
+                return [self._item(entry) for entry in admitted]
+
+    def _admit(self, entries: list[RawEntry]) -> list[RawEntry]:
+        if self.max_staleness is None or not entries:
+            return entries
+        oldest_admitted = self.trainer_version() - self.max_staleness
+        stale = [entry for entry in entries if entry.version < oldest_admitted]
+        if stale:
+            self._discard_stale([entry.id for entry in stale])
+            logger.info(
+                "dropped %d stale trajectory groups (versions %s < %d)",
+                len(stale), sorted({entry.version for entry in stale}), oldest_admitted,
+            )
+        return [entry for entry in entries if entry.version >= oldest_admitted]
+
+    def _item(self, entry: RawEntry) -> QueueItem:
+        if self._decode is None:
+            return QueueItem(entry.id, entry.version, entry.payload)
+        try:
+            obj = self._decode(entry.payload)
+        except Exception as error:
+            raise ValueError(
+                f"decoding queue item {entry.id} (version {entry.version}, "
+                f"{len(entry.payload)} bytes) failed: {error}"
+            ) from error
+        return QueueItem(entry.id, entry.version, entry.payload, obj)
+
+    @abc.abstractmethod
+    def _put(self, payload: bytes, version: int, deadline: float) -> str:
+        """Enqueues when the backlog allows before `deadline`, else raises QueueFullError."""
+
+    @abc.abstractmethod
+    def _take(self, max_groups: int, deadline: float) -> list[RawEntry]:
+        """Moves up to `max_groups` entries to pending, waiting until `deadline` for one."""
+
+    @abc.abstractmethod
+    def _discard_stale(self, ids: list[str]) -> None:
+        """Acknowledges pending `ids` and counts them as dropped for staleness."""
+
+    @abc.abstractmethod
+    def ack(self, ids: Iterable[str]) -> int:
+        """Acknowledges pending items; returns how many were pending (unknown ids are ignored)."""
+
+    @abc.abstractmethod
+    def set_trainer_version(self, version: int) -> None:
+        """Records the trainer's current policy version for admission and for the workers."""
+
+    @abc.abstractmethod
+    def trainer_version(self) -> int:
+        """The trainer's version as last set (0 before any `set_trainer_version`)."""
+
+    @abc.abstractmethod
+    def publish_weights(self, version: int, location: str) -> None:
+        """Announces that the weights of `version` are complete at `location`."""
+
+    @abc.abstractmethod
+    def latest_weights(self) -> PublishedWeights | None:
+        """The last `publish_weights` announcement, or None."""
+
+    @abc.abstractmethod
+    def stats(self) -> QueueStats:
+        """A snapshot of the queue's counters."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Releases the backend's resources; the queue is unusable afterwards."""
+
+    def __enter__(self) -> TrajectoryQueue:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def full_error(backlog: int, max_backlog: int, waited_s: float) -> QueueFullError:
+    return QueueFullError(
+        f"trajectory queue backlog stayed at {backlog} >= max_backlog={max_backlog} for "
+        f"{waited_s:.1f}s; the trainer is not acknowledging groups (raise queue.max_backlog or "
+        f"queue.put_timeout_s, or check the trainer)"
+    )
+
+
+class LocalTrajectoryQueue(TrajectoryQueue):
+    """In-process, thread-safe queue: the embedded default (one process, producer threads)."""
+
+    def __init__(
+        self,
+        *,
+        max_backlog: int = 256,
+        max_staleness: int | None = 1,
+        put_timeout_s: float = 600.0,
+        decode: Callable[[bytes], Any] | None = None,
+    ) -> None:
+        super().__init__(max_backlog=max_backlog, max_staleness=max_staleness,
+                         put_timeout_s=put_timeout_s, decode=decode)
+        self._condition = threading.Condition()
+        self._ready: collections.deque[RawEntry] = collections.deque()
+        self._pending: dict[str, RawEntry] = {}
+        self._next_id = 0
+        self._trainer_version = 0
+        self._weights: PublishedWeights | None = None
+        self._counts = collections.Counter()
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the trajectory queue is closed")
+
+    def _backlog(self) -> int:
+        return len(self._ready) + len(self._pending)
+
+    def _put(self, payload: bytes, version: int, deadline: float) -> str:
+        start = time.monotonic()
+        with self._condition:
+            self._check_open()
+            while self._backlog() >= self.max_backlog:
+                remaining = seconds_left(deadline)
+                if remaining <= 0:
+                    raise full_error(self._backlog(), self.max_backlog, time.monotonic() - start)
+                self._condition.wait(None if math.isinf(remaining) else remaining)
+                self._check_open()
+            item_id = str(self._next_id)
+            self._next_id += 1
+            self._ready.append(RawEntry(item_id, version, payload))
+            self._counts["put"] += 1
+            self._condition.notify_all()
+            return item_id
+
+    def _take(self, max_groups: int, deadline: float) -> list[RawEntry]:
+        with self._condition:
+            self._check_open()
+            while not self._ready:
+                remaining = seconds_left(deadline)
+                if remaining <= 0:
+                    return []
+                self._condition.wait(None if math.isinf(remaining) else remaining)
+                self._check_open()
+            taken = [self._ready.popleft() for _ in range(min(max_groups, len(self._ready)))]
+            for entry in taken:
+                self._pending[entry.id] = entry
+            self._counts["delivered"] += len(taken)
+            return taken
+
+    def _remove_pending(self, ids: Iterable[str], counter: str) -> int:
+        with self._condition:
+            removed = sum(self._pending.pop(str(item_id), None) is not None for item_id in ids)
+            self._counts[counter] += removed
+            if removed:
+                self._condition.notify_all()
+            return removed
+
+    def _discard_stale(self, ids: list[str]) -> None:
+        self._remove_pending(ids, "dropped_stale")
+
+    def ack(self, ids: Iterable[str]) -> int:
+        return self._remove_pending(ids, "acked")
+
+    def set_trainer_version(self, version: int) -> None:
+        with self._condition:
+            self._trainer_version = checked_version(version, "trainer version")
+
+    def trainer_version(self) -> int:
+        with self._condition:
+            return self._trainer_version
+
+    def publish_weights(self, version: int, location: str) -> None:
+        if not isinstance(location, str) or not location:
+            raise ValueError(f"weights location must be a non-empty string, got {location!r}")
+        with self._condition:
+            self._weights = PublishedWeights(checked_version(version, "weights version"), location)
+
+    def latest_weights(self) -> PublishedWeights | None:
+        with self._condition:
+            return self._weights
+
+    def stats(self) -> QueueStats:
+        with self._condition:
+            return QueueStats(
+                ready=len(self._ready),
+                pending=len(self._pending),
+                backlog=self._backlog(),
+                put_total=self._counts["put"],
+                delivered_total=self._counts["delivered"],
+                acked_total=self._counts["acked"],
+                dropped_stale_total=self._counts["dropped_stale"],
+                reclaimed_total=0,
+            )
+
+    def close(self) -> None:
+        """Closes the queue; threads blocked in put/get raise RuntimeError."""
+        with self._condition:
+            self._closed = True
+            self._condition.notify_all()
+
+
+def make_queue(
+    config: QueueConfig | Mapping[str, Any],
+    *,
+    decode: Callable[[bytes], Any] | None = None,
+) -> TrajectoryQueue:
+    """Builds the configured backend. `config` is a QueueConfig, a dict or a ConfigDict."""
+    if not isinstance(config, QueueConfig):
+        items = config.items() if hasattr(config, "items") else config
+        config = QueueConfig.from_mapping(dict(items))
+    if config.backend == "local":
+        return LocalTrajectoryQueue(
+            max_backlog=config.max_backlog,
+            max_staleness=config.max_staleness,
+            put_timeout_s=config.put_timeout_s,
+            decode=decode,
+        )
+    from pyvision_jax.rollout.redis_queue import RedisTrajectoryQueue
+
+    return RedisTrajectoryQueue(
+        config.redis_url,
+        namespace=config.namespace,
+        group=config.group,
+        consumer=config.consumer,
+        max_backlog=config.max_backlog,
+        max_staleness=config.max_staleness,
+        put_timeout_s=config.put_timeout_s,
+        claim_idle_ms=config.claim_idle_ms,
+        decode=decode,
+    )

@@ -1,0 +1,250 @@
+"""The Redis backend of the trajectory queue: a Stream read through one consumer group.
+
+Keys, all under `namespace`:
+  `<ns>:groups`          the Stream; each entry has fields `v` (version) and `p` (payload)
+  `<ns>:stats`           a hash of counters shared by every client (put, delivered, ...)
+  `<ns>:trainer_version` the trainer's current version
+  `<ns>:weights`         a hash {version, location} of the latest published weights
+
+Acknowledged entries are deleted from the Stream (XACK then XDEL, in one script), so the
+Stream's length is exactly the backlog (ready + pending). `put` adds an entry only while that
+length is below `max_backlog`, checked and added atomically in a script, so the bound holds
+with any number of producers; producers poll until there is room. XADD's MAXLEN trimming is
+never used, so nothing is dropped to make room.
+
+Consumers read new entries with XREADGROUP and, before that, reclaim with XAUTOCLAIM entries
+that have been pending on any consumer (a dead one, typically) for `claim_idle_ms`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import redis
+
+from pyvision_jax.rollout.queue import (
+    PublishedWeights,
+    QueueStats,
+    RawEntry,
+    TrajectoryQueue,
+    checked_version,
+    full_error,
+    seconds_left,
+)
+
+# Adds the entry only while the stream (= the unacknowledged backlog) is below the bound.
+_PUT_SCRIPT = """
+if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then
+  return false
+end
+local id = redis.call('XADD', KEYS[1], '*', 'v', ARGV[2], 'p', ARGV[3])
+redis.call('HINCRBY', KEYS[2], 'put', 1)
+return id
+"""
+
+# Acknowledges each id that is pending in the group and deletes only those (an id that is
+# not pending, e.g. never delivered, is left alone); counts them under the given field.
+_ACK_SCRIPT = """
+local done = 0
+for i = 3, #ARGV do
+  if redis.call('XACK', KEYS[1], ARGV[1], ARGV[i]) == 1 then
+    redis.call('XDEL', KEYS[1], ARGV[i])
+    done = done + 1
+  end
+end
+if done > 0 then
+  redis.call('HINCRBY', KEYS[2], ARGV[2], done)
+end
+return done
+"""
+
+_STREAM_ID = re.compile(r"^\d+-\d+$")
+_MAX_POLL_S = 1.0
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def default_consumer_name() -> str:
+    """A name unique to this process: host, pid and a random suffix."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class RedisTrajectoryQueue(TrajectoryQueue):
+    """Trajectory queue over a Redis Stream and consumer group (see the module docstring)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str = "pyvision",
+        group: str = "trainer",
+        consumer: str | None = None,
+        max_backlog: int = 256,
+        max_staleness: int | None = 1,
+        put_timeout_s: float = 600.0,
+        claim_idle_ms: int = 600_000,
+        decode: Callable[[bytes], Any] | None = None,
+    ) -> None:
+        super().__init__(max_backlog=max_backlog, max_staleness=max_staleness,
+                         put_timeout_s=put_timeout_s, decode=decode)
+        if not isinstance(claim_idle_ms, int) or claim_idle_ms < 1:
+            raise ValueError(f"queue.claim_idle_ms must be an integer >= 1, got {claim_idle_ms!r}")
+        self.url = url
+        self.group = group
+        self.consumer = consumer or default_consumer_name()
+        self.claim_idle_ms = claim_idle_ms
+        self._stream = f"{namespace}:groups"
+        self._stats_key = f"{namespace}:stats"
+        self._version_key = f"{namespace}:trainer_version"
+        self._weights_key = f"{namespace}:weights"
+        self._poll_s = min(_MAX_POLL_S, claim_idle_ms / 2000)
+        self._claim_cursor: bytes | str = "0-0"
+        self._client = redis.Redis.from_url(url, socket_connect_timeout=10)
+        try:
+            self._client.ping()
+        except redis.RedisError as error:
+            raise ConnectionError(f"cannot reach the Redis queue at {url}: {error}") from error
+        self._put_script = self._client.register_script(_PUT_SCRIPT)
+        self._ack_script = self._client.register_script(_ACK_SCRIPT)
+        try:
+            self._client.xgroup_create(self._stream, group, id="0", mkstream=True)
+        except redis.ResponseError as error:
+            if "BUSYGROUP" not in str(error):
+                raise
+
+    def _put(self, payload: bytes, version: int, deadline: float) -> str:
+        start = time.monotonic()
+        pause = 0.005
+        while True:
+            item_id = self._put_script(
+                keys=[self._stream, self._stats_key], args=[self.max_backlog, version, payload]
+            )
+            if item_id is not None:
+                return _text(item_id)
+            remaining = seconds_left(deadline)
+            if remaining <= 0:
+                backlog = self._client.xlen(self._stream)
+                raise full_error(backlog, self.max_backlog, time.monotonic() - start)
+            time.sleep(min(pause, remaining))
+            pause = min(pause * 2, 0.1)
+
+    def _entry(self, item_id: bytes | str, fields: dict[bytes, bytes]) -> RawEntry:
+        try:
+            return RawEntry(_text(item_id), int(fields[b"v"]), fields[b"p"])
+        except (KeyError, ValueError) as error:
+            raise ValueError(
+                f"malformed entry {_text(item_id)} in Redis stream {self._stream}: "
+                f"fields {sorted(_text(key) for key in fields)}"
+            ) from error
+
+    def _reclaim(self, count: int) -> list[RawEntry]:
+        cursor, claimed, *_ = self._client.xautoclaim(
+            self._stream, self.group, self.consumer, self.claim_idle_ms,
+            start_id=self._claim_cursor, count=count,
+        )
+        self._claim_cursor = cursor
+        # Entries deleted meanwhile come back without fields (Redis 6.2) or not at all (7+).
+        return [self._entry(item_id, fields) for item_id, fields in claimed if fields]
+
+    def _read_new(self, count: int, block_ms: int | None) -> list[RawEntry]:
+        response = self._client.xreadgroup(
+            self.group, self.consumer, {self._stream: ">"}, count=count, block=block_ms
+        )
+        return [
+            self._entry(item_id, fields)
+            for _, messages in response or []
+            for item_id, fields in messages
+        ]
+
+    def _take(self, max_groups: int, deadline: float) -> list[RawEntry]:
+        while True:
+            reclaimed = self._reclaim(max_groups)
+            entries = list(reclaimed)
+            if len(entries) < max_groups:
+                remaining = seconds_left(deadline)
+                block_ms = None
+                if not entries and remaining > 0:
+                    block_ms = max(1, int(min(remaining, self._poll_s) * 1000))
+                entries += self._read_new(max_groups - len(entries), block_ms)
+            if entries:
+                with self._client.pipeline() as pipe:
+                    pipe.hincrby(self._stats_key, "delivered", len(entries))
+                    pipe.hincrby(self._stats_key, "reclaimed", len(reclaimed))
+                    pipe.execute()
+                return entries
+            if seconds_left(deadline) <= 0:
+                return []
+
+    def _remove_pending(self, ids: Iterable[str], counter: str) -> int:
+        ids = [_text(item_id) for item_id in ids]
+        for item_id in ids:
+            if not _STREAM_ID.match(item_id):
+                raise ValueError(f"not a Redis stream entry id: {item_id!r}")
+        if not ids:
+            return 0
+        return int(self._ack_script(keys=[self._stream, self._stats_key],
+                                    args=[self.group, counter, *ids]))
+
+    def _discard_stale(self, ids: list[str]) -> None:
+        self._remove_pending(ids, "dropped_stale")
+
+    def ack(self, ids: Iterable[str]) -> int:
+        return self._remove_pending(ids, "acked")
+
+    def set_trainer_version(self, version: int) -> None:
+        self._client.set(self._version_key, checked_version(version, "trainer version"))
+
+    def trainer_version(self) -> int:
+        value = self._client.get(self._version_key)
+        return 0 if value is None else int(value)
+
+    def publish_weights(self, version: int, location: str) -> None:
+        if not isinstance(location, str) or not location:
+            raise ValueError(f"weights location must be a non-empty string, got {location!r}")
+        version = checked_version(version, "weights version")
+        self._client.hset(self._weights_key, mapping={"version": version, "location": location})
+
+    def latest_weights(self) -> PublishedWeights | None:
+        fields = self._client.hgetall(self._weights_key)
+        if not fields:
+            return None
+        return PublishedWeights(int(fields[b"version"]), _text(fields[b"location"]))
+
+    def stats(self) -> QueueStats:
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.xlen(self._stream)
+            pipe.xpending(self._stream, self.group)
+            pipe.hgetall(self._stats_key)
+            backlog, pending_summary, counters = pipe.execute()
+        pending = int(pending_summary["pending"])
+        count = {_text(key): int(value) for key, value in counters.items()}
+        return QueueStats(
+            ready=backlog - pending,
+            pending=pending,
+            backlog=backlog,
+            put_total=count.get("put", 0),
+            delivered_total=count.get("delivered", 0),
+            acked_total=count.get("acked", 0),
+            dropped_stale_total=count.get("dropped_stale", 0),
+            reclaimed_total=count.get("reclaimed", 0),
+        )
+
+    def close(self) -> None:
+        """Removes this consumer from the group when it holds nothing pending, then disconnects."""
+        try:
+            mine = self._client.xpending_range(
+                self._stream, self.group, min="-", max="+", count=1, consumername=self.consumer
+            )
+            if not mine:
+                self._client.xgroup_delconsumer(self._stream, self.group, self.consumer)
+        except redis.RedisError:
+            pass  # best effort: a consumer entry left behind holds no data
+        self._client.close()

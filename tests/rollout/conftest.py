@@ -1,0 +1,23 @@
+"""Fixtures for the rollout tests: a real redis-server started for the session."""
+
+import pytest
+import redis
+
+from tests.rollout.redis_server import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """One redis-server on a free loopback port for the whole session, stopped at the end."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server):
+    """The session server's URL, with an empty database for each test."""
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    return redis_server.url
