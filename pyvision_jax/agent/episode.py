@@ -230,8 +230,9 @@ class EpisodeRunner:
     def run_trajectories(self, jobs: Sequence[tuple[Task, int]],
                          progress: bool = False) -> list[Trajectory]:
         """One trajectory per (task, rollout index), in input order."""
-        queued = deque(_Episode(task, k) for task, k in jobs)
-        order = {id(e): i for i, e in enumerate(queued)}
+        episodes = [_Episode(task, k) for task, k in jobs]
+        queued = deque(episodes)
+        order = {id(e): i for i, e in enumerate(episodes)}
         results: list[Trajectory | None] = [None] * len(queued)
         ready: list[_Episode] = []
         running: dict[futures.Future, tuple[str, _Episode]] = {}
@@ -263,9 +264,10 @@ class EpisodeRunner:
                             running[pool.submit(self._tool, episode, step)] = ("tool", episode)
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
-            for _, episode in running.values():
+            for episode in episodes:
                 if episode.sandbox is not None:
                     self.sandboxes.release(episode.sandbox)
+                    episode.sandbox = None
             raise
         finally:
             pool.shutdown(wait=True)

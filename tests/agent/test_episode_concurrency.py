@@ -1,5 +1,7 @@
 """No per-turn barrier: a slow sandbox in one trajectory does not hold back the others."""
 
+import pytest
+
 from pyvision_jax.agent.episode import EpisodeConfig, EpisodeRunner
 from pyvision_jax.agent.tasks import Task
 from pyvision_jax.agent.trajectory import EndReason
@@ -65,3 +67,20 @@ def test_admission_is_limited_to_max_concurrent(tokenizer, image_task):
     trajectories = runner.run_trajectories([(t, 0) for t in tasks])
     assert all(len(call) <= 2 for call in engine.calls)
     assert [t.task_id for t in trajectories] == [t.id for t in tasks]
+
+
+def test_an_engine_failure_propagates_and_returns_every_sandbox(tokenizer, image_task):
+    class FailingEngine(ScriptedEngine):
+        def generate(self, requests, params):
+            if len(self.calls) == 1:
+                raise RuntimeError("engine died")
+            return super().generate(requests, params)
+
+    tasks = [_task(f"t{i}", image_task) for i in range(3)]
+    engine = FailingEngine(tokenizer, {t.id: [code_turn(), answer_turn()] for t in tasks})
+    pool = FakePool()
+    runner = EpisodeRunner(engine, tokenizer, pool, EpisodeConfig(max_concurrent=3))
+    with pytest.raises(RuntimeError, match="engine died"):
+        runner.run_trajectories([(t, 0) for t in tasks])
+    assert len(pool.acquired) == 3 and sorted(map(id, pool.released)) == sorted(
+        map(id, pool.acquired))
