@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from pyvision_jax.convert import names
 from pyvision_jax.convert.layout import hf_chunks, read_flax_leaf
 from pyvision_jax.convert.safetensors_io import TensorEntry, TensorSpec, read_header, write_file
-from pyvision_jax.convert.tree import Params, ShardingSpec, flatten_params, leaf_sharding, set_leaf
+from pyvision_jax.convert.tree import Params, ShardingSpec, flatten_params, host_copy, leaf_sharding, set_leaf
 from pyvision_jax.models.config import ModelConfig
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -226,7 +226,7 @@ def _plan_shards(specs: list[tuple[TensorSpec, Any]], max_shard_bytes: int) -> l
 
 
 def _host_chunks(leaf: Any, spec: TensorSpec) -> Iterator[np.ndarray]:
-    host = np.asarray(jax.device_get(leaf))
+    host = host_copy(leaf)
     yield from hf_chunks(host, names.tensor_kind(spec.name), spec.dtype)
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import numpy as np
 
 from pyvision_jax.convert.names import ParamPath
 
@@ -48,3 +49,38 @@ def leaf_sharding(sharding: ShardingSpec, path: ParamPath, shape: tuple[int, ...
             node = node[key]
         return node
     return sharding(path, shape)
+
+
+def _cpu_device() -> jax.Device | None:
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:
+        return None
+
+
+def host_copy(leaf: Any) -> np.ndarray:
+    """The value of one leaf as a numpy array, without leaving a cached copy behind.
+
+    ``np.asarray(jax_array)`` stores its host copy on the array (for accelerator or sharded
+    arrays) until the array dies, which during an export would keep a second copy of the
+    whole model on the host; shards are fetched through temporary CPU arrays instead.
+    """
+    if not isinstance(leaf, jax.Array):
+        return np.asarray(leaf)
+    if not leaf.is_fully_addressable:
+        raise ValueError(
+            f"array of shape {leaf.shape} spans devices of other processes; gather it first "
+            "(jax.experimental.multihost_utils.process_allgather)"
+        )
+    cpu = _cpu_device()
+    out = None
+    for shard in leaf.addressable_shards:
+        if shard.replica_id != 0:
+            continue
+        data = np.asarray(jax.device_put(shard.data, cpu)) if cpu is not None else np.array(shard.data)
+        if data.shape == leaf.shape:
+            return data
+        if out is None:
+            out = np.empty(leaf.shape, leaf.dtype)
+        out[shard.index] = data
+    return out
