@@ -100,7 +100,11 @@ class SandboxSource(Protocol):
 
 @dataclass(frozen=True)
 class EpisodeConfig:
-    """Budgets and policies of one episode (defaults: the training recipe)."""
+    """Budgets and policies of one episode (defaults: the training recipe).
+
+    ``broken_end_reasons`` (a set of EndReason or of their names, or one comma-separated
+    string) marks the trajectories the trainer treats as broken.
+    """
 
     max_tool_calls: int = 4
     max_images: int = 32
@@ -127,8 +131,15 @@ class EpisodeConfig:
         if self.max_tool_calls < 0:
             raise ValueError(f"EpisodeConfig.max_tool_calls must be >= 0, "
                              f"got {self.max_tool_calls}")
-        object.__setattr__(self, "broken_end_reasons",
-                           frozenset(EndReason(r) for r in self.broken_end_reasons))
+        reasons = self.broken_end_reasons
+        if isinstance(reasons, str):  # "A,B" from a config file
+            reasons = [r.strip() for r in reasons.split(",") if r.strip()]
+        try:
+            reasons = frozenset(EndReason(r) for r in reasons)
+        except ValueError as err:
+            raise ValueError(f"EpisodeConfig.broken_end_reasons: {err}; expected names from "
+                             f"{[r.value for r in EndReason]}") from None
+        object.__setattr__(self, "broken_end_reasons", reasons)
 
     @classmethod
     def training(cls, **overrides: Any) -> "EpisodeConfig":

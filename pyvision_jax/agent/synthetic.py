@@ -163,7 +163,11 @@ def _counting_task(out_dir: Path, seed: int, index: int, canvas: tuple[int, int]
 
 def write_mp4(path: str | Path, frames: np.ndarray, fps: float) -> None:
     """Writes uint8 frames [T, H, W, 3] (H, W multiples of 16) as bit-exact H.264 mp4."""
-    import imageio_ffmpeg
+    try:
+        import imageio_ffmpeg
+    except ImportError as err:
+        raise ImportError("writing mp4 needs the imageio-ffmpeg package (it ships an ffmpeg "
+                          "binary): pip install imageio-ffmpeg==0.6.0") from err
 
     frames = np.ascontiguousarray(frames, dtype=np.uint8)
     if frames.ndim != 4 or frames.shape[-1] != 3:
@@ -265,11 +269,22 @@ def generate_videos(out_dir: str | Path, num_tasks: int, seed: int, *,
                      lambda d, i: _video_task(d, seed, i, frame_size, fps, num_frames))
 
 
+GENERATORS: dict[str, Callable[..., Path]] = {
+    "visual_search": generate_visual_search,
+    "counting": generate_counting,
+    "video": generate_videos,
+}
+
+
 def generate_synthetic_suite(out_dir: str | Path, num_per_kind: int, seed: int,
+                             kinds: tuple[str, ...] | str = tuple(GENERATORS),
                              progress: bool = False) -> dict[str, Path]:
-    """All three kinds under ``out_dir``; returns {kind: jsonl path}."""
-    return {
-        "visual_search": generate_visual_search(out_dir, num_per_kind, seed, progress=progress),
-        "counting": generate_counting(out_dir, num_per_kind, seed, progress=progress),
-        "video": generate_videos(out_dir, num_per_kind, seed, progress=progress),
-    }
+    """The chosen kinds (names or one comma-separated string) under ``out_dir``; returns
+    {kind: jsonl path}."""
+    if isinstance(kinds, str):
+        kinds = tuple(k.strip() for k in kinds.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in GENERATORS]
+    if unknown:
+        raise ValueError(f"unknown synthetic task kinds {unknown}; expected {list(GENERATORS)}")
+    return {kind: GENERATORS[kind](out_dir, num_per_kind, seed, progress=progress)
+            for kind in kinds}

@@ -289,3 +289,14 @@ def test_groups_hold_g_rollouts_with_their_own_sandboxes(tokenizer, image_task):
     assert len(pool.acquired) == 3 and len(pool.released) == 3
     assert engine.calls[0] == ("img/0", "img/1", "img/2")  # the first turn is one batch
     assert all(t.end_reason is EndReason.DONE for t in group.trajectories)
+
+
+def test_config_validates_and_reads_broken_reasons_from_strings():
+    config = EpisodeConfig(broken_end_reasons="SANDBOX_FAILURE, OVER_LENGTH")
+    assert config.broken_end_reasons == {EndReason.SANDBOX_FAILURE, EndReason.OVER_LENGTH}
+    with pytest.raises(ValueError, match="broken_end_reasons: 'TIRED' is not a valid"):
+        EpisodeConfig(broken_end_reasons=["TIRED"])
+    with pytest.raises(ValueError, match="on_error must be 'terminate' or 'feedback'"):
+        EpisodeConfig(on_error="ignore")
+    with pytest.raises(ValueError, match="max_images must be >= 1"):
+        EpisodeConfig(max_images=0)

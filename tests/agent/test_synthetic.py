@@ -98,3 +98,10 @@ def test_write_mp4_rejects_bad_frames(tmp_path):
         write_mp4(tmp_path / "x.mp4", np.zeros((2, 30, 32, 3), np.uint8), fps=4)
     with pytest.raises(ValueError, match=r"\[T, H, W, 3\]"):
         write_mp4(tmp_path / "x.mp4", np.zeros((2, 32, 32), np.uint8), fps=4)
+
+
+def test_suite_takes_a_subset_of_kinds(tmp_path):
+    paths = generate_synthetic_suite(tmp_path, 1, seed=0, kinds="counting, video")
+    assert list(paths) == ["counting", "video"]
+    with pytest.raises(ValueError, match="unknown synthetic task kinds \\['maze'\\]"):
+        generate_synthetic_suite(tmp_path, 1, seed=0, kinds=("maze",))
