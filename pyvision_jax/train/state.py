@@ -1,0 +1,137 @@
+"""Train state (params, optimizer state, step, rng) and the AdamW optimizer of the recipe.
+
+Frozen parameter groups (the vision tower by default) are left out of differentiation and of
+the optimizer: the optimizer state covers only the trainable groups (`split_trainable`), the
+train step passes frozen arrays through untouched, so they stay bit-identical and cost no
+gradient or Adam memory.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from pyvision_jax.models.sharding import param_shardings
+
+SCHEDULES = ("constant", "cosine", "linear")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW with global-norm clipping; defaults are the PyVision-RL recipe."""
+
+    lr: float = 1e-6
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    """Global-norm clip over trainable gradients; <= 0 disables it."""
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int = 1
+    """Length of the decay for "cosine"/"linear" (to 0 after warmup)."""
+    frozen_prefixes: tuple[str, ...] = ("visual",)
+    """Top-level parameter groups that are not trained (default: the vision tower)."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.lr < 0:
+            problems.append(f"lr={self.lr} must be >= 0")
+        if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
+            problems.append(f"b1={self.b1}, b2={self.b2} must be in [0, 1)")
+        if self.weight_decay < 0:
+            problems.append(f"weight_decay={self.weight_decay} must be >= 0")
+        if self.schedule not in SCHEDULES:
+            problems.append(f"schedule={self.schedule!r} must be one of {SCHEDULES}")
+        if self.warmup_steps < 0 or self.total_steps < 1:
+            problems.append(f"warmup_steps={self.warmup_steps} must be >= 0 and total_steps="
+                            f"{self.total_steps} >= 1")
+        if problems:
+            raise ValueError("OptimizerConfig: " + "; ".join(problems))
+
+
+class TrainState(struct.PyTreeNode):
+    """Everything the train step reads and writes; a checkpoint saves exactly this."""
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    rng: jax.Array
+    skipped_updates: jax.Array
+    """Steps whose update was skipped because the gradient was not finite."""
+
+
+def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
+    """Linear warmup from 0, then constant, cosine or linear decay to 0 at total_steps."""
+    decay_steps = max(config.total_steps - config.warmup_steps, 1)
+    if config.schedule == "constant":
+        main = optax.constant_schedule(config.lr)
+    elif config.schedule == "cosine":
+        main = optax.cosine_decay_schedule(config.lr, decay_steps)
+    else:
+        main = optax.linear_schedule(config.lr, 0.0, decay_steps)
+    if config.warmup_steps == 0:
+        return main
+    warmup = optax.linear_schedule(0.0, config.lr, config.warmup_steps)
+    return optax.join_schedules([warmup, main], [config.warmup_steps])
+
+
+def split_trainable(params: Any, frozen_prefixes: tuple[str, ...]) -> tuple[dict, dict]:
+    """(trainable, frozen) top-level groups of `params`; their union is `params`."""
+    unknown = [p for p in frozen_prefixes if p not in params]
+    if unknown:
+        raise ValueError(f"frozen parameter groups {unknown} are not in the params "
+                         f"(top-level groups: {sorted(params)})")
+    trainable = {k: v for k, v in params.items() if k not in frozen_prefixes}
+    frozen = {k: v for k, v in params.items() if k in frozen_prefixes}
+    return trainable, frozen
+
+
+def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
+    """Global-norm clip (when grad_clip > 0), then AdamW with the configured schedule."""
+    parts = []
+    if config.grad_clip > 0:
+        parts.append(optax.clip_by_global_norm(config.grad_clip))
+    parts.append(optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2,
+                             eps=config.eps, weight_decay=config.weight_decay))
+    return optax.chain(*parts)
+
+
+def init_train_state(params: Any, optimizer: optax.GradientTransformation, seed: int,
+                     frozen_prefixes: tuple[str, ...] = ("visual",)) -> TrainState:
+    """Step 0 state for `params` (not copied: the state holds the same arrays)."""
+    trainable, _ = split_trainable(params, frozen_prefixes)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(trainable),
+                      rng=jax.random.key_data(jax.random.key(seed)),
+                      skipped_updates=jnp.zeros((), jnp.int32))
+
+
+def state_shardings(state: TrainState, param_axes: Any, mesh: Mesh) -> TrainState:
+    """NamedShardings for a TrainState: params by their logical axes, optimizer moments like
+    the params they follow (matched by path suffix and shape), everything else replicated."""
+    params_sharding = param_shardings(param_axes, state.params, mesh)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    by_path = {_path_keys(path): (sharding, leaf.shape) for (path, sharding), leaf in zip(
+        jax.tree_util.tree_flatten_with_path(params_sharding)[0], jax.tree.leaves(state.params))}
+
+    def opt_leaf(path: Any, leaf: Any) -> NamedSharding:
+        keys = _path_keys(path)
+        for start in range(len(keys)):
+            found = by_path.get(keys[start:])
+            if found is not None and found[1] == getattr(leaf, "shape", None):
+                return found[0]
+        return replicated
+
+    opt_sharding = jax.tree_util.tree_map_with_path(opt_leaf, state.opt_state)
+    return TrainState(step=replicated, params=params_sharding, opt_state=opt_sharding, rng=replicated,
+                      skipped_updates=replicated)
+
+
+def _path_keys(path: Any) -> tuple[str, ...]:
+    return tuple(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)

@@ -1,0 +1,259 @@
+"""The jitted, sharded GRPO train step on padded [B, T] batches with images.
+
+Shapes: a `TrainBatch` holds M micro-batches of n rows each, stacked on a leading axis
+([M, n, T]; positions [M, 3, n, T]; vision arrays [M, ...]). The step scans over the
+micro-batches, accumulating the gradient of each micro-batch's loss *sum* and its
+denominator, and divides once at the end, so accumulation is exact (the result equals one
+pass over the whole batch).
+
+Per-token logprobs of the current params are computed from the decoder's hidden states in
+chunks of `logprob_chunk` positions: lm_head, temperature, log-softmax and the gather run per
+chunk under `jax.checkpoint`, so neither the forward nor the backward pass ever holds the
+whole [n, T, V] float32 logits.
+
+Token t's logprob is read from the hidden state at t - 1, aligned with `Trajectory.loss_mask`
+and the engine's logprobs (position t holds token t's values).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Literal
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from pyvision_jax.models import ModelConfig, graphdef
+from pyvision_jax.models.sharding import batch_sharding
+from pyvision_jax.models.vision import VisionLayout
+from pyvision_jax.rl.losses import PPOLossConfig, PPOMetrics, combine_metrics, ppo_loss, summarize_metrics
+from pyvision_jax.train.state import TrainState, split_trainable
+
+
+@struct.dataclass
+class TrainBatch:
+    """M micro-batches of n padded rows of length T (see the module docstring)."""
+
+    input_ids: jax.Array
+    attention_mask: jax.Array
+    positions: jax.Array
+    loss_mask: jax.Array
+    behaviour_logprobs: jax.Array
+    advantages: jax.Array
+    """[M, n]: one advantage per row (0 on padding rows)."""
+    pixel_values: jax.Array | None = None
+    """[M, S, patch_dim] in each micro-batch's vision layout, or None without images."""
+    layout: VisionLayout | None = None
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.input_ids.shape[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """Static settings of the train step (hashable)."""
+
+    loss: PPOLossConfig = PPOLossConfig()
+    temperature: float = 1.0
+    """Rollout temperature: logits are divided by it before the log-softmax."""
+    logprob_chunk: int = 256
+    """Positions per lm_head/log-softmax chunk."""
+    old_logprobs: Literal["current", "behaviour"] = "current"
+    """"current": the ratio's denominator is the current params' logprobs (stop-gradient),
+    which is what recomputing them before a single update per batch gives, at no extra cost;
+    "behaviour": the engine's logprobs."""
+    compute_dtype: str = "float32"
+    frozen_prefixes: tuple[str, ...] = ("visual",)
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0:
+            raise ValueError(f"StepConfig.temperature must be > 0, got {self.temperature}")
+        if self.logprob_chunk < 1:
+            raise ValueError(f"StepConfig.logprob_chunk must be >= 1, got {self.logprob_chunk}")
+        if self.old_logprobs not in ("current", "behaviour"):
+            raise ValueError(f"StepConfig.old_logprobs must be 'current' or 'behaviour', "
+                             f"got {self.old_logprobs!r}")
+
+
+# ---------------------------------------------------------------------- logprobs
+
+
+def hidden_states(config: ModelConfig, compute_dtype: str, params: Any, input_ids: jax.Array,
+                  attention_mask: jax.Array, positions: jax.Array, pixel_values: jax.Array | None,
+                  layout: VisionLayout | None) -> tuple[jax.Array, jax.Array]:
+    """(normed decoder hidden states [n, T, D], lm_head kernel [D, V]) for one micro-batch."""
+    model = nnx.merge(graphdef(config, jnp.dtype(compute_dtype)), params)
+    features = None if pixel_values is None else model.visual(pixel_values, layout)
+    embeds = model.embed(input_ids, features)
+    hidden, _ = model.model(embeds, positions, attention_mask)
+    if config.tie_word_embeddings:
+        kernel = params["model"]["embed_tokens"]["embedding"].T
+    else:
+        kernel = params["lm_head"]["kernel"]
+    return hidden, kernel.astype(jnp.dtype(compute_dtype))
+
+
+def chunked_token_logprobs(hidden: jax.Array, kernel: jax.Array, input_ids: jax.Array,
+                           temperature: float, chunk: int) -> tuple[jax.Array, jax.Array]:
+    """logprob [n, T] of each token under softmax(h_{t-1} W / temperature), and the entropy
+    [n, T] of that distribution (stop-gradient); position 0 gets 0.
+
+    The [n, chunk, V] logits of one chunk exist at a time, forward and backward.
+    """
+    n, length, dim = hidden.shape
+    shifted = jnp.concatenate([jnp.zeros((n, 1, dim), hidden.dtype), hidden[:, :-1]], axis=1)
+    chunk = min(chunk, length)
+    padded = -(-length // chunk) * chunk
+    if padded != length:
+        shifted = jnp.pad(shifted, ((0, 0), (0, padded - length), (0, 0)))
+        input_ids = jnp.pad(input_ids, ((0, 0), (0, padded - length)))
+    num_chunks = padded // chunk
+    h_chunks = shifted.reshape(n, num_chunks, chunk, dim).swapaxes(0, 1)
+    id_chunks = input_ids.reshape(n, num_chunks, chunk).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def one_chunk(args: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        h, ids = args
+        logits = jnp.einsum("ncd,dv->ncv", h, kernel, preferred_element_type=jnp.float32) / temperature
+        log_z = jax.nn.logsumexp(logits, axis=-1)
+        picked = jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
+        frozen_logits = jax.lax.stop_gradient(logits)
+        frozen_z = jax.lax.stop_gradient(log_z)
+        probs = jnp.exp(frozen_logits - frozen_z[..., None])
+        entropy = frozen_z - jnp.sum(probs * frozen_logits, axis=-1)
+        return picked - log_z, entropy
+
+    logprobs, entropy = jax.lax.map(one_chunk, (h_chunks, id_chunks))
+    logprobs = logprobs.swapaxes(0, 1).reshape(n, padded)[:, :length]
+    entropy = entropy.swapaxes(0, 1).reshape(n, padded)[:, :length]
+    first = jnp.arange(length) == 0
+    return jnp.where(first, 0.0, logprobs), jnp.where(first, 0.0, entropy)
+
+
+def micro_batch_logprobs(model_config: ModelConfig, step_config: StepConfig, params: Any,
+                         micro: TrainBatch) -> tuple[jax.Array, jax.Array]:
+    """(logprobs, entropy), each [n, T], of one micro-batch (a TrainBatch without M axis)."""
+    hidden, kernel = hidden_states(model_config, step_config.compute_dtype, params, micro.input_ids,
+                                   micro.attention_mask, micro.positions, micro.pixel_values, micro.layout)
+    return chunked_token_logprobs(hidden, kernel, micro.input_ids, step_config.temperature,
+                                  step_config.logprob_chunk)
+
+
+def micro_batch_loss(model_config: ModelConfig, step_config: StepConfig, trainable: Any, frozen: Any,
+                     micro: TrainBatch) -> tuple[jax.Array, tuple[jax.Array, PPOMetrics]]:
+    """(loss sum, (denominator, metrics)) of one micro-batch; differentiate w.r.t. `trainable`."""
+    logprobs, entropy = micro_batch_logprobs(model_config, step_config, {**trainable, **frozen}, micro)
+    mask = micro.loss_mask & micro.attention_mask
+    old = (jax.lax.stop_gradient(logprobs) if step_config.old_logprobs == "current"
+           else micro.behaviour_logprobs)
+    out = ppo_loss(logprobs, old, micro.advantages, mask, step_config.loss,
+                   behaviour_logprobs=micro.behaviour_logprobs, entropy=entropy)
+    return out.loss_sum, (out.denominator, out.metrics)
+
+
+def _empty_metrics() -> PPOMetrics:
+    zero = jnp.zeros((), jnp.float32)
+    return PPOMetrics(token_count=zero, clipped_tokens=zero, dual_clipped_tokens=zero, approx_kl_sum=zero,
+                      entropy_sum=zero, is_ratio_sum=zero, is_ratio_min=jnp.array(jnp.inf, jnp.float32),
+                      is_ratio_max=jnp.array(-jnp.inf, jnp.float32))
+
+
+def loss_and_grads(model_config: ModelConfig, step_config: StepConfig, params: Any,
+                   batch: TrainBatch) -> tuple[jax.Array, Any, jax.Array, PPOMetrics]:
+    """(loss, grads of the trainable groups, denominator, metrics) over all micro-batches.
+
+    loss = sum of micro-batch loss sums / sum of denominators; the gradient is that of the
+    same quantity (0 when the denominator is 0).
+    """
+    trainable, frozen = split_trainable(params, step_config.frozen_prefixes)
+    grad_fn = jax.value_and_grad(functools.partial(micro_batch_loss, model_config, step_config),
+                                 has_aux=True)
+
+    def body(carry, micro):
+        grads, loss_sum, denominator, metrics = carry
+        (mb_loss, (mb_denominator, mb_metrics)), mb_grads = grad_fn(trainable, frozen, micro)
+        grads = jax.tree.map(jnp.add, grads, mb_grads)
+        return (grads, loss_sum + mb_loss, denominator + mb_denominator,
+                combine_metrics(metrics, mb_metrics)), None
+
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), trainable)
+    init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), _empty_metrics())
+    (grads, loss_sum, denominator, metrics), _ = jax.lax.scan(body, init, batch)
+    scale = 1.0 / jnp.maximum(denominator, 1.0)
+    grads = jax.tree.map(lambda g, p: (g * scale).astype(p.dtype), grads, trainable)
+    return loss_sum * scale, grads, denominator, metrics
+
+
+def train_step(model_config: ModelConfig, step_config: StepConfig, optimizer: optax.GradientTransformation,
+               state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer update from `batch`; skipped (params and optimizer state kept, counter
+    incremented) when the loss or gradient is not finite, and a no-op update when the batch
+    has no loss token. The step counter always advances."""
+    loss, grads, denominator, metrics = loss_and_grads(model_config, step_config, state.params, batch)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    has_tokens = denominator > 0
+    apply = finite & has_tokens
+    trainable, frozen = split_trainable(state.params, step_config.frozen_prefixes)
+    safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
+    updates, new_opt_state = optimizer.update(safe_grads, state.opt_state, trainable)
+    new_trainable = optax.apply_updates(trainable, updates)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(apply, a, b), new, old)  # noqa: E731
+    new_params = {**keep(new_trainable, trainable), **frozen}
+    new_state = state.replace(
+        step=state.step + 1, params={k: new_params[k] for k in state.params},
+        opt_state=keep(new_opt_state, state.opt_state),
+        rng=jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)),
+        skipped_updates=state.skipped_updates + (~finite).astype(jnp.int32))
+    summary = summarize_metrics(metrics)
+    out = {
+        "loss": loss, "grad_norm": grad_norm, "loss_tokens": metrics.token_count,
+        "denominator": denominator, "updated": apply.astype(jnp.float32),
+        "nonfinite": (~finite).astype(jnp.float32), "skipped_updates": new_state.skipped_updates,
+        "entropy": summary["entropy"], "clip_fraction": summary["clip_fraction"],
+        "approx_kl": summary["approx_kl"], "is_ratio_max": jnp.where(has_tokens, summary["is_ratio_max"], 1.0),
+        "is_ratio_mean": jnp.where(has_tokens, summary["is_ratio_mean"], 1.0),
+    }
+    return new_state, out
+
+
+# ---------------------------------------------------------------------- sharding and jit
+
+
+def batch_shardings(batch: TrainBatch, mesh: Mesh) -> TrainBatch:
+    """Rows split over ("data", "fsdp") where they divide; vision arrays replicated."""
+    rows = batch.input_ids.shape[1]
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def rowwise(x: jax.Array, axis: int) -> NamedSharding:
+        return batch_sharding(mesh, x.ndim, batch_axis=axis, batch_size=rows)
+
+    return TrainBatch(
+        input_ids=rowwise(batch.input_ids, 1), attention_mask=rowwise(batch.attention_mask, 1),
+        positions=rowwise(batch.positions, 2), loss_mask=rowwise(batch.loss_mask, 1),
+        behaviour_logprobs=rowwise(batch.behaviour_logprobs, 1), advantages=rowwise(batch.advantages, 1),
+        pixel_values=None if batch.pixel_values is None else replicated,
+        layout=None if batch.layout is None else jax.tree.map(lambda _: replicated, batch.layout))
+
+
+def shard_batch(batch: TrainBatch, mesh: Mesh) -> TrainBatch:
+    """Places a host batch on the mesh."""
+    return jax.device_put(batch, batch_shardings(batch, mesh))
+
+
+def make_train_step(model_config: ModelConfig, step_config: StepConfig,
+                    optimizer: optax.GradientTransformation, mesh: Mesh, state_sharding: TrainState,
+                    donate: bool = True) -> Callable[[TrainState, TrainBatch], tuple[TrainState, dict]]:
+    """The jitted step `(state, batch) -> (state, metrics)`; put batches with `shard_batch`.
+
+    `donate` reuses the state's buffers for the new state; leave it off when something else
+    (an engine generating concurrently) still reads the old params.
+    """
+    replicated = NamedSharding(mesh, PartitionSpec())
+    step = functools.partial(train_step, model_config, step_config, optimizer)
+    return jax.jit(step, out_shardings=(state_sharding, replicated),
+                   donate_argnums=(0,) if donate else ())
