@@ -63,10 +63,13 @@ class QueueConfig:
         admits every version.
       put_timeout_s: how long `put` waits for room before raising `QueueFullError`
         (`math.inf` waits forever).
-      redis_url: the server, e.g. "redis://127.0.0.1:6379/0" (redis backend only).
+
+    The rest apply to the redis backend only:
+      redis_url: the server, e.g. "redis://127.0.0.1:6379/0".
       namespace: prefix of every Redis key, so several runs can share one server.
       group: the Redis consumer group of the trainer's consumers.
-      consumer: this process's consumer name within the group; None picks a unique one.
+      consumer: this process's consumer name within the group; None picks a unique one. Give
+        a resuming trainer a fixed name to get its unacknowledged groups back at once.
       claim_idle_ms: items pending this long on a consumer are reclaimed by another one.
     """
 
@@ -332,7 +335,11 @@ def full_error(backlog: int, max_backlog: int, waited_s: float) -> QueueFullErro
 
 
 class LocalTrajectoryQueue(TrajectoryQueue):
-    """In-process, thread-safe queue: the embedded default (one process, producer threads)."""
+    """In-process, thread-safe queue: the embedded default (producers and trainer in threads).
+
+    Items taken and never acknowledged stay pending (and in the backlog) until `close`: there
+    is no other process to die, so there is no reclaim.
+    """
 
     def __init__(
         self,

@@ -13,7 +13,13 @@ with any number of producers; producers poll until there is room. XADD's MAXLEN 
 never used, so nothing is dropped to make room.
 
 Consumers read new entries with XREADGROUP and, before that, reclaim with XAUTOCLAIM entries
-that have been pending on any consumer (a dead one, typically) for `claim_idle_ms`.
+that have been pending on any consumer (a dead one, typically) for `claim_idle_ms`. A consumer
+restarted under the same name (e.g. a trainer resuming with a fixed `consumer`) first gets back
+the entries it held unacknowledged before, without waiting for `claim_idle_ms`.
+
+Delivery is at-least-once: an entry is redelivered only when it stayed unacknowledged for
+`claim_idle_ms` or its consumer restarted; XACK is not bound to a consumer, so whichever holder
+acknowledges first removes it and the other's `ack` returns 0.
 """
 
 from __future__ import annotations
@@ -78,7 +84,11 @@ def default_consumer_name() -> str:
 
 
 class RedisTrajectoryQueue(TrajectoryQueue):
-    """Trajectory queue over a Redis Stream and consumer group (see the module docstring)."""
+    """Trajectory queue over a Redis Stream and consumer group (see the module docstring).
+
+    Threads may share one object (redis-py's client is thread-safe); every process opens its
+    own, with its own consumer name.
+    """
 
     def __init__(
         self,
@@ -107,6 +117,8 @@ class RedisTrajectoryQueue(TrajectoryQueue):
         self._weights_key = f"{namespace}:weights"
         self._poll_s = min(_MAX_POLL_S, claim_idle_ms / 2000)
         self._claim_cursor: bytes | str = "0-0"
+        # Where to continue reading this consumer's earlier pending entries; None once done.
+        self._own_cursor: bytes | str | None = "0"
         self._client = redis.Redis.from_url(url, socket_connect_timeout=10)
         try:
             self._client.ping()
@@ -164,7 +176,27 @@ class RedisTrajectoryQueue(TrajectoryQueue):
             for item_id, fields in messages
         ]
 
+    def _own_pending(self, count: int) -> list[RawEntry]:
+        """The next entries this consumer name held unacknowledged before this object existed."""
+        response = self._client.xreadgroup(
+            self.group, self.consumer, {self._stream: self._own_cursor}, count=count
+        )
+        messages = [message for _, batch in response or [] for message in batch]
+        self._own_cursor = messages[-1][0] if len(messages) == count else None
+        return [self._entry(item_id, fields) for item_id, fields in messages if fields]
+
+    def _count_delivery(self, delivered: int, reclaimed: int) -> None:
+        with self._client.pipeline() as pipe:
+            pipe.hincrby(self._stats_key, "delivered", delivered)
+            pipe.hincrby(self._stats_key, "reclaimed", reclaimed)
+            pipe.execute()
+
     def _take(self, max_groups: int, deadline: float) -> list[RawEntry]:
+        if self._own_cursor is not None:
+            recovered = self._own_pending(max_groups)
+            if recovered:
+                self._count_delivery(len(recovered), len(recovered))
+                return recovered
         while True:
             reclaimed = self._reclaim(max_groups)
             entries = list(reclaimed)
@@ -175,10 +207,7 @@ class RedisTrajectoryQueue(TrajectoryQueue):
                     block_ms = max(1, int(min(remaining, self._poll_s) * 1000))
                 entries += self._read_new(max_groups - len(entries), block_ms)
             if entries:
-                with self._client.pipeline() as pipe:
-                    pipe.hincrby(self._stats_key, "delivered", len(entries))
-                    pipe.hincrby(self._stats_key, "reclaimed", len(reclaimed))
-                    pipe.execute()
+                self._count_delivery(len(entries), len(reclaimed))
                 return entries
             if seconds_left(deadline) <= 0:
                 return []

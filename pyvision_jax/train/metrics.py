@@ -91,12 +91,13 @@ def end_reason_tag(name: str) -> str:
 
 def _scalar_value(tag: str, step: int, value: Any) -> float:
     array = np.asarray(value)
+    where = f"metric {tag!r} at step {step}"
     if array.size != 1:
-        raise ValueError(f"metric {tag!r} at step {step}: expected a scalar, got shape {array.shape}")
+        raise ValueError(f"{where}: expected a scalar, got shape {array.shape}")
     if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
-        raise ValueError(f"metric {tag!r} at step {step}: expected a number, got dtype {array.dtype}")
+        raise ValueError(f"{where}: expected a number, got dtype {array.dtype}")
     if np.iscomplexobj(array):
-        raise ValueError(f"metric {tag!r} at step {step}: expected a real number, got a complex value")
+        raise ValueError(f"{where}: expected a real number, got a complex value")
     return float(array.reshape(()))
 
 

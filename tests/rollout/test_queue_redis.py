@@ -85,6 +85,24 @@ def test_groups_of_a_consumer_that_never_acks_are_reclaimed_by_another(redis_url
     assert stats.backlog == 0
 
 
+def test_a_consumer_restarted_under_its_name_gets_its_unacknowledged_groups_back_at_once(
+    redis_url,
+):
+    producer = open_queue(redis_url)
+    ids = [producer.put(f"g{n}".encode(), version=0) for n in range(5)]
+    before = open_queue(redis_url, consumer="trainer-0", claim_idle_ms=600_000)
+    taken = before.get(max_groups=3, timeout=5)
+    before.ack([taken[1].id])
+    before.close()  # holds pending groups: it stays registered in the consumer group
+
+    after = open_queue(redis_url, consumer="trainer-0", claim_idle_ms=600_000)
+    assert [item.id for item in after.get(max_groups=1, timeout=0)] == [ids[0]]
+    assert [item.id for item in after.get(max_groups=5, timeout=0)] == [ids[2]]
+    assert [item.id for item in after.get(max_groups=5, timeout=0)] == ids[3:]
+    assert after.get(max_groups=5, timeout=0.1) == []
+    assert after.stats().reclaimed_total == 2
+
+
 KILLED_CONSUMER = """
 import sys, time
 from pyvision_jax.rollout.queue import make_queue
