@@ -1,0 +1,498 @@
+"""The embedded rollout engine: the Flax Qwen2.5-VL with a KV cache and continuous batching.
+
+Shapes. The engine owns ``max_batch`` decode slots sharing one KV cache [max_batch, S]. All
+jitted work runs on a few static shapes: prompts are left-padded to a length bucket and
+prefilled in batches of 1, 2, 4, ... up to ``max_batch`` rows; decoding always runs all slots
+for ``decode_chunk`` tokens (one ``lax.scan``); the cache length S is one of the length
+buckets plus ``decode_chunk``. New prompt lengths, new requests and new weights within those
+shapes never recompile (``trace_counts`` counts the traces of every jitted function).
+
+Cache layout. The model's cache writes every call's tokens at one shared column ``index``.
+Each slot keeps its tokens right-aligned: its valid columns are ``[index - length, index)``.
+A joining request is prefilled into a small cache of its bucket length and copied into its
+slot ending at ``index``; a decode chunk appends ``decode_chunk`` columns for every slot
+(inactive slots write masked, invalid columns). When the cache runs out of room, all rows
+are shifted left together until the longest active row starts at column 0 (one jitted roll),
+and only if that is not enough the cache grows to the next bucket. Positions never depend on
+columns: every token carries its M-RoPE position (``rope_index`` for the prompt, then
+``n_real_prompt + k + rope_delta``), so moving columns changes no logits.
+
+Continuous batching. ``generate`` queues its requests; whenever a slot is free the next
+queued requests are prefilled into free slots, and after every decode chunk the host checks
+each new token in order: a stop token id or the end-of-turn token ends it with "eos", a stop
+string completed by the token's text (incremental detokenization) ends it with "stop" (the
+string is kept), the request's token limit ends it with "length". Tokens a slot produced in
+its chunk after it finished are discarded and the slot is freed for the queue.
+
+Sampling. See ``pyvision_jax.rollout.sampling`` for exactly which distribution the logprobs
+come from. Token k of a request is drawn with ``fold_in(key(seed, request), k)``, where the
+request key folds the seed with a CRC of the request id (and the id's repeat count within the
+call), so a seeded request gives the same tokens whatever slot, batch or timing it gets.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import threading
+import zlib
+from collections import Counter, deque
+from typing import Any, Iterable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pyvision_jax.convert.names import TensorKind, flax_path, tensor_kind, hub_name
+from pyvision_jax.models import KVCache, ModelConfig, ModelInputs, forward, prepare_inputs
+from pyvision_jax.models.rope_index import decode_position_ids
+from pyvision_jax.processing.image import preprocess_images
+from pyvision_jax.rollout.engine import GenerationRequest, GenerationResult, SamplingParams
+from pyvision_jax.rollout.sampling import SamplingArrays, sample_tokens
+
+DEFAULT_LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
+
+def _bucket(value: int, buckets: Sequence[int]) -> int | None:
+    """Smallest bucket >= value, None when value exceeds the largest."""
+    position = bisect.bisect_left(buckets, value)
+    return buckets[position] if position < len(buckets) else None
+
+
+class IncrementalText:
+    """Text of a growing token sequence, decoded incrementally (vLLM's detokenizer scheme).
+
+    Only complete characters are appended: while the newest tokens decode to an incomplete
+    UTF-8 sequence (a trailing U+FFFD), their text is held back until a later token
+    completes it, so a stop string is found at the first token that completes it.
+    """
+
+    def __init__(self, tokenizer: Any, window: int = 6):
+        self._tokenizer = tokenizer
+        self._window = window
+        self._ids: list[int] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self.text = ""
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=True)
+
+    def append(self, token_id: int) -> str:
+        """Adds one token; returns the text it completed (possibly empty)."""
+        self._ids.append(int(token_id))
+        prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])
+        full = self._decode(self._ids[self._prefix_offset:])
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return ""
+        delta = full[len(prefix):]
+        self._read_offset = len(self._ids)
+        self._prefix_offset = max(self._prefix_offset, self._read_offset - self._window)
+        self.text += delta
+        return delta
+
+
+@dataclasses.dataclass
+class _Prepared:
+    """A validated request with its position in the call, token limit and PRNG key."""
+
+    index: int
+    request: GenerationRequest
+    limit: int
+    key: np.ndarray  # raw key data of the request's PRNG key
+    pixel_values: np.ndarray | None
+
+
+@dataclasses.dataclass
+class _Slot:
+    """Host state of one occupied decode slot."""
+
+    job: _Prepared
+    length: int  # valid cache columns of the row
+    position: int  # M-RoPE position of `last_token` (not yet in the cache)
+    last_token: int
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    text: IncrementalText | None = None
+
+
+class JaxEngine:
+    """In-process Qwen2.5-VL sampler implementing ``pyvision_jax.rollout.engine.Engine``.
+
+    ``params`` is the model's pure params dict (``init_params``, ``load_hf``, the trainer's
+    state); ``tokenizer`` is used for the end-of-turn ids and to detect stop strings.
+    ``length_buckets`` are the prompt lengths prefill pads to (and, plus ``decode_chunk``,
+    the cache lengths); prompt + token limit must fit in the largest one. Prefill batches are
+    padded to one of ``prefill_batch_sizes`` (default 1, 2, 4, ... max_batch). The cache
+    never has fewer than ``min_cache_length`` columns (rounded up to a cache length), which
+    avoids growing, and compiling for, larger caches when the workload's lengths are known.
+    """
+
+    def __init__(self, config: ModelConfig, params: Any, tokenizer: Any, *, max_batch: int = 8,
+                 length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS, decode_chunk: int = 8,
+                 prefill_batch_sizes: Sequence[int] | None = None, min_cache_length: int = 0,
+                 compute_dtype: Any = jnp.float32, cache_dtype: Any = None, version: int = 0,
+                 eos_token_ids: Iterable[int] | None = None):
+        if max_batch < 1:
+            raise ValueError(f"JaxEngine: max_batch must be >= 1, got {max_batch}")
+        if decode_chunk < 1:
+            raise ValueError(f"JaxEngine: decode_chunk must be >= 1, got {decode_chunk}")
+        buckets = tuple(sorted({int(b) for b in length_buckets}))
+        if not buckets or buckets[0] < 1:
+            raise ValueError(f"JaxEngine: length_buckets must be positive, got {length_buckets}")
+        self.config = config
+        self.tokenizer = tokenizer
+        self.max_batch = max_batch
+        self.length_buckets = buckets
+        self.decode_chunk = decode_chunk
+        self.compute_dtype = jnp.dtype(compute_dtype).name
+        self.cache_dtype = jnp.dtype(cache_dtype or compute_dtype)
+        self.eos_token_ids = frozenset(self._default_eos(tokenizer) if eos_token_ids is None
+                                       else (int(t) for t in eos_token_ids))
+        if prefill_batch_sizes is None:
+            prefill_batch_sizes = [min(1 << k, max_batch) for k in range(max_batch.bit_length() + 1)]
+        self.prefill_batches = tuple(sorted({int(b) for b in prefill_batch_sizes}))
+        if self.prefill_batches[0] < 1 or self.prefill_batches[-1] != max_batch:
+            raise ValueError(f"JaxEngine: prefill_batch_sizes must be positive and end at "
+                             f"max_batch={max_batch}, got {prefill_batch_sizes}")
+        self.min_cache_length = self._capacity(min_cache_length)
+        self.trace_counts: Counter[str] = Counter()
+        self._params = jax.tree.map(jnp.asarray, params)
+        self._version = int(version)
+        self._lock = threading.Lock()
+        self._seed_source = np.random.default_rng()
+        self._cache: KVCache | None = None
+        self._index = 0
+        self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1,))
+        self._decode = jax.jit(self._decode_impl, donate_argnums=(1,))
+        self._shift = jax.jit(self._shift_impl, donate_argnums=(0,))
+        self._grow = jax.jit(self._grow_impl, static_argnums=(1,))
+
+    @staticmethod
+    def _default_eos(tokenizer: Any) -> set[int]:
+        ids = {tokenizer.convert_tokens_to_ids(t) for t in END_OF_TURN_TOKENS}
+        ids.add(tokenizer.eos_token_id)
+        return {int(i) for i in ids if i is not None and i != tokenizer.unk_token_id}
+
+    # ------------------------------------------------------------------ Engine protocol
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def params(self) -> Any:
+        return self._params
+
+    def update_weights(self, weights: Any, version: int) -> None:
+        """Swaps in new weights (same tree, shapes; cast to the current dtypes).
+
+        ``weights`` is a params pytree like the one the engine was built with, or an
+        iterable of (Hub or transformers-v5 tensor name, array in HF layout) pairs.
+        """
+        if not isinstance(weights, Mapping):
+            weights = self._params_from_named(weights)
+        current = self._params
+        if jax.tree.structure(weights) != jax.tree.structure(current):
+            raise ValueError("update_weights: the new weights' tree differs from the engine's "
+                             f"params: {jax.tree.structure(weights)} vs {jax.tree.structure(current)}")
+
+        def convert(path: Any, new: Any, old: jax.Array) -> jax.Array:
+            if tuple(np.shape(new)) != old.shape:
+                raise ValueError(f"update_weights: {jax.tree_util.keystr(path)} has shape "
+                                 f"{tuple(np.shape(new))}, the engine's params {old.shape}")
+            return jax.device_put(jnp.asarray(new, old.dtype), old.sharding)
+
+        new_params = jax.tree_util.tree_map_with_path(convert, weights, current)
+        with self._lock:
+            self._params = new_params
+            self._version = int(version)
+
+    def _params_from_named(self, named: Iterable[tuple[str, Any]]) -> dict:
+        """A params tree from (HF name, HF-layout array) pairs; leaves not given raise."""
+        leaves: dict[tuple, Any] = {}
+        for name, array in named:
+            array = np.asarray(array.detach().cpu().float().numpy() if hasattr(array, "detach")
+                               else array)
+            kind = tensor_kind(hub_name(name))
+            if kind is TensorKind.LINEAR_WEIGHT:
+                array = array.T
+            elif kind is TensorKind.CONV_WEIGHT:
+                array = array.reshape(array.shape[0], -1).T
+            leaves[flax_path(name)] = array
+        if self.config.tie_word_embeddings:
+            leaves.pop(("lm_head", "kernel"), None)
+
+        def pick(path: Any, _: Any) -> Any:
+            key = tuple(getattr(p, "key", getattr(p, "idx", None)) for p in path)
+            if key not in leaves:
+                raise ValueError(f"update_weights: no tensor for params path {key}")
+            return leaves.pop(key)
+
+        tree = jax.tree_util.tree_map_with_path(pick, self._params)
+        if leaves:
+            raise ValueError(f"update_weights: unknown tensors {sorted(map(str, leaves))[:5]}")
+        return tree
+
+    def generate(self, requests: Sequence[GenerationRequest],
+                 params: SamplingParams) -> list[GenerationResult]:
+        """Continues every request (continuous batching over the slots); request order."""
+        with self._lock:
+            if not requests:
+                return []
+            seed = params.seed if params.seed is not None else int(
+                self._seed_source.integers(2**31))
+            jobs = self._prepare(requests, params, seed)
+            settings = SamplingArrays.create(params.temperature, params.top_k, params.top_p)
+            version = self._version
+            results: list[GenerationResult | None] = [None] * len(jobs)
+            self._reset_cache(max(len(j.request.prompt_token_ids) for j in jobs))
+            queued = deque(jobs)
+            slots: list[_Slot | None] = [None] * self.max_batch
+            while queued or any(slots):
+                free = [i for i, s in enumerate(slots) if s is None]
+                if queued and free:
+                    joining = [queued.popleft() for _ in range(min(len(free), len(queued)))]
+                    self._admit(joining, free, slots, settings, params, results, version)
+                    continue
+                self._decode_chunk(slots, settings, params, results, version)
+            return [r for r in results if r is not None]
+
+    # ------------------------------------------------------------------ host side
+
+    def _prepare(self, requests: Sequence[GenerationRequest], params: SamplingParams,
+                 seed: int) -> list[_Prepared]:
+        largest = self.length_buckets[-1]
+        repeats: Counter[str] = Counter()
+        base = jax.random.key(seed)
+        jobs = []
+        for index, request in enumerate(requests):
+            prompt = request.prompt_token_ids
+            limit = request.token_limit(params)
+            if not prompt:
+                raise ValueError(f"request {request.request_id}: empty prompt_token_ids")
+            if len(prompt) + limit > largest:
+                raise ValueError(
+                    f"request {request.request_id}: prompt of {len(prompt)} tokens + token "
+                    f"limit {limit} exceeds the engine's largest length bucket {largest}")
+            pixel_values = self._pixel_values(request)
+            key = jax.random.fold_in(base, zlib.crc32(request.request_id.encode()) & 0x7FFFFFFF)
+            key = jax.random.fold_in(key, repeats[request.request_id])
+            repeats[request.request_id] += 1
+            jobs.append(_Prepared(index, request, limit, np.asarray(jax.random.key_data(key)),
+                                  pixel_values))
+        return jobs
+
+    def _pixel_values(self, request: GenerationRequest) -> np.ndarray | None:
+        """Patches of the request's images, checked against its grids and pad tokens."""
+        vision = self.config.vision
+        grids = request.image_grid_thw
+        pads = sum(1 for t in request.prompt_token_ids if t == self.config.image_token_id)
+        expected = int(np.sum(np.prod(grids, axis=-1))) // vision.spatial_merge_size ** 2
+        if pads != expected:
+            raise ValueError(f"request {request.request_id}: {pads} image-pad tokens in the "
+                             f"prompt but image_grid_thw accounts for {expected}")
+        if not request.images:
+            return None
+        for k, (image, (_, h, w)) in enumerate(zip(request.images, grids)):
+            size = (int(w) * vision.patch_size, int(h) * vision.patch_size)
+            if image.size != size:
+                raise ValueError(f"request {request.request_id}: image {k} is {image.size[0]}x"
+                                 f"{image.size[1]} but its grid {list(map(int, grids[k]))} "
+                                 f"needs {size[0]}x{size[1]} (images come resized)")
+        pixels = [im.size[0] * im.size[1] for im in request.images]
+        patches, got = preprocess_images(
+            request.images, min_pixels=min(pixels), max_pixels=max(pixels),
+            patch_size=vision.patch_size, merge_size=vision.spatial_merge_size,
+            temporal_patch_size=vision.temporal_patch_size)
+        if not np.array_equal(got, grids):
+            raise ValueError(f"request {request.request_id}: preprocessing gave grids "
+                             f"{got.tolist()}, the request says {grids.tolist()}")
+        return patches
+
+    def _capacity(self, needed: int) -> int:
+        """The smallest cache length (bucket + decode_chunk) holding `needed` columns."""
+        bucket = _bucket(max(needed - self.decode_chunk, 1), self.length_buckets)
+        if bucket is None:
+            raise ValueError(f"the KV cache would need {needed} columns, more than the largest "
+                             f"length bucket {self.length_buckets[-1]} + {self.decode_chunk}")
+        return bucket + self.decode_chunk
+
+    def _reset_cache(self, longest_prompt: int) -> None:
+        """Sizes the (all free) cache for the call's longest prompt bucket; a cache of the
+        right size is reused as it is, since joining rows clear their slot."""
+        length = max(self.min_cache_length, self._capacity(
+            _bucket(longest_prompt, self.length_buckets) + self.decode_chunk))
+        if self._cache is None or self._cache.max_length != length:
+            self._cache = KVCache.init(self.config, self.max_batch, length, self.cache_dtype)
+            self._index = 0
+
+    def _make_room(self, slots: list[_Slot | None], index_at_least: int, extra: int) -> None:
+        """Moves all rows so that the shared write index is >= `index_at_least` and `extra`
+        more columns fit after it, growing the cache only if shifting is not enough."""
+        longest = max((s.length for s in slots if s is not None), default=0)
+        target = self._index
+        if target + extra > self._cache.max_length:
+            target = longest  # shift left as far as the longest row allows
+        target = max(target, index_at_least)
+        if target + extra > self._cache.max_length:
+            self._cache = self._grow(self._cache, self._capacity(target + extra))
+        if target != self._index:
+            self._cache = self._shift(self._cache, jnp.asarray(target, jnp.int32))
+            self._index = target
+
+    def _admit(self, joining: list[_Prepared], free: list[int], slots: list[_Slot | None],
+               settings: SamplingArrays, params: SamplingParams,
+               results: list[GenerationResult | None], version: int) -> None:
+        """Prefills `joining` into free slots and takes their first tokens."""
+        prompts = [j.request.prompt_token_ids for j in joining]
+        length = _bucket(max(map(len, prompts)), self.length_buckets)
+        batch = _bucket(len(joining), self.prefill_batches)
+        ids = np.full((batch, length), self.config.pad_token_id, np.int32)
+        mask = np.zeros((batch, length), bool)
+        for row, prompt in enumerate(prompts):
+            ids[row, length - len(prompt):] = prompt
+            mask[row, length - len(prompt):] = True
+        inputs = {"input_ids": ids, "attention_mask": mask}
+        with_images = [j for j in joining if j.pixel_values is not None]
+        if with_images:
+            inputs["pixel_values"] = np.concatenate([j.pixel_values for j in with_images])
+            inputs["image_grid_thw"] = np.concatenate([j.request.image_grid_thw
+                                                       for j in with_images])
+        model_inputs, deltas = prepare_inputs(self.config, inputs)
+        targets = np.full(batch, self.max_batch, np.int32)  # out of range: dropped
+        targets[:len(joining)] = free[:len(joining)]
+        keys = np.zeros((batch, 2), np.uint32)
+        keys[:len(joining)] = [j.key for j in joining]
+        self._make_room(slots, length, 0)
+        self._cache, tokens, logprobs = self._prefill(
+            self._params, self._cache, model_inputs, jnp.asarray(targets),
+            jnp.asarray(self._index - length, jnp.int32), jnp.asarray(keys), settings)
+        tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
+        n_real = mask.sum(-1)
+        starts = decode_position_ids(deltas, n_real)[0, :, 0]
+        for row, job in enumerate(joining):
+            slot = _Slot(job, length=int(n_real[row]), position=int(starts[row]),
+                         last_token=int(tokens[row]),
+                         text=IncrementalText(self.tokenizer) if params.stop else None)
+            slots[free[row]] = slot
+            self._accept(free[row], slots, int(tokens[row]), float(logprobs[row]), params,
+                         results, version)
+
+    def _decode_chunk(self, slots: list[_Slot | None], settings: SamplingArrays,
+                      params: SamplingParams, results: list[GenerationResult | None],
+                      version: int) -> None:
+        """Runs `decode_chunk` tokens for every slot and hands each active slot its tokens."""
+        steps = self.decode_chunk
+        self._make_room(slots, 0, steps)
+        active = np.array([s is not None for s in slots])
+        tokens = np.array([s.last_token if s else 0 for s in slots], np.int32)
+        positions = np.array([s.position if s else 0 for s in slots], np.int32)
+        counts = np.array([len(s.token_ids) if s else 0 for s in slots], np.int32)
+        keys = np.stack([s.job.key if s else np.zeros(2, np.uint32) for s in slots])
+        self._cache, new_tokens, new_logprobs = self._decode(
+            self._params, self._cache, jnp.asarray(tokens), jnp.asarray(positions),
+            jnp.asarray(active), jnp.asarray(counts), jnp.asarray(keys), settings)
+        self._index += steps
+        new_tokens, new_logprobs = np.asarray(new_tokens), np.asarray(new_logprobs)
+        for i, slot in enumerate(slots):
+            if slot is None:
+                continue
+            slot.length += steps
+            slot.position += steps
+            for step in range(steps):
+                slot.last_token = int(new_tokens[i, step])
+                if self._accept(i, slots, slot.last_token, float(new_logprobs[i, step]),
+                                params, results, version):
+                    break
+
+    def _accept(self, i: int, slots: list[_Slot | None], token: int, logprob: float,
+                params: SamplingParams, results: list[GenerationResult | None],
+                version: int) -> bool:
+        """Appends one token to slot i; on a finish, records the result and frees the slot."""
+        slot = slots[i]
+        slot.token_ids.append(token)
+        slot.logprobs.append(logprob)
+        reason, matched = None, None
+        if token in self.eos_token_ids or token in params.stop_token_ids:
+            reason = "eos"
+        elif slot.text is not None:
+            before = len(slot.text.text)
+            if slot.text.append(token):
+                text = slot.text.text
+                hits = [(text.find(s, max(0, before - len(s) + 1)), s) for s in params.stop]
+                hits = [(at + len(s), s) for at, s in hits if at >= 0]
+                if hits:
+                    reason, matched = "stop", min(hits)[1]
+        if reason is None and len(slot.token_ids) >= slot.job.limit:
+            reason = "length"
+        if reason is None:
+            return False
+        results[slot.job.index] = GenerationResult(
+            tuple(slot.token_ids), tuple(slot.logprobs), reason, matched, version)
+        slots[i] = None
+        return True
+
+    # ------------------------------------------------------------------ jitted functions
+
+    def _prefill_impl(self, params: Any, cache: KVCache, inputs: ModelInputs,
+                      targets: jax.Array, start: jax.Array, keys: jax.Array,
+                      settings: SamplingArrays) -> tuple[KVCache, jax.Array, jax.Array]:
+        """Runs left-padded prompts into a fresh cache, copies its rows into the slots
+        `targets` at columns [start, start + length) and samples each first token."""
+        self.trace_counts["prefill"] += 1
+        batch, length = inputs.input_ids.shape
+        fresh = KVCache.init(self.config, batch, length, self.cache_dtype)
+        logits, fresh = forward(self.config, self.compute_dtype, params, inputs, fresh)
+        token_keys = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(keys),
+                                                   jnp.zeros(batch, jnp.int32))
+        tokens, logprobs = sample_tokens(logits[:, -1], token_keys, settings)
+        rows, columns = targets[:, None], start + jnp.arange(length)[None, :]
+
+        def place(big: jax.Array, small: jax.Array) -> jax.Array:
+            return big.at[rows, columns].set(small.astype(big.dtype), mode="drop")
+
+        valid = cache.valid.at[targets].set(False, mode="drop")
+        cache = KVCache(keys=tuple(map(place, cache.keys, fresh.keys)),
+                        values=tuple(map(place, cache.values, fresh.values)),
+                        valid=place(valid, fresh.valid), index=cache.index)
+        return cache, tokens, logprobs
+
+    def _decode_impl(self, params: Any, cache: KVCache, tokens: jax.Array, positions: jax.Array,
+                     active: jax.Array, counts: jax.Array, keys: jax.Array,
+                     settings: SamplingArrays) -> tuple[KVCache, jax.Array, jax.Array]:
+        """`decode_chunk` steps for all slots: feed each slot's last token, sample the next."""
+        self.trace_counts["decode"] += 1
+        typed_keys = jax.random.wrap_key_data(keys)
+
+        def step(carry: tuple[KVCache, jax.Array], t: jax.Array):
+            cache, last = carry
+            pos = jnp.broadcast_to((positions + t)[None, :, None], (3, last.shape[0], 1))
+            inputs = ModelInputs(input_ids=last[:, None], attention_mask=active[:, None],
+                                 positions=pos)
+            logits, cache = forward(self.config, self.compute_dtype, params, inputs, cache)
+            step_keys = jax.vmap(jax.random.fold_in)(typed_keys, counts + t)
+            new, logprobs = sample_tokens(logits[:, 0], step_keys, settings)
+            return (cache, new), (new, logprobs)
+
+        (cache, _), (new_tokens, logprobs) = jax.lax.scan(
+            step, (cache, tokens), jnp.arange(self.decode_chunk, dtype=jnp.int32))
+        return cache, new_tokens.T, logprobs.T
+
+    def _shift_impl(self, cache: KVCache, index: jax.Array) -> KVCache:
+        """Moves every row's columns by (index - cache.index); columns >= index are invalid."""
+        self.trace_counts["shift"] += 1
+        offset = index - cache.index
+        roll = lambda x: jnp.roll(x, offset, axis=1)
+        valid = roll(cache.valid) & (jnp.arange(cache.max_length) < index)[None, :]
+        return KVCache(keys=tuple(map(roll, cache.keys)), values=tuple(map(roll, cache.values)),
+                       valid=valid, index=index)
+
+    def _grow_impl(self, cache: KVCache, length: int) -> KVCache:
+        """The same cache with `length` columns (new ones empty and invalid)."""
+        self.trace_counts["grow"] += 1
+        extra = length - cache.max_length
+        pad = lambda x: jnp.pad(x, [(0, 0), (0, extra)] + [(0, 0)] * (x.ndim - 2))
+        return KVCache(keys=tuple(map(pad, cache.keys)), values=tuple(map(pad, cache.values)),
+                       valid=pad(cache.valid), index=cache.index)

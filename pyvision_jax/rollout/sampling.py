@@ -1,0 +1,79 @@
+"""Pure, jittable token sampling: temperature, top-k and top-p filtering, and logprobs.
+
+The distribution a token is drawn from, and whose log-probability is reported, is
+
+    p = softmax(filter(logits / temperature))
+
+where ``filter`` keeps the ``top_k`` most likely tokens (``top_k <= 0``: all) and then the
+smallest set of the most likely remaining tokens whose probability reaches ``top_p``
+(``top_p >= 1``: all), setting the others to -inf, so ``p`` is renormalised over the kept
+tokens. With both filters disabled this is exactly ``log_softmax(logits / temperature)``, the
+tempered full distribution the trainer recomputes from its own forward pass.
+
+``temperature == 0`` is greedy decoding: the token is the argmax of the logits (first index on
+ties) and its reported logprob is ``log_softmax(logits)`` of that token, i.e. of the untempered,
+unfiltered distribution (a point mass would always give 0 and tell the trainer nothing).
+
+The settings are traced scalars, so changing them never recompiles; the sort needed by the
+filters only runs when one of them is enabled.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class SamplingArrays:
+    """The per-call sampling settings as device scalars (traced, not static)."""
+
+    temperature: jax.Array
+    top_k: jax.Array
+    top_p: jax.Array
+
+    @classmethod
+    def create(cls, temperature: float, top_k: int, top_p: float) -> "SamplingArrays":
+        return cls(temperature=jnp.asarray(temperature, jnp.float32),
+                   top_k=jnp.asarray(top_k, jnp.int32), top_p=jnp.asarray(top_p, jnp.float32))
+
+
+def filter_logits(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Sets logits [B, V] outside the top-k / top-p sets to -inf (per row)."""
+    vocab = logits.shape[-1]
+    order = jnp.argsort(-logits, axis=-1)  # stable: ties keep index order
+    sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+    rank = jnp.arange(vocab)
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+    keep_sorted = rank[None, :] < k
+    sorted_logits = jnp.where(keep_sorted, sorted_logits, -jnp.inf)
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep_sorted &= (mass_before < top_p) | (rank[None, :] == 0)
+    keep = jnp.zeros_like(keep_sorted).at[jnp.arange(logits.shape[0])[:, None], order].set(keep_sorted)
+    return jnp.where(keep, logits, -jnp.inf)
+
+
+def sampling_log_probs(logits: jax.Array, settings: SamplingArrays) -> jax.Array:
+    """log p [B, V] of the sampling distribution (see the module docstring)."""
+    logits = logits.astype(jnp.float32)
+    greedy = settings.temperature <= 0
+    tempered = logits / jnp.where(greedy, 1.0, settings.temperature)
+    filtering = (~greedy) & ((settings.top_k > 0) | (settings.top_p < 1))
+    tempered = jax.lax.cond(filtering, filter_logits, lambda x, k, p: x,
+                            tempered, settings.top_k, settings.top_p)
+    return jax.nn.log_softmax(tempered, axis=-1)
+
+
+def sample_tokens(logits: jax.Array, keys: jax.Array,
+                  settings: SamplingArrays) -> tuple[jax.Array, jax.Array]:
+    """Draws one token per row of logits [B, V] with typed PRNG keys [B].
+
+    Returns (token ids [B] int32, their logprobs [B] float32 under the sampling distribution).
+    """
+    log_probs = sampling_log_probs(logits, settings)
+    drawn = jax.vmap(jax.random.categorical)(keys, log_probs)
+    tokens = jnp.where(settings.temperature <= 0, jnp.argmax(logits, axis=-1), drawn)
+    tokens = tokens.astype(jnp.int32)
+    return tokens, jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]
