@@ -95,18 +95,13 @@ def param_logical_axes(config: ModelConfig) -> Any:
 def param_shapes(config: ModelConfig) -> Any:
     """jax.ShapeDtypeStruct (float32) of every parameter, as a pure dict."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                        _abstract(config, "float32")[1].to_pure_dict())
+                        nnx.to_pure_dict(_abstract(config, "float32")[1]))
 
 
 def init_params(config: ModelConfig, seed: int = 0, dtype: Any = jnp.float32) -> dict:
     """Randomly initialised parameters (pure nested dict, HF-mirroring names)."""
-    return _init_params(config, seed, jnp.dtype(dtype).name)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _init_params(config: ModelConfig, seed: int, dtype: str) -> dict:
     model = Qwen2_5_VL(config, rngs=nnx.Rngs(seed), param_dtype=jnp.dtype(dtype))
-    return nnx.state(model, nnx.Param).to_pure_dict()
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
 def _merge(config: ModelConfig, compute_dtype: str, params: Any) -> Qwen2_5_VL:

@@ -59,7 +59,7 @@ def logical_axes(state: nnx.State) -> Any:
         return tuple(axes) if axes else (None,) * jnp.ndim(variable.get_value())
 
     specs = jax.tree.map(names, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-    return nnx.State(specs).to_pure_dict() if isinstance(specs, nnx.State) else specs
+    return nnx.to_pure_dict(specs) if isinstance(specs, nnx.State) else specs
 
 
 def mesh_partition_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
