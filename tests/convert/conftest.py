@@ -68,6 +68,7 @@ def model_inputs(with_image: bool) -> dict[str, torch.Tensor]:
     ids = np.concatenate([text[:, :3], np.tile(image, (2, 1)), text[:, 3:]], axis=1)
     return {
         "input_ids": torch.tensor(ids),
+        "mm_token_type_ids": torch.tensor((ids == IMAGE_TOKEN).astype(np.int64)),
         "attention_mask": torch.ones(ids.shape, dtype=torch.long),
         "pixel_values": torch.tensor(rng.normal(size=(32, 3 * 2 * 14 * 14)), dtype=torch.float32),
         "image_grid_thw": torch.tensor([[1, 4, 4], [1, 4, 4]]),
