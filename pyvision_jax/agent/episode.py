@@ -223,7 +223,7 @@ class EpisodeRunner:
         self.engine = engine
         self.sandboxes = sandboxes
         self.config = config
-        self.renderer = ChatRenderer(tokenizer)
+        self.renderer = ChatRenderer(tokenizer, merge_size=config.merge_size)
         self.sampling = dataclasses.replace(
             sampling, stop=tuple(dict.fromkeys((*sampling.stop, CODE_STOP))),
             max_new_tokens=config.max_new_tokens_per_turn)
@@ -349,7 +349,7 @@ class EpisodeRunner:
         task = episode.task
         if task.is_video:
             messages = video_prompt_messages(task, read_video_info(task.video_path))
-            counts: list[int] = []
+            grids: list[tuple[int, int, int]] = []
         else:
             with Image.open(task.image_path) as opened:
                 original = to_rgb(opened)
@@ -358,9 +358,9 @@ class EpisodeRunner:
             episode.engine_images.append(resized)
             episode.runtime_images["image_clue_0"] = original
             messages = image_prompt_messages(task, original.width, original.height)
-            counts = [record.num_tokens]
+            grids = [record.grid_thw]
         episode.next_label = 0 if task.is_video else 1
-        episode.append(self.renderer.prompt_ids(messages, counts))
+        episode.append(self.renderer.prompt_ids(messages, grids))
         episode.prompt_length = len(episode.token_ids)
         if episode.prompt_length >= self.config.max_total_tokens:
             episode.end_reason = EndReason.OVER_LENGTH
@@ -419,7 +419,7 @@ class EpisodeRunner:
         if turn["finish_reason"] == "eos" and episode.token_ids[-1] == closing[0]:
             closing = closing[1:]  # the model already ended its turn itself
         observation = closing + self.renderer.observation_ids(
-            observation_content(text, labels), [r.num_tokens for r in records])
+            observation_content(text, labels), [r.grid_thw for r in records])
         if len(episode.token_ids) + len(observation) >= self.config.max_total_tokens:
             self._end(episode, TurnRecord(**turn, tool_error=error), EndReason.OVER_LENGTH)
             return

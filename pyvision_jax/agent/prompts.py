@@ -6,8 +6,9 @@ video ONLY in the runtime as ``video_clue_0``; the text gives frame width, heigh
 and fps, and the model builds its visual context by showing the frames it wants.
 
 Images are rendered by the chat template as one ``<|image_pad|>`` each; ``ChatRenderer``
-then expands each pad to the image's visual-token count in token space, so the ids are exactly
-what the engine continues and nothing is ever decoded and re-encoded.
+then expands each pad to the image's visual-token count in token space
+(``processing.chat.expand_vision_pads``), so the ids are exactly what the engine continues and
+nothing is ever decoded and re-encoded.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from __future__ import annotations
 import threading
 from typing import Any, Sequence
 
+import numpy as np
+
 from pyvision_jax.agent.tasks import Task, VideoInfo
+from pyvision_jax.processing.chat import VisionTokenIds, expand_vision_pads
 
 _PROTOCOL = """\
 To work on the question, you can run Python code in a persistent runtime (variables survive \
@@ -101,33 +105,17 @@ def observation_content(text_result: str, image_labels: Sequence[int]) -> list[d
     return content
 
 
-def expand_image_pads(token_ids: Sequence[int], pad_id: int,
-                      counts: Sequence[int]) -> list[int]:
-    """Replaces the i-th ``pad_id`` with ``counts[i]`` copies of it."""
-    positions = [i for i, tok in enumerate(token_ids) if tok == pad_id]
-    if len(positions) != len(counts):
-        raise ValueError(f"{len(positions)} image placeholders rendered for {len(counts)} images;"
-                         " does the chat template render image content items?")
-    out: list[int] = []
-    start = 0
-    for position, count in zip(positions, counts):
-        out.extend(token_ids[start:position])
-        out.extend([pad_id] * count)
-        start = position + 1
-    out.extend(token_ids[start:])
-    return out
-
-
 class ChatRenderer:
     """Renders prompts, turn endings and observations to token ids with a tokenizer's chat
     template. Thread-safe (tokenizer calls are serialized)."""
 
     _SENTINEL = "\u2063SENTINEL\u2063"
 
-    def __init__(self, tokenizer: Any, image_pad_token: str = "<|image_pad|>"):
+    def __init__(self, tokenizer: Any, merge_size: int = 2):
         self._tokenizer = tokenizer
         self._lock = threading.Lock()
-        self.image_pad_id = int(tokenizer.convert_tokens_to_ids(image_pad_token))
+        self._merge_size = merge_size
+        self.vision_ids = VisionTokenIds.from_tokenizer(tokenizer)
         with self._lock:
             self._turn_closing_ids = self._encode(self._turn_closing_text())
             self._history = [{"role": "user", "content": "x"},
@@ -139,15 +127,16 @@ class ChatRenderer:
         """Tokens the template puts after an assistant message's content (e.g. <|im_end|>\\n)."""
         return list(self._turn_closing_ids)
 
-    def prompt_ids(self, messages: list[dict[str, Any]], image_token_counts: Sequence[int]
-                   ) -> list[int]:
-        """The first prompt, ending with the assistant turn header."""
+    def prompt_ids(self, messages: list[dict[str, Any]],
+                   image_grid_thw: Sequence[Sequence[int]] | np.ndarray = ()) -> list[int]:
+        """The first prompt, ending with the assistant turn header; the k-th image's pad is
+        expanded to the token count of the k-th (t, h, w) grid."""
         with self._lock:
             ids = self._encode(self._render(messages, add_generation_prompt=True))
-        return expand_image_pads(ids, self.image_pad_id, image_token_counts)
+        return self._expand(ids, image_grid_thw)
 
     def observation_ids(self, content: list[dict[str, Any]],
-                        image_token_counts: Sequence[int]) -> list[int]:
+                        image_grid_thw: Sequence[Sequence[int]] | np.ndarray = ()) -> list[int]:
         """A user turn holding ``content`` followed by the next assistant turn header."""
         with self._lock:
             full = self._render(self._history + [{"role": "user", "content": content}],
@@ -155,11 +144,15 @@ class ChatRenderer:
             if not full.startswith(self._history_text):
                 raise ValueError("the chat template does not render conversations incrementally")
             ids = self._encode(full[len(self._history_text):])
-        return expand_image_pads(ids, self.image_pad_id, image_token_counts)
+        return self._expand(ids, image_grid_thw)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         with self._lock:
             return self._tokenizer.decode(list(token_ids), skip_special_tokens=False)
+
+    def _expand(self, ids: list[int], grids: Sequence[Sequence[int]] | np.ndarray) -> list[int]:
+        grids = np.asarray(grids, np.int64).reshape(-1, 3)
+        return expand_vision_pads(ids, self.vision_ids, grids, merge_size=self._merge_size)
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         return self._tokenizer.apply_chat_template(

@@ -2,7 +2,6 @@ import pytest
 
 from pyvision_jax.agent.prompts import (
     ChatRenderer,
-    expand_image_pads,
     format_question,
     image_prompt_messages,
     observation_content,
@@ -19,7 +18,7 @@ def enc(tokenizer, text):
 
 def test_image_prompt_puts_the_image_in_context_with_its_size(tokenizer, image_task):
     renderer = ChatRenderer(tokenizer)
-    ids = renderer.prompt_ids(image_prompt_messages(image_task, 1280, 960), [6])
+    ids = renderer.prompt_ids(image_prompt_messages(image_task, 1280, 960), [[1, 4, 6]])
     assert ids.count(PAD) == 6
     start = ids.index(PAD)
     assert ids[start - 1] == tokenizer.convert_tokens_to_ids("<|vision_start|>")
@@ -39,8 +38,7 @@ def test_video_prompt_describes_the_video_without_showing_it(tokenizer):
     task = Task(id="v", question="How many red objects appear?", answer="2",
                 answer_type="numeric", data_source="t", video_path="/v.mp4")
     ids = ChatRenderer(tokenizer).prompt_ids(
-        video_prompt_messages(task, VideoInfo(width=192, height=144, num_frames=32, fps=8.0)),
-        [])
+        video_prompt_messages(task, VideoInfo(width=192, height=144, num_frames=32, fps=8.0)))
     text = tokenizer.decode(ids)
     assert PAD not in ids and tokenizer.convert_tokens_to_ids("<|video_pad|>") not in ids
     assert "`video_clue_0`" in text and "32 frames of 192x144 pixels at 8.00 frames per second" in text
@@ -50,11 +48,11 @@ def test_video_prompt_describes_the_video_without_showing_it(tokenizer):
 
 def test_observation_renders_as_a_user_turn_with_the_next_assistant_header(tokenizer):
     renderer = ChatRenderer(tokenizer)
-    ids = renderer.observation_ids(observation_content("42", []), [])
+    ids = renderer.observation_ids(observation_content("42", []))
     assert ids == enc(tokenizer, "<|im_start|>user\n<tool_response>\n<interpreter>\n"
                                  "Text Result:\n42\nImage Result:\n</interpreter>\n\n"
                                  "</tool_response><|im_end|>\n<|im_start|>assistant\n")
-    ids = renderer.observation_ids(observation_content("", [3, 4]), [2, 1])
+    ids = renderer.observation_ids(observation_content("", [3, 4]), [[1, 2, 4], [1, 2, 2]])
     assert tokenizer.decode(ids) == (
         "<|im_start|>user\n<tool_response>\n<interpreter>\nText Result:\n\nImage Result:\n"
         "<image_clue_3><|vision_start|><|image_pad|><|image_pad|><|vision_end|></image_clue_3>"
@@ -63,10 +61,10 @@ def test_observation_renders_as_a_user_turn_with_the_next_assistant_header(token
     assert renderer.turn_closing_ids == enc(tokenizer, "<|im_end|>\n")
 
 
-def test_expand_image_pads_checks_the_image_count():
-    assert expand_image_pads([1, PAD, 2, PAD], PAD, [2, 3]) == [1, PAD, PAD, 2, PAD, PAD, PAD]
-    with pytest.raises(ValueError, match="2 image placeholders rendered for 1 images"):
-        expand_image_pads([PAD, PAD], PAD, [4])
+def test_image_count_must_match_the_grids(tokenizer):
+    renderer = ChatRenderer(tokenizer)
+    with pytest.raises(ValueError, match="2 grids given for <\\|image_pad\\|> but the text has 1"):
+        renderer.observation_ids(observation_content("", [1]), [[1, 2, 2], [1, 2, 2]])
 
 
 def test_format_question_without_options_is_the_question(image_task):
