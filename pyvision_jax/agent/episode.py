@@ -75,6 +75,7 @@ from pyvision_jax.processing.image import (
     smart_resize,
     to_rgb,
 )
+from pyvision_jax.processing.tokens import num_visual_tokens
 from pyvision_jax.rollout.engine import Engine, GenerationRequest, GenerationResult, SamplingParams
 
 CODE_STOP = "</code>"
@@ -163,7 +164,7 @@ def context_image(image: Image.Image, label: int, source: str,
     buffer = io.BytesIO()
     resized.save(buffer, format="PNG")
     grid = (1, height // config.patch_size, width // config.patch_size)
-    tokens = grid[1] * grid[2] // config.merge_size ** 2
+    tokens = num_visual_tokens(grid, config.merge_size)
     return ContextImage(label, source, buffer.getvalue(), grid, tokens), resized
 
 

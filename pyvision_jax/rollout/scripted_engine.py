@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Callable, Mapping, Sequence
 
+from pyvision_jax.processing.tokens import num_visual_tokens
 from pyvision_jax.rollout.engine import GenerationRequest, GenerationResult, SamplingParams
 
 Script = Mapping[str, Sequence[str]] | Callable[[GenerationRequest, int], str]
@@ -93,8 +94,7 @@ class ScriptedEngine:
         return GenerationResult(tuple(token_ids), logprobs, finish, matched, self._version)
 
     def _check_visual_tokens(self, request: GenerationRequest) -> None:
-        expected = sum(int(t * h * w) // self._merge_size ** 2
-                       for t, h, w in request.image_grid_thw)
+        expected = num_visual_tokens(request.image_grid_thw, self._merge_size)
         found = sum(1 for tok in request.prompt_token_ids if tok == self._image_pad_id)
         if expected != found:
             raise ValueError(
