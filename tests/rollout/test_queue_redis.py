@@ -42,7 +42,7 @@ def run_python(code, *args):
 
 def test_each_group_is_delivered_once_across_consumers_when_acknowledged(redis_url):
     producers = [open_queue(redis_url), open_queue(redis_url)]
-    consumers = [open_queue(redis_url, consumer="a"), open_queue(redis_url, consumer="b")]
+    consumers = [open_queue(redis_url, consumer=name, claim_idle_ms=500) for name in "ab"]
     assert isinstance(consumers[0], RedisTrajectoryQueue)
     for number in range(30):
         producers[number % 2].put(Group(f"g{number}", number % 3))
@@ -55,7 +55,7 @@ def test_each_group_is_delivered_once_across_consumers_when_acknowledged(redis_u
     assert sorted(item.payload for item in received) == sorted(f"g{n}".encode() for n in range(30))
     assert all(item.version == int(item.payload[1:]) % 3 for item in received)
 
-    time.sleep(0.4)  # past claim_idle_ms: acknowledged groups are never redelivered
+    time.sleep(0.7)  # past claim_idle_ms: acknowledged groups are never redelivered
     assert consumers[0].get(max_groups=4, timeout=0.3) == []
     stats = consumers[1].stats()
     assert (stats.put_total, stats.delivered_total, stats.acked_total) == (30, 30, 30)
@@ -71,10 +71,12 @@ def test_groups_of_a_consumer_that_never_acks_are_reclaimed_by_another(redis_url
     taken = dead.get(max_groups=3, timeout=5)
     assert [item.id for item in taken] == ids[:3]
 
-    survivor = open_queue(redis_url, consumer="survivor", claim_idle_ms=300)
-    fresh = survivor.get(max_groups=10, timeout=0)  # not idle long enough yet: only new ones
+    early = open_queue(redis_url, consumer="early", claim_idle_ms=60_000)
+    fresh = early.get(max_groups=10, timeout=0)  # not idle long enough yet: only new ones
     assert [item.id for item in fresh] == ids[3:]
-    assert survivor.ack(ids[3:]) == 2
+    assert early.ack(ids[3:]) == 2
+
+    survivor = open_queue(redis_url, consumer="survivor", claim_idle_ms=300)
     reclaimed = survivor.get(max_groups=10, timeout=10)
     assert [item.id for item in reclaimed] == ids[:3]
     assert [item.payload for item in reclaimed] == [b"g0", b"g1", b"g2"]
@@ -115,7 +117,7 @@ time.sleep(600)
 
 
 def test_groups_taken_by_a_killed_consumer_process_are_reclaimed(redis_url):
-    queue = open_queue(redis_url, consumer="trainer", claim_idle_ms=300)
+    queue = open_queue(redis_url, consumer="trainer", claim_idle_ms=500)
     ids = [queue.put(f"g{n}".encode(), version=n) for n in range(5)]
     doomed = run_python(KILLED_CONSUMER, redis_url)
     taken = doomed.stdout.readline().split()
@@ -203,7 +205,7 @@ for number in range(count):
 
 
 def test_two_producer_processes_one_killed_feed_a_consumer_exactly_once(redis_url):
-    trainer = open_queue(redis_url, consumer="trainer", max_backlog=6)
+    trainer = open_queue(redis_url, consumer="trainer", max_backlog=6, claim_idle_ms=60_000)
     processes = {"a": run_python(PRODUCER, redis_url, "a", 100_000),
                  "b": run_python(PRODUCER, redis_url, "b", 60)}
     confirmed = collections.defaultdict(list)
