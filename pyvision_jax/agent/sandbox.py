@@ -5,7 +5,7 @@ PID, network (loopback included), IPC and UTS namespaces, a read-only view of th
 of the Python installation, a size-limited private tmpfs at /tmp as the only writable place,
 and the preloaded media under /media (read-only). Hard rlimits bound address space, processes,
 file size and CPU seconds. Running as root, the runtime drops to a uid of its own (picked at
-random per sandbox) so that file permissions and the process limit apply to it; otherwise
+random per runtime) so that file permissions and the process limit apply to it; otherwise
 bubblewrap's user namespace does the same.
 
 Calls are synchronous frames over two pipes, numbered so that a reply can only answer the
@@ -71,7 +71,7 @@ class SandboxConfig:
     max_image_pixels / max_aspect_ratio / max_images_per_call: per-call image guards; an image
       with aspect ratio >= max_aspect_ratio is refused.
     memory_bytes: address-space limit of each sandbox process (RLIMIT_AS).
-    max_processes: processes + threads of the sandbox (RLIMIT_NPROC, per sandbox uid).
+    max_processes: processes + threads of the sandbox (RLIMIT_NPROC, per runtime uid).
     max_file_bytes: largest file it can write (RLIMIT_FSIZE); tmpfs_bytes: size of its /tmp.
     cpu_seconds: CPU seconds for the whole life of one runtime (RLIMIT_CPU).
     allow_unisolated: run without bubblewrap (and without namespaces) where it is missing.
@@ -182,8 +182,12 @@ def _mapped_ids(map_path: str) -> list[tuple[int, int]]:
     return [(int(inside), int(inside) + int(count)) for inside, _, count in rows]
 
 
-def _pick_sandbox_uid(taken: set[int]) -> int:
-    """A random uid, mapped for uids and gids here, used by no other live sandbox."""
+_taken_uids: set[int] = set()
+_taken_uids_lock = threading.Lock()
+
+
+def _claim_uid() -> int:
+    """A random uid (and gid), mapped here, that no other live runtime of ours uses."""
     ranges = []
     for low, high in _mapped_ids("/proc/self/uid_map"):
         for gid_low, gid_high in _mapped_ids("/proc/self/gid_map"):
@@ -194,10 +198,17 @@ def _pick_sandbox_uid(taken: set[int]) -> int:
         raise SandboxStartError("no unused uid range is mapped in this user namespace to run "
                                 "sandboxes under (need uids >= 1000000)")
     start, stop = max(ranges, key=lambda item: item[1] - item[0])
-    while True:
-        uid = random.randrange(start, stop)
-        if uid not in taken:
-            return uid
+    with _taken_uids_lock:
+        while True:
+            uid = random.randrange(start, stop)
+            if uid not in _taken_uids:
+                _taken_uids.add(uid)
+                return uid
+
+
+def _release_uid(uid: int | None) -> None:
+    with _taken_uids_lock:
+        _taken_uids.discard(uid)
 
 
 def _python_roots() -> list[str]:
@@ -341,10 +352,12 @@ class _RuntimeProcess:
     """One started runtime: its process, its channel, and how to kill it."""
 
     def __init__(self, config: SandboxConfig, mode: str, bwrap: str | None, host_dir: Path,
-                 uid: int | None):
+                 cancelled: Any):
         self.config = config
+        self._cancelled = cancelled
+        self._starting = True
         self.mode = mode
-        self.uid = uid
+        self.uid = _claim_uid() if mode == "root" else None
         self._seq = 0
         self._kill_lock = threading.RLock()
         self._killed = False
@@ -368,7 +381,7 @@ class _RuntimeProcess:
             argv += [sys.executable, "-I", "-B", f"{_SANDBOX_ROOT}/{RUNTIME_FILE.name}"]
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
             self.media_root = _SANDBOX_MEDIA
-        settings = _runtime_settings(config, mode, request_read, reply_write, workdir, uid)
+        settings = _runtime_settings(config, mode, request_read, reply_write, workdir, self.uid)
         argv.append(json.dumps(settings))
         log_path = host_dir / "launcher.log"
         try:
@@ -378,6 +391,7 @@ class _RuntimeProcess:
                     pass_fds=child_fds, start_new_session=True, env=env,
                     cwd=workdir if mode == "unisolated" else "/")
         except BaseException:
+            _release_uid(self.uid)
             for fd in child_fds + [self._request_fd, self._reply_fd, info_read]:
                 if fd is not None:
                     os.close(fd)
@@ -398,6 +412,7 @@ class _RuntimeProcess:
                 raise _ProtocolError(f"unexpected first frame {ready!r}")
             if ready.get("error"):
                 raise SandboxStartError(f"sandbox runtime failed to start:\n{ready['error']}")
+            self._starting = False
         except BaseException as exc:
             self.kill()
             if isinstance(exc, SandboxStartError):
@@ -436,7 +451,9 @@ class _RuntimeProcess:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise _CallTimeout()
-            if poller.poll(max(1, int(remaining * 1000))):
+            if self._starting and self._cancelled():
+                raise SandboxStartError("the start was cancelled")
+            if poller.poll(max(1, min(100, int(remaining * 1000)))):
                 return
 
     def _read_exact(self, size: int, deadline: float) -> bytes:
@@ -535,6 +552,7 @@ class _RuntimeProcess:
                 except (ProcessLookupError, PermissionError):
                     pass
                 self.process.wait()
+            _release_uid(self.uid)
             for fd in (self._pidfd, self._request_fd, self._reply_fd):
                 if fd is not None:
                     try:
@@ -550,7 +568,6 @@ class _RuntimeProcess:
 
 _live_sandboxes: weakref.WeakSet[Sandbox] = weakref.WeakSet()
 _live_pools: weakref.WeakSet[SandboxPool] = weakref.WeakSet()
-_taken_uids: set[int] = set()
 _registry_lock = threading.Lock()
 _hooks_installed = False
 
@@ -590,9 +607,13 @@ def _check_variable_name(name: str) -> None:
 class Sandbox:
     """An isolated Python runtime whose variables persist across `run` calls."""
 
-    def __init__(self, config: SandboxConfig | None = None):
+    def __init__(self, config: SandboxConfig | None = None, *,
+                 cancel: threading.Event | None = None):
+        """Starts the runtime (blocking); setting `cancel` abandons a start in progress."""
         self.config = config or SandboxConfig()
         self._mode, self._bwrap = _isolation_mode(self.config)
+        self._cancel = cancel
+        self._closing = threading.Event()
         _install_shutdown_hooks()
         self._lock = threading.Lock()
         self._state_lock = threading.RLock()
@@ -601,17 +622,12 @@ class Sandbox:
         self._preloads: list[dict[str, str]] = []
         self._restart_thread: threading.Thread | None = None
         self._restarted: _RuntimeProcess | BaseException | None = None
-        self._uid: int | None = None
         self._host_dir = Path(tempfile.mkdtemp(prefix="pyvision_sandbox_"))
         try:
             (self._host_dir / "media").mkdir(mode=0o755)
             (self._host_dir / "media").chmod(0o755)
             if self._mode == "unisolated":
                 (self._host_dir / "work").mkdir(mode=0o700)
-            if self._mode == "root":
-                with _registry_lock:
-                    self._uid = _pick_sandbox_uid(_taken_uids)
-                    _taken_uids.add(self._uid)
             self._runtime: _RuntimeProcess | None = self._start_runtime()
         except BaseException:
             self._release_resources()
@@ -633,8 +649,9 @@ class Sandbox:
 
     @property
     def uid(self) -> int | None:
-        """The uid the sandboxed code runs as when the host runs as root, else None."""
-        return self._uid
+        """The uid the current runtime runs as when the host runs as root, else None."""
+        runtime = self._runtime
+        return None if runtime is None else runtime.uid
 
     def alive(self) -> bool:
         """Whether the current runtime process is running (False while it restarts)."""
@@ -647,7 +664,7 @@ class Sandbox:
 
     def _start_runtime(self) -> _RuntimeProcess:
         runtime = _RuntimeProcess(self.config, self._mode, self._bwrap, self._host_dir,
-                                  self._uid)
+                                  self._start_cancelled)
         try:
             for request in self._preloads:
                 self._call_preload(runtime, request)
@@ -655,6 +672,9 @@ class Sandbox:
             runtime.kill()
             raise
         return runtime
+
+    def _start_cancelled(self) -> bool:
+        return self._closing.is_set() or (self._cancel is not None and self._cancel.is_set())
 
     def _call_preload(self, runtime: _RuntimeProcess, request: dict[str, str]) -> None:
         message = dict(request, path=f"{runtime.media_root}/{request['file']}")
@@ -851,9 +871,6 @@ class Sandbox:
 
     def _release_resources(self) -> None:
         shutil.rmtree(self._host_dir, ignore_errors=True)
-        if self._uid is not None:
-            with _registry_lock:
-                _taken_uids.discard(self._uid)
 
     def close(self) -> None:
         """Kills the runtime (and a replacement being started); idempotent, thread-safe."""
@@ -861,6 +878,7 @@ class Sandbox:
             if self._closed:
                 return
             self._closed = True
+            self._closing.set()
             runtime, self._runtime = self._runtime, None
         if runtime is not None:
             runtime.kill()
@@ -896,6 +914,7 @@ class SandboxPool:
         self._retired: collections.deque[Sandbox] = collections.deque()
         self._starting = 0
         self._closed = False
+        self._closing = threading.Event()
         self._start_error: BaseException | None = None
         workers = start_workers or max(1, min(size, os.cpu_count() or 1))
         self._workers = [threading.Thread(target=self._maintain, name=f"sandbox-pool-{i}",
@@ -933,10 +952,12 @@ class SandboxPool:
             if not start:
                 continue
             try:
-                sandbox = Sandbox(self.config)
+                sandbox = Sandbox(self.config, cancel=self._closing)
             except BaseException as exc:  # noqa: BLE001 - surfaced by acquire
                 with self._cond:
                     self._starting -= 1
+                    if self._closed:
+                        return
                     self._start_error = exc
                     self._cond.notify_all()
                 time.sleep(1.0)
@@ -994,6 +1015,7 @@ class SandboxPool:
         """Destroys every sandbox of the pool, leased ones included; idempotent."""
         with self._cond:
             self._closed = True
+            self._closing.set()
             self._cond.notify_all()
         for worker in self._workers:
             if worker is not threading.current_thread():

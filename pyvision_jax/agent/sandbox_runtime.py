@@ -166,7 +166,7 @@ class DescriptorDrain:
         while True:
             try:
                 data = _os_read(self._fd, 1 << 20)
-            except BlockingIOError:
+            except (BlockingIOError, OSError):
                 return
             if not data:
                 return
@@ -176,14 +176,19 @@ class DescriptorDrain:
         poller = select.poll()
         poller.register(self._fd, select.POLLIN)
         while True:
-            poller.poll()
+            events = poller.poll()
             with self._lock:
                 self._drain_available()
+            if any(event & (select.POLLERR | select.POLLNVAL) for _, event in events):
+                return  # user code closed the pipe: nothing more can arrive
 
     def sync(self):
         """Collect everything already written; called at the end of each request."""
         with self._lock:
-            self._drain_available()
+            try:
+                self._drain_available()
+            except OSError:
+                pass
 
 
 def _watch_host(fd):
@@ -200,6 +205,13 @@ class ImageCollector:
     """Checks and encodes the images one call produces."""
 
     def __init__(self, max_pixels, max_aspect_ratio, max_images):
+        import numpy
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from PIL import Image
+
+        self._np = numpy
+        self._image_module = Image
+        self._agg_canvas = FigureCanvasAgg
         self.max_pixels = max_pixels
         self.max_aspect_ratio = max_aspect_ratio
         self.max_images = max_images
@@ -237,20 +249,15 @@ class ImageCollector:
             self.notes.append(refusal)
 
     def add_figure(self, figure):
-        import numpy as np
-        from PIL import Image
-
         width, height = (int(round(v)) for v in figure.get_size_inches() * figure.dpi)
         refusal = self.refusal(width, height)
         if refusal is None:
-            from matplotlib.backends.backend_agg import FigureCanvasAgg
-
             canvas = figure.canvas
-            if not isinstance(canvas, FigureCanvasAgg):
-                canvas = FigureCanvasAgg(figure)
+            if not isinstance(canvas, self._agg_canvas):
+                canvas = self._agg_canvas(figure)
             canvas.draw()
-            rgba = np.asarray(canvas.buffer_rgba())
-            self.add_pil(Image.fromarray(rgba[..., :3].copy(), "RGB"))
+            rgba = self._np.asarray(canvas.buffer_rgba())
+            self.add_pil(self._image_module.fromarray(rgba[..., :3].copy(), "RGB"))
         elif refusal:
             self.notes.append(refusal)
 
@@ -296,12 +303,12 @@ def _install_matplotlib_backend(collector):
 
 
 def _make_display(collector):
+    import numpy as np
+    from matplotlib.figure import Figure
+    from PIL import Image
+
     def display(*objects):
         """Shows PIL images, matplotlib figures and image arrays; prints anything else."""
-        import numpy as np
-        from matplotlib.figure import Figure
-        from PIL import Image
-
         for obj in objects:
             if isinstance(obj, Image.Image):
                 collector.add_pil(obj)
@@ -355,6 +362,14 @@ class Runtime:
                                         settings["max_images_per_call"])
         self.drain = DescriptorDrain(self.capture, CAPTURE_READ_FD)
         self.namespace = self._prepare_namespace()
+        self._builtins_snapshot = dict(vars(builtins))
+        self._modules_snapshot = dict(sys.modules)
+
+    def heal(self):
+        """Puts back builtins and modules that user code replaced or deleted (names it added
+        stay), so the runtime's own standard-library calls and later calls keep working."""
+        vars(builtins).update(self._builtins_snapshot)
+        sys.modules.update(self._modules_snapshot)
 
     def _prepare_namespace(self):
         import base64
@@ -414,7 +429,9 @@ class Runtime:
             compiled = compile(code, filename, "exec", dont_inherit=True)
             exec(compiled, self.namespace)
         except BaseException as exc:  # noqa: BLE001 - everything user code raises is reported
+            self.heal()
             error = _error_text(exc, skip_frames=1)
+        self.heal()
         return self._finish({"error": error})
 
     def load_image(self, name, path):

@@ -1,0 +1,353 @@
+"""Sandbox behaviour: persistence, output capture, images, guards, preloads, pool, shutdown."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from PIL import Image
+
+from pyvision_jax.agent import sandbox as sandbox_module
+from pyvision_jax.agent.sandbox import (
+    STATE_LOST_NOTICE,
+    RunResult,
+    Sandbox,
+    SandboxConfig,
+    SandboxError,
+    SandboxPool,
+    SandboxUnavailableError,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIG = SandboxConfig(timeout_s=20.0, max_stdout_bytes=2000, max_images_per_call=4,
+                       max_image_pixels=4_000_000)
+
+
+@dataclasses.dataclass
+class Footprint:
+    """The host processes of one sandbox runtime, to prove later that none survived."""
+
+    processes: list[psutil.Process]
+    namespaces: set[str]
+    uid: int | None
+
+
+def _pid_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def footprint(sandbox: Sandbox) -> Footprint:
+    outer = psutil.Process(sandbox.pid)
+    processes = [outer] + outer.children(recursive=True)
+    own = _pid_namespace(os.getpid())
+    namespaces = {ns for ns in (_pid_namespace(p.pid) for p in processes[1:]) if ns != own}
+    assert namespaces or not sandbox.isolated, "an isolated runtime has its own PID namespace"
+    return Footprint(processes, namespaces, sandbox.uid)
+
+
+def surviving(print_: Footprint, exclude: frozenset[int] = frozenset()) -> list[str]:
+    """Processes of the footprint still alive; `exclude` is a later runtime whose new PID
+    namespace may reuse the number of the dead one."""
+    found = [f"pid {p.pid}" for p in print_.processes
+             if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    for entry in os.listdir("/proc"):
+        if (entry.isdigit() and int(entry) not in exclude
+                and _pid_namespace(int(entry)) in print_.namespaces):
+            found.append(f"pid {entry} in the sandbox namespace")
+    if print_.uid is not None:
+        for proc in psutil.process_iter(["uids"]):
+            uids = proc.info["uids"]
+            if uids is not None and print_.uid in (uids.real, uids.effective):
+                found.append(f"pid {proc.pid} running as the sandbox uid")
+    return found
+
+
+def assert_gone(print_: Footprint, grace_s: float = 3.0,
+                exclude: frozenset[int] = frozenset()) -> None:
+    deadline = time.monotonic() + grace_s
+    while surviving(print_, exclude) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert surviving(print_, exclude) == []
+
+
+def current_pids(sandbox: Sandbox) -> frozenset[int]:
+    outer = psutil.Process(sandbox.pid)
+    return frozenset([outer.pid] + [child.pid for child in outer.children(recursive=True)])
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(CONFIG) as box:
+        yield box
+
+
+def test_state_persists_and_stdout_is_captured(sandbox):
+    first = sandbox.run("value = 20\nprint('first', value)")
+    second = sandbox.run("value += 1\nprint(value)\nimport os\nos.write(1, b'fd1 ')\n"
+                         "os.write(2, b'fd2')")
+    assert first == RunResult(stdout="first 20\n", images=[], error=None, timed_out=False,
+                              wall_time_s=first.wall_time_s, state_lost=False)
+    assert second.stdout == "21\nfd1 fd2" and second.error is None
+
+
+def test_preimported_names_and_importable_libraries(sandbox):
+    result = sandbox.run(textwrap.dedent("""\
+        import scipy.ndimage, skimage
+        print(np.__name__, Image.__name__, plt.__name__, io.__name__, base64.__name__,
+              math.__name__, matplotlib.get_backend())
+        """))
+    assert result.error is None
+    assert result.stdout == ("numpy PIL.Image matplotlib.pyplot io base64 math "
+                             "module://pyvision_sandbox_backend\n")
+
+
+def test_error_reports_traceback_tail_and_keeps_state(sandbox):
+    result = sandbox.run("kept = 5\ndef f():\n    return 1 / 0\nf()")
+    assert "ZeroDivisionError: division by zero" in result.error
+    assert "return 1 / 0" in result.error
+    assert "sandbox_runtime" not in result.error
+    assert sandbox.run("print(kept)").stdout == "5\n"
+    syntax = sandbox.run("def broken(:\n")
+    assert syntax.error.startswith("  File") and "SyntaxError" in syntax.error
+
+
+def test_system_exit_is_an_error_not_a_crash(sandbox):
+    result = sandbox.run("marker = 1\nraise SystemExit(3)")
+    assert "SystemExit: 3" in result.error and not result.timed_out
+    assert sandbox.run("print(marker)").stdout == "1\n"
+
+
+def test_stdout_is_truncated_with_a_marker(sandbox):
+    result = sandbox.run("print('a' * 5000)")
+    kept, marker = result.stdout.split("\n[... output truncated: ")
+    assert kept == "a" * CONFIG.max_stdout_bytes
+    assert marker == f"{5001 - CONFIG.max_stdout_bytes} more bytes not shown ...]"
+
+
+def test_figures_and_display_become_images(sandbox):
+    result = sandbox.run(textwrap.dedent("""\
+        plt.figure(figsize=(4, 3), dpi=50)
+        plt.imshow(np.zeros((10, 10)))
+        plt.show()
+        display(Image.new('RGB', (30, 20), (255, 0, 0)))
+        display(np.full((5, 7, 3), 7, dtype=np.uint8))
+        Image.new('L', (9, 9)).show()
+        display('text')
+        print(len(plt.get_fignums()))
+        """))
+    assert result.error is None
+    assert [image.size for image in result.images] == [(200, 150), (30, 20), (7, 5), (9, 9)]
+    assert result.images[1].getpixel((0, 0)) == (255, 0, 0)
+    assert result.stdout == "'text'\n0\n"
+
+
+def test_image_guards_refuse_and_report(sandbox):
+    result = sandbox.run(textwrap.dedent("""\
+        plt.figure(figsize=(20, 0.1), dpi=100)
+        plt.show()
+        display(Image.new('RGB', (3000, 2000)))
+        display(Image.new('RGB', (199, 1)))
+        for _ in range(6):
+            display(Image.new('RGB', (8, 8)))
+        """))
+    assert [image.size for image in result.images] == [(199, 1)] + [(8, 8)] * 3
+    assert "2000x10 has an aspect ratio of at least 200" in result.error
+    assert "3000x2000 pixels exceeds the limit of 4000000 pixels" in result.error
+    assert "3 image(s) refused: at most 4 images are returned per call" in result.error
+
+
+def test_preload_image_from_pil_and_path_and_restore_after_restart(tmp_path):
+    big = Image.fromarray(np.arange(3000 * 2000 * 3, dtype=np.uint32).astype(np.uint8)
+                          .reshape(2000, 3000, 3))
+    path = tmp_path / "clue.jpg"
+    Image.new("L", (64, 32), 200).save(path)
+    config = dataclasses.replace(CONFIG, timeout_s=2.0)
+    with Sandbox(config) as box:
+        box.preload_image("image_clue_0", big)
+        box.preload_image("image_clue_1", path)
+        check = ("print(image_clue_0.size, image_clue_0.mode, image_clue_1.size, "
+                 "image_clue_1.mode, np.asarray(image_clue_0)[1, 2].tolist())")
+        expected = f"(3000, 2000) RGB (64, 32) RGB {np.asarray(big)[1, 2].tolist()}\n"
+        assert box.run(check).stdout == expected
+        assert box.run("while True: pass").timed_out
+        restored = box.run(check)
+        assert restored.state_lost and restored.stdout == STATE_LOST_NOTICE + expected
+        with pytest.raises(ValueError, match="identifier"):
+            box.preload_image("not a name", path)
+        with pytest.raises(FileNotFoundError, match="missing.png"):
+            box.preload_image("image_clue_2", tmp_path / "missing.png")
+        (tmp_path / "bad.png").write_bytes(b"not an image")
+        with pytest.raises(SandboxError, match="cannot identify image file"):
+            box.preload_image("image_clue_3", tmp_path / "bad.png")
+
+
+def test_preload_video_gives_a_decord_reader(tmp_path):
+    import imageio_ffmpeg
+
+    path = tmp_path / "clip.mp4"
+    writer = imageio_ffmpeg.write_frames(str(path), (64, 48), fps=5, macro_block_size=16,
+                                         ffmpeg_log_level="error")
+    writer.send(None)
+    for index in range(10):
+        writer.send(np.full((48, 64, 3), index * 20, dtype=np.uint8).tobytes())
+    writer.close()
+    path.chmod(0o600)  # unreadable for the sandbox uid: the sandbox gets a copy
+    with Sandbox(CONFIG) as box:
+        box.preload_video("video_clue_0", path)
+        result = box.run("frame = video_clue_0[3].asnumpy()\n"
+                         "print(len(video_clue_0), frame.shape, round(video_clue_0.get_avg_fps()),"
+                         " VideoReader.__name__, type(cpu(0)).__name__)")
+    assert result.error is None
+    assert result.stdout == "10 (48, 64, 3) 5 VideoReader DECORDContext\n"
+
+
+def test_sandboxes_do_not_see_each_other(sandbox):
+    with Sandbox(CONFIG) as other:
+        sandbox.run("open('/tmp/secret', 'w').write('mine')\nshared_name = 1")
+        seen = other.run("import os\nprint(os.path.exists('/tmp/secret'), "
+                         "'shared_name' in globals(), sorted(int(p) for p in os.listdir('/proc') "
+                         "if p.isdigit()))")
+    assert seen.stdout == "False False [1, 2]\n"
+
+
+def test_runs_after_close_are_refused():
+    box = Sandbox(CONFIG)
+    print_ = footprint(box)
+    box.close()
+    box.close()
+    assert_gone(print_)
+    with pytest.raises(SandboxError, match="closed"):
+        box.run("print(1)")
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ValueError, match="timeout_s"):
+        SandboxConfig(timeout_s=0)
+    with pytest.raises(ValueError, match="max_aspect_ratio"):
+        SandboxConfig(max_aspect_ratio=1)
+
+
+def test_without_bubblewrap_refuses_unless_allowed_then_warns_once(monkeypatch):
+    monkeypatch.setattr(sandbox_module, "_unisolated_warned", False)
+    missing = dataclasses.replace(CONFIG, bwrap_path="/nonexistent/bwrap")
+    with pytest.raises(SandboxUnavailableError, match="allow_unisolated"):
+        Sandbox(missing)
+    allowed = dataclasses.replace(missing, allow_unisolated=True)
+    with pytest.warns(RuntimeWarning, match="WITHOUT isolation"):
+        first = Sandbox(allowed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        second = Sandbox(allowed)
+    with first, second:
+        assert not first.isolated
+        assert first.run("x = 2\nprint(x * 21)").stdout == "42\n"
+        assert second.run("print('x' in globals())").stdout == "False\n"
+
+
+def test_pool_hands_out_fresh_sandboxes_and_replaces_released_ones():
+    with SandboxPool(CONFIG, size=2) as pool:
+        first = pool.acquire(timeout_s=60)
+        second = pool.acquire(timeout_s=60)
+        assert first is not second
+        first.run("leftover = 1")
+        print_ = footprint(first)
+        pool.release(first)
+        assert_gone(print_, grace_s=30)
+        third = pool.acquire(timeout_s=60)
+        assert third is not first and third.run("print('leftover' in globals())").stdout \
+            == "False\n"
+        with pytest.raises(ValueError, match="did not hand out"):
+            pool.release(first)
+        deadline = time.monotonic() + 60
+        while pool.idle_count() < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pool.idle_count() == 2
+        leased = [footprint(box) for box in (second, third)]
+    for print_ in leased:
+        assert_gone(print_)
+    with pytest.raises(SandboxError, match="closed"):
+        pool.acquire(timeout_s=1)
+
+
+def test_pool_is_thread_safe():
+    results: list[tuple[int, str]] = []
+    errors: list[BaseException] = []
+
+    def worker(index: int, pool: SandboxPool) -> None:
+        try:
+            box = pool.acquire(timeout_s=120)
+            results.append((index, box.run(f"tag = {index}\nprint(tag * 2)").stdout))
+            pool.release(box)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    with SandboxPool(CONFIG, size=3) as pool:
+        threads = [threading.Thread(target=worker, args=(i, pool)) for i in range(5)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    assert sorted(results) == [(i, f"{i * 2}\n") for i in range(5)]
+
+
+def test_pool_closes_everything_on_exception():
+    prints = []
+    with pytest.raises(KeyError):
+        with SandboxPool(CONFIG, size=1) as pool:
+            prints.append(footprint(pool.acquire(timeout_s=60)))
+            raise KeyError("boom")
+    assert_gone(prints[0])
+
+
+OWNER_SCRIPT = """
+import json, os, sys, threading, time
+import psutil
+from pyvision_jax.agent.sandbox import SandboxConfig, SandboxPool
+pool = SandboxPool(SandboxConfig(timeout_s=120), size=2)
+leased = pool.acquire(timeout_s=120)
+threading.Thread(target=leased.run, args=("import time; time.sleep(100)",), daemon=True).start()
+while pool.idle_count() < 2:
+    time.sleep(0.05)
+pids, namespaces = [], []
+for box in [leased] + list(pool._idle):
+    outer = psutil.Process(box.pid)
+    for proc in [outer] + outer.children(recursive=True):
+        pids.append(proc.pid)
+        namespaces.append(os.readlink(f"/proc/{proc.pid}/ns/pid"))
+print(json.dumps({"pids": pids, "namespaces": namespaces}), flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_owner_termination_leaves_no_process(signum):
+    owner = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT], stdout=subprocess.PIPE,
+                             cwd=REPO_ROOT, text=True)
+    try:
+        report = json.loads(owner.stdout.readline())
+        processes = [psutil.Process(pid) for pid in report["pids"]]
+        own = _pid_namespace(os.getpid())
+        print_ = Footprint(processes, set(report["namespaces"]) - {own}, None)
+        assert len(print_.namespaces) == 3
+        owner.send_signal(signum)
+        assert owner.wait(timeout=30) == -signum
+        assert_gone(print_, grace_s=10)
+    finally:
+        owner.kill()
+        owner.wait()
