@@ -103,8 +103,20 @@ class SandboxSource(Protocol):
 class EpisodeConfig:
     """Budgets and policies of one episode (defaults: the training recipe).
 
-    ``broken_end_reasons`` (a set of EndReason or of their names, or one comma-separated
-    string) marks the trajectories the trainer treats as broken.
+    max_tool_calls: observations (code runs and format feedback) per trajectory; code in the
+      turn after the last one ends it with EXCEED_MAX_TURNS (4 train, 30 eval).
+    max_images: images in the context, the task image included.
+    max_new_tokens_per_turn / max_total_tokens: generation limit of one turn / the whole
+      context, image tokens included; an observation that would not leave room for one more
+      token ends the trajectory with OVER_LENGTH before it is added.
+    on_error: "terminate" ends on a malformed action or failed code (ERROR_IN_ACTION);
+      "feedback" shows the error as the observation, at the cost of a tool call.
+    broken_end_reasons: end reasons the trainer treats as broken (a set of EndReason or of
+      their names, or one comma-separated string).
+    image_min_pixels / image_max_pixels: Qwen2.5-VL resize bounds of images in the context.
+    max_concurrent: trajectories in flight (and pool threads).
+    gather_s: after a pool job finishes, how long the driver waits at most for others to
+      finish too, so they join the same generation batch (never waits for all).
     """
 
     max_tool_calls: int = 4
