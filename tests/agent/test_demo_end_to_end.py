@@ -34,6 +34,14 @@ plt.show()
 ```
 </code>"""
 
+CHECK_THE_CROP = """\
+The crop is now image_clue_1 in the runtime; let me confirm its size and mean colour.
+<code>
+```python
+print(image_clue_1.size, np.asarray(image_clue_1).reshape(-1, 3).mean(0).round())
+```
+</code>"""
+
 COUNT_IN_VIDEO = """\
 I will scan every frame for {colour} blobs and count how many times a new one appears.
 <code>
@@ -68,7 +76,9 @@ def scripted_policy(decode):
                 colour = re.search(r"How many (\w+) objects", question).group(1)
                 return COUNT_IN_VIDEO.format(colour=colour, rgb=list(COLOURS[colour]))
             return FIND_SMALL_OBJECT
-        result = context.rsplit("Text Result:\n", 1)[1]
+        if turn == 1 and "video_clue_0" not in context:
+            return CHECK_THE_CROP
+        result = context.split("Text Result:\n", 1)[1]
         if "video_clue_0" in context:
             answer = re.search(r"appearances: (\d+)", result).group(1)
             return f"The blobs appeared {answer} times.\n<answer>\n\\boxed{{{answer}}}\n</answer>"
@@ -102,8 +112,10 @@ def test_scripted_policy_solves_an_image_and_a_video_task_in_real_sandboxes(toke
               f"tokens, {trajectory.num_successful_tool_calls} successful tool call(s) =====")
         print(trajectory.render_text(decode, pad))
         assert trajectory.end_reason is EndReason.DONE, trajectory.turns
-        assert trajectory.num_successful_tool_calls == 1
         assert trajectory.final_answer == f"\\boxed{{{group.task.answer}}}"
     image_trajectory, video_trajectory = (g.trajectories[0] for g in groups)
+    assert image_trajectory.num_successful_tool_calls == 2
+    assert video_trajectory.num_successful_tool_calls == 1
+    assert "Text Result:\n(640, 480) [" in decode(image_trajectory.token_ids)
     assert [im.label for im in image_trajectory.images] == [0, 1]
     assert [im.label for im in video_trajectory.images] == [0]
