@@ -188,6 +188,11 @@ class TrajectoryGroup:
     def __len__(self) -> int:
         return len(self.trajectories)
 
+    @property
+    def policy_version(self) -> int:
+        """The oldest policy version among the rollouts (what staleness is judged by)."""
+        return min(t.policy_version for t in self.trajectories)
+
     def to_bytes(self) -> bytes:
         return msgpack.packb({"v": _FORMAT_VERSION, "task": self.task.to_row(),
                               "trajectories": [t.to_dict() for t in self.trajectories]})

@@ -53,6 +53,7 @@ def test_images_are_png_with_their_grids(group):
 def test_group_round_trips_and_checks_its_task(group):
     restored = TrajectoryGroup.from_bytes(group.to_bytes())
     assert restored.task == group.task and len(restored) == 2
+    assert restored.policy_version == group.policy_version == 7
     for a, b in zip(restored.trajectories, group.trajectories):
         assert_same(a, b)
     assert '"rollout_index": 1' in group.to_json()
