@@ -300,3 +300,16 @@ def test_config_validates_and_reads_broken_reasons_from_strings():
         EpisodeConfig(on_error="ignore")
     with pytest.raises(ValueError, match="max_images must be >= 1"):
         EpisodeConfig(max_images=0)
+
+
+def test_an_image_qwen_cannot_take_is_an_error_of_the_action(tokenizer, image_task):
+    turns = [code_turn("print drawn", "images 1 2x600"), answer_turn()]
+    t, _, _ = run_one(tokenizer, image_task, turns)
+    assert t.end_reason is EndReason.ERROR_IN_ACTION
+    assert "aspect ratio" in t.turns[-1].tool_error
+    t, _, pool = run_one(tokenizer, image_task, turns, on_error="feedback")
+    assert t.end_reason is EndReason.DONE and len(t.images) == 1
+    assert t.num_tool_calls == 1 and t.num_successful_tool_calls == 0
+    assert "Text Result:\ndrawn\nError: an image could not be shown:" in tokenizer.decode(
+        t.token_ids.tolist())
+    assert set(pool.acquired[0].preloaded) == {"image_clue_0"}
