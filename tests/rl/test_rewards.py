@@ -34,7 +34,7 @@ def test_reward_matches_reference_jitted_and_not(seed, coef):
     score, correct, calls, valid = random_groups(seed)
     expected = ref.tool_reward(score, correct, calls, valid, coef)
     eager = accumulative_tool_reward(score, correct, calls, valid, coef)
-    jitted = jax.jit(accumulative_tool_reward, static_argnames="coef")(score, correct, calls, valid, coef=coef)
+    jitted = jax.jit(accumulative_tool_reward)(score, correct, calls, valid, coef)
     np.testing.assert_allclose(eager, expected, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(eager, jitted)
     assert np.all(np.asarray(eager)[~valid] == 0)
