@@ -45,10 +45,11 @@ from __future__ import annotations
 import concurrent.futures as futures
 import dataclasses
 import io
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Callable, Literal, Protocol, Sequence
 
 from PIL import Image
 from tqdm import tqdm
@@ -219,6 +220,32 @@ class _Episode:
 
 
 @dataclass(frozen=True)
+class _Prompt:
+    """The rendered first prompt of a task, shared by its rollouts (images are read-only)."""
+
+    token_ids: tuple[int, ...]
+    images: tuple[ContextImage, ...]
+    engine_images: tuple[Image.Image, ...]
+    runtime_images: dict[str, Image.Image]
+
+
+class _PromptCache:
+    """Renders each task's prompt once per run, whichever rollout asks first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[threading.Lock, list[_Prompt]]] = {}
+
+    def get(self, task: Task, render: Callable[[Task], _Prompt]) -> _Prompt:
+        with self._lock:
+            lock, slot = self._entries.setdefault(task.id, (threading.Lock(), []))
+        with lock:
+            if not slot:
+                slot.append(render(task))
+            return slot[0]
+
+
+@dataclass(frozen=True)
 class _Pending:
     """A turn that ended with an action needing the pool (code to run or feedback)."""
 
@@ -258,6 +285,7 @@ class EpisodeRunner:
         queued = deque(episodes)
         order = {id(e): i for i, e in enumerate(episodes)}
         results: list[Trajectory | None] = [None] * len(queued)
+        prompts = _PromptCache()
         ready: list[_Episode] = []
         running: dict[futures.Future, tuple[str, _Episode]] = {}
         pool = futures.ThreadPoolExecutor(self.config.max_concurrent,
@@ -267,7 +295,7 @@ class EpisodeRunner:
             while queued or running:
                 while queued and len(running) < self.config.max_concurrent:
                     episode = queued.popleft()
-                    running[pool.submit(self._start, episode)] = ("start", episode)
+                    running[pool.submit(self._start, episode, prompts)] = ("start", episode)
                 self._wait_for_work(running)
                 for future in [f for f in running if f.done()]:
                     stage, episode = running.pop(future)
@@ -357,26 +385,28 @@ class EpisodeRunner:
 
     # -- pool-thread steps ---------------------------------------------------------------
 
-    def _start(self, episode: _Episode) -> None:
+    def _start(self, episode: _Episode, prompts: _PromptCache) -> None:
         episode.started_at = time.perf_counter()
-        task = episode.task
-        if task.is_video:
-            messages = video_prompt_messages(task, read_video_info(task.video_path))
-            grids: list[tuple[int, int, int]] = []
-        else:
-            with Image.open(task.image_path) as opened:
-                original = to_rgb(opened)
-            record, resized = context_image(original, 0, "task", self.config)
-            episode.images.append(record)
-            episode.engine_images.append(resized)
-            episode.runtime_images["image_clue_0"] = original
-            messages = image_prompt_messages(task, original.width, original.height)
-            grids = [record.grid_thw]
-        episode.next_label = 0 if task.is_video else 1
-        episode.append(self.renderer.prompt_ids(messages, grids))
-        episode.prompt_length = len(episode.token_ids)
+        prompt = prompts.get(episode.task, self._render_prompt)
+        episode.append(prompt.token_ids)
+        episode.prompt_length = len(prompt.token_ids)
+        episode.images.extend(prompt.images)
+        episode.engine_images.extend(prompt.engine_images)
+        episode.runtime_images.update(prompt.runtime_images)
+        episode.next_label = len(prompt.images)
         if episode.prompt_length >= self.config.max_total_tokens:
             episode.end_reason = EndReason.OVER_LENGTH
+
+    def _render_prompt(self, task: Task) -> _Prompt:
+        if task.is_video:
+            messages = video_prompt_messages(task, read_video_info(task.video_path))
+            return _Prompt(tuple(self.renderer.prompt_ids(messages)), (), (), {})
+        with Image.open(task.image_path) as opened:
+            original = to_rgb(opened)
+        record, resized = context_image(original, 0, "task", self.config)
+        messages = image_prompt_messages(task, original.width, original.height)
+        return _Prompt(tuple(self.renderer.prompt_ids(messages, [record.grid_thw])), (record,),
+                       (resized,), {"image_clue_0": original})
 
     def _tool(self, episode: _Episode, pending: _Pending) -> None:
         """Runs the action's code (or prepares its format feedback) and appends the

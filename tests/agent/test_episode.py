@@ -313,3 +313,18 @@ def test_an_image_qwen_cannot_take_is_an_error_of_the_action(tokenizer, image_ta
     assert "Text Result:\ndrawn\nError: an image could not be shown:" in tokenizer.decode(
         t.token_ids.tolist())
     assert set(pool.acquired[0].preloaded) == {"image_clue_0"}
+
+
+def test_a_group_renders_its_prompt_once_and_shares_it(tokenizer, image_task):
+    engine = ScriptedEngine(tokenizer, {"img": [answer_turn()]})
+    runner = EpisodeRunner(engine, tokenizer, FakePool(), EpisodeConfig())
+    rendered = []
+    render = runner._render_prompt
+    runner._render_prompt = lambda task: rendered.append(task.id) or render(task)
+    (group,) = runner.run([image_task], group_size=4)
+    assert rendered == ["img"]
+    first = group.trajectories[0]
+    for t in group.trajectories[1:]:
+        np.testing.assert_array_equal(t.token_ids[:t.prompt_length],
+                                      first.token_ids[:first.prompt_length])
+        assert t.images == first.images
