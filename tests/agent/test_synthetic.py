@@ -1,4 +1,3 @@
-import json
 
 import decord
 import numpy as np
