@@ -1,1 +1,2 @@
-"""Benchmark evaluation and the HTML trajectory viewer."""
+"""Benchmark evaluation (``evaluate``), its metrics (``metrics``), checkpoint loading
+(``checkpoints``) and the HTML trajectory viewer (``report``)."""

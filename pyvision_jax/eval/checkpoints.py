@@ -1,0 +1,153 @@
+"""The policy to evaluate, from any of the three checkpoint layouts the project writes.
+
+- ``hf``: a Hugging Face directory (``config.json`` + ``*.safetensors``), e.g. a Hub download
+  or ``launch/convert.py flax2hf`` output; loaded with ``convert.load_hf``.
+- ``params``: a Flax params checkpoint (``config.json`` + ``params/``) written by
+  ``launch/convert.py hf2flax`` (``convert.save_params``).
+- ``train``: a training checkpoint of ``train.checkpoint.TrainCheckpoints``: the trainer's
+  workdir, its ``checkpoints/`` directory (the latest step is taken) or one step directory.
+  Only the ``params`` subtree of the saved TrainState is read (orbax partial restore), so
+  the optimizer state never costs memory. The model architecture comes from the trainer's
+  resolved ``config.json`` in the workdir when present, else from the evaluation config's
+  ``model`` section; the policy version is the checkpoint step.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import jax
+import ml_collections
+
+from pyvision_jax.models import ModelConfig, init_params
+
+CheckpointKind = Literal["hf", "params", "train"]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+_TRAIN_ITEM = "state"
+_TRAIN_SUBDIR = "checkpoints"
+_RESOLVED_TRAIN_CONFIG = "config.json"
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    """Weights and what is known about where they came from."""
+
+    kind: CheckpointKind
+    path: str
+    model_config: ModelConfig
+    params: Any
+    version: int
+    tokenizer_dir: str | None
+    """A directory with tokenizer files found with the checkpoint (None when absent)."""
+
+
+def _step_dirs(directory: Path) -> list[Path]:
+    return sorted((p for p in directory.iterdir() if p.name.isdigit() and (p / _TRAIN_ITEM).is_dir()),
+                  key=lambda p: int(p.name)) if directory.is_dir() else []
+
+
+def _train_step_dir(path: Path) -> Path | None:
+    """The step directory a training-checkpoint path designates (latest step), or None."""
+    if (path / _TRAIN_ITEM).is_dir() and path.name.isdigit():
+        return path
+    for directory in (path, path / _TRAIN_SUBDIR):
+        steps = _step_dirs(directory)
+        if steps:
+            return steps[-1]
+    return None
+
+
+def detect_checkpoint_kind(path: str | Path) -> CheckpointKind:
+    """Which layout ``path`` holds; a clear error when it is none of them."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint directory not found: {path}")
+    if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+        return "hf"
+    if (path / "config.json").is_file() and (path / "params").is_dir():
+        return "params"
+    if _train_step_dir(path) is not None:
+        return "train"
+    raise ValueError(
+        f"{path} is not a checkpoint: expected an HF directory (config.json + *.safetensors), "
+        f"a params checkpoint (config.json + params/) or a training checkpoint (a workdir with "
+        f"checkpoints/<step>/state, a checkpoints directory, or one <step>/state directory)")
+
+
+def model_config_from(config: ml_collections.ConfigDict) -> ModelConfig:
+    """The architecture a config's ``model`` section names (hf_dir's config.json, else preset)."""
+    if config.model.get("hf_dir"):
+        from pyvision_jax.convert.hf import read_hf_config
+        hf_dir = Path(config.model.hf_dir)
+        return ModelConfig.from_hf_dict(read_hf_config(hf_dir), source=str(hf_dir / "config.json"))
+    return ModelConfig.preset(config.model.preset)
+
+
+def _train_model_config(step_dir: Path, config: ml_collections.ConfigDict) -> ModelConfig:
+    """The trainer's resolved config beside its checkpoints wins over the evaluation config."""
+    for parent in step_dir.parents:
+        resolved = parent / _RESOLVED_TRAIN_CONFIG
+        if resolved.is_file() and (parent / _TRAIN_SUBDIR).is_dir():
+            data = json.loads(resolved.read_text())
+            if isinstance(data, dict) and isinstance(data.get("model"), dict):
+                return model_config_from(ml_collections.ConfigDict(data))
+    return model_config_from(config)
+
+
+def _restore_train_params(step_dir: Path, model_config: ModelConfig) -> Any:
+    import orbax.checkpoint as ocp
+
+    expected = jax.eval_shape(lambda: init_params(model_config))
+    state_dir = step_dir / _TRAIN_ITEM
+    stored = ocp.StandardCheckpointer().metadata(state_dir).item_metadata.tree
+    if "params" not in stored:
+        raise ValueError(f"{state_dir}: the saved train state has no 'params' entry")
+    is_leaf = lambda x: hasattr(x, "shape") and hasattr(x, "dtype")  # noqa: E731
+    stored_shapes = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in
+                     jax.tree_util.tree_flatten_with_path(stored["params"], is_leaf=is_leaf)[0]}
+    wanted_shapes = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in
+                     jax.tree_util.tree_flatten_with_path(expected)[0]}
+    if stored_shapes != wanted_shapes:
+        missing = sorted(set(wanted_shapes) - set(stored_shapes))[:5]
+        extra = sorted(set(stored_shapes) - set(wanted_shapes))[:5]
+        shape = sorted(k for k in set(wanted_shapes) & set(stored_shapes)
+                       if wanted_shapes[k] != stored_shapes[k])[:5]
+        raise ValueError(f"{state_dir}: params do not match the model config (missing {missing}, "
+                         f"unexpected {extra}, other shapes {shape}); pass the config the "
+                         f"checkpoint was trained with (--config / --config.model.*)")
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), stored["params"],
+                            is_leaf=is_leaf)
+    restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=device, global_shape=a.shape,
+                                                               dtype=a.dtype), abstract)
+    restored = ocp.PyTreeCheckpointer().restore(state_dir, args=ocp.args.PyTreeRestore(
+        item={"params": abstract}, restore_args={"params": restore_args}, partial_restore=True))
+    return restored["params"]
+
+
+def load_policy(path: str | Path, config: ml_collections.ConfigDict,
+                progress: bool = True) -> LoadedPolicy:
+    """Loads the weights at ``path`` (any layout of ``detect_checkpoint_kind``)."""
+    path = Path(path).absolute()
+    kind = detect_checkpoint_kind(path)
+    dtype = config.model.get("param_dtype") or None
+    if kind == "hf":
+        from pyvision_jax.convert import load_hf
+        model_config, params = load_hf(path, dtype=dtype, progress=progress)
+        tokenizer_dir = path if any((path / f).is_file() for f in TOKENIZER_FILES) else None
+        return LoadedPolicy(kind, str(path), model_config, params, 0,
+                            str(tokenizer_dir) if tokenizer_dir else None)
+    if kind == "params":
+        from pyvision_jax.convert import load_params
+        model_config, params = load_params(path, dtype=dtype)
+        side = path / "hf_files"
+        tokenizer_dir = side if any((side / f).is_file() for f in TOKENIZER_FILES) else None
+        return LoadedPolicy(kind, str(path), model_config, params, 0,
+                            str(tokenizer_dir) if tokenizer_dir else None)
+    step_dir = _train_step_dir(path)
+    model_config = _train_model_config(step_dir, config)
+    params = _restore_train_params(step_dir, model_config)
+    return LoadedPolicy(kind, str(step_dir), model_config, params, int(step_dir.name), None)

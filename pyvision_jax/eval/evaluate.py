@@ -1,0 +1,345 @@
+"""Benchmark evaluation: every task k times through the agent loop, scored, summarized.
+
+``Evaluator`` takes any ``Engine`` (the JAX sampler, vLLM, or the scripted test engine), so
+what it measures is exactly the episode the trainer runs, with the evaluation budgets.
+
+Outputs in ``out_dir``:
+- ``trajectories.jsonl``: one line per rollout (``trajectory_record``), the k lines of a task
+  appended together with one write as soon as the task is done;
+- ``results.json``: settings (seeds included), metrics (``metrics.summarize``), progress and
+  wall time; rewritten atomically after every task;
+- ``report.html``: the self-contained trajectory viewer (``report.write_report``);
+- ``settings.json``: what a resumed run must agree with.
+
+Resuming: a rerun with the same out_dir reads trajectories.jsonl, keeps the tasks whose k
+rollouts are all there and runs only the others. Lines of unfinished tasks (a crash while
+writing) are dropped by rewriting the file atomically first.
+
+Seeds: every generation call uses ``SamplingParams.seed = settings.seed``; engines derive each
+request's randomness from that seed and the request id ``"{task_id}/{rollout_index}"``, so a
+rollout's samples depend neither on which tasks share its batch nor on resuming.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import math
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from tqdm import tqdm
+
+from pyvision_jax.agent.episode import EpisodeConfig, EpisodeRunner, SandboxSource
+from pyvision_jax.agent.parse import parse_action
+from pyvision_jax.agent.tasks import Task, read_video_info
+from pyvision_jax.agent.trajectory import Trajectory
+from pyvision_jax.eval import metrics
+from pyvision_jax.processing.tokens import video_token_count
+from pyvision_jax.rl.scoring import SCORERS, Score, score_response
+from pyvision_jax.rollout.engine import Engine, SamplingParams
+
+TRAJECTORIES_FILE = "trajectories.jsonl"
+RESULTS_FILE = "results.json"
+REPORT_FILE = "report.html"
+SETTINGS_FILE = "settings.json"
+SCORER_OF_ANSWER_TYPE = {"multiple_choice": "multiple_choice", "numeric": "numeric",
+                         "text": "free_form"}
+_IMAGE_PAD = "<|image_pad|>"
+_INTERPRETER_TEXT = re.compile(r"Text Result:\n(.*?)\nImage Result:", re.DOTALL)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """Sampling and bookkeeping of one evaluation (all recorded in results.json).
+
+    ``tasks_per_batch`` tasks (k rollouts each) run through the episode runner together;
+    0 picks enough to fill the runner's ``max_concurrent`` slots.
+    """
+
+    k: int = 32
+    seed: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    tasks_per_batch: int = 0
+    report: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"EvalSettings.k must be >= 1, got {self.k}")
+        if self.tasks_per_batch < 0:
+            raise ValueError(f"EvalSettings.tasks_per_batch must be >= 0, got {self.tasks_per_batch}")
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              seed=self.seed)
+
+
+def score_trajectory(trajectory: Trajectory, task: Task, tokenizer: Any) -> Score:
+    """Scores the final turn's text with the ``pyvision_jax.rl`` scorer of the task's answer
+    type; a trajectory without an answer (any end reason but DONE) scores 0."""
+    scorer = SCORER_OF_ANSWER_TYPE.get(task.answer_type, task.answer_type)
+    if scorer not in SCORERS:
+        raise ValueError(f"task {task.id}: no scorer for answer_type {task.answer_type!r}; "
+                         f"known: {sorted(SCORERS)}")
+    if trajectory.final_answer is None or not trajectory.turns:
+        return Score(score=0.0, correct=False, extracted=None)
+    last = trajectory.turns[-1]
+    response = tokenizer.decode(
+        trajectory.token_ids[last.generated_start:last.generated_end].tolist(),
+        skip_special_tokens=False)
+    kwargs = {"options": tuple(task.options) or None} if scorer == "multiple_choice" else {}
+    return score_response(response, task.answer, scorer, **kwargs)
+
+
+def uniform_video_tokens(task: Task, patch_size: int = 14, merge_size: int = 2,
+                         temporal_patch_size: int = 2, sample_fps: float = 1.0) -> int | None:
+    """Visual tokens of the task's whole video sampled uniformly at ``sample_fps`` through the
+    Qwen2.5-VL video processor (None for image tasks)."""
+    if not task.is_video:
+        return None
+    info = read_video_info(task.video_path)
+    return video_token_count(info.num_frames, info.width, info.height, info.fps,
+                             sample_fps=sample_fps, patch_size=patch_size, merge_size=merge_size,
+                             temporal_patch_size=temporal_patch_size)
+
+
+def _decode_collapsed(tokenizer: Any, ids: Sequence[int], image_pad_id: int) -> str:
+    """Decoded text with each run of image-pad tokens shown once as ``<|image_pad|>×N``."""
+    pieces, i = [], 0
+    while i < len(ids):
+        j = i
+        pad = ids[i] == image_pad_id
+        while j < len(ids) and (ids[j] == image_pad_id) == pad:
+            j += 1
+        if pad:
+            pieces.append(f"{_IMAGE_PAD}×{j - i}")
+        else:
+            pieces.append(tokenizer.decode(list(ids[i:j]), skip_special_tokens=False))
+        i = j
+    return "".join(pieces)
+
+
+def trajectory_record(task: Task, trajectory: Trajectory, score: Score, tokenizer: Any,
+                      uniform_tokens: int | None) -> dict[str, Any]:
+    """One line of trajectories.jsonl: the metrics fields of ``metrics.RolloutOutcome``, the
+    task row, and a decoded view for people (prompt, per-turn text / code / interpreter
+    output / images as base64 PNG). Token ids are not kept (see the trainer's samples)."""
+    image_pad_id = tokenizer.convert_tokens_to_ids(_IMAGE_PAD)
+    ids = trajectory.token_ids.tolist()
+    code_images = [im for im in trajectory.images if im.source == "code"]
+    turns, next_image = [], 0
+    for turn in trajectory.turns:
+        text = tokenizer.decode(ids[turn.generated_start:turn.generated_end],
+                                skip_special_tokens=False)
+        observation = _decode_collapsed(tokenizer, ids[turn.generated_end:turn.observation_end],
+                                        image_pad_id)
+        interpreter = _INTERPRETER_TEXT.search(observation)
+        labels = [im.label for im in code_images[next_image:next_image + turn.num_new_images]]
+        next_image += turn.num_new_images
+        turns.append({
+            "text": text, "action": turn.action, "code": parse_action(text).code,
+            "observation": observation,
+            "interpreter_text": interpreter.group(1) if interpreter else None,
+            "image_labels": labels, "tool_error": turn.tool_error,
+            "finish_reason": turn.finish_reason,
+        })
+    return {
+        "task_id": task.id, "data_source": task.data_source,
+        "rollout_index": trajectory.rollout_index,
+        "score": float(score.score), "correct": bool(score.correct), "extracted": score.extracted,
+        "num_tool_calls": trajectory.num_tool_calls,
+        "num_successful_tool_calls": trajectory.num_successful_tool_calls,
+        "end_reason": trajectory.end_reason.value, "broken": trajectory.broken,
+        "visual_tokens": trajectory.num_visual_tokens,
+        "response_tokens": trajectory.num_generated_tokens,
+        "total_tokens": len(ids),
+        "is_video": task.is_video, "uniform_video_tokens": uniform_tokens,
+        "final_answer": trajectory.final_answer, "policy_version": trajectory.policy_version,
+        "timings": dict(trajectory.timings),
+        "task": task.to_row(),
+        "prompt": _decode_collapsed(tokenizer, ids[:trajectory.prompt_length], image_pad_id),
+        "turns": turns,
+        "images": [{"label": im.label, "source": im.source, "grid_thw": list(im.grid_thw),
+                    "num_tokens": im.num_tokens,
+                    "png_base64": base64.b64encode(im.png).decode("ascii")}
+                   for im in trajectory.images],
+    }
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Writes JSON to a temporary file and renames it over ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with tmp.open("w") as f:
+        json.dump(data, f, indent=1, sort_keys=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_finished(path: Path, k: int) -> tuple[dict[str, list[dict[str, Any]]], bool]:
+    """Records of the tasks whose k rollouts are all in ``path`` (by task id, rollout order),
+    and whether the file holds anything else (unfinished tasks, a torn last line)."""
+    if not path.is_file():
+        return {}, False
+    by_task: dict[str, dict[int, dict[str, Any]]] = {}
+    dirty = False
+    with path.open() as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+                task_id, index = record["task_id"], int(record["rollout_index"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                dirty = True
+                continue
+            by_task.setdefault(task_id, {})[index] = record
+    finished = {}
+    for task_id, records in by_task.items():
+        if sorted(records) == list(range(k)):
+            finished[task_id] = [records[i] for i in range(k)]
+        else:
+            dirty = True
+    return finished, dirty
+
+
+def _rewrite_jsonl(path: Path, records: Sequence[dict[str, Any]]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with tmp.open("w") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Evaluator:
+    """Runs, scores and records an evaluation with an injected engine and sandbox source."""
+
+    def __init__(self, engine: Engine, tokenizer: Any, sandboxes: SandboxSource,
+                 episode: EpisodeConfig = EpisodeConfig.evaluation(),
+                 settings: EvalSettings = EvalSettings(),
+                 run_info: Mapping[str, Any] | None = None,
+                 temporal_patch_size: int = 2):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.episode = episode
+        self.settings = settings
+        self.run_info = dict(run_info or {})
+        self.temporal_patch_size = temporal_patch_size
+        self.runner = EpisodeRunner(engine, tokenizer, sandboxes, episode, settings.sampling())
+
+    def settings_record(self) -> dict[str, Any]:
+        """What a resumed run must agree with (sampling, budgets, seeds)."""
+        e = self.episode
+        return {
+            **{key: value for key, value in dataclasses.asdict(self.settings).items()
+               if key not in ("report", "progress")},
+            "request_seed": "SamplingParams.seed=seed for every call; per-request streams "
+                            "from (seed, request id '{task_id}/{rollout_index}')",
+            "max_tool_calls": e.max_tool_calls, "max_images": e.max_images,
+            "max_new_tokens_per_turn": e.max_new_tokens_per_turn,
+            "max_total_tokens": e.max_total_tokens, "on_error": e.on_error,
+            "image_min_pixels": e.image_min_pixels, "image_max_pixels": e.image_max_pixels,
+        }
+
+    def _check_settings(self, out_dir: Path) -> None:
+        wanted = json.loads(json.dumps(self.settings_record()))
+        path = out_dir / SETTINGS_FILE
+        if path.is_file():
+            stored = json.loads(path.read_text())
+            changed = sorted(key for key in set(stored) | set(wanted)
+                             if stored.get(key) != wanted.get(key) and key != "tasks_per_batch")
+            if changed:
+                raise ValueError(
+                    f"{out_dir} holds an evaluation with other settings ({', '.join(changed)}: "
+                    f"{ {k: stored.get(k) for k in changed} } there, "
+                    f"{ {k: wanted.get(k) for k in changed} } now); use another --out")
+        else:
+            write_json_atomic(path, wanted)
+
+    def _tasks_per_batch(self) -> int:
+        if self.settings.tasks_per_batch:
+            return self.settings.tasks_per_batch
+        return max(1, math.ceil(self.episode.max_concurrent / self.settings.k))
+
+    def run(self, tasks: Sequence[Task], out_dir: str | os.PathLike) -> dict[str, Any]:
+        """Evaluates ``tasks`` (skipping those already finished in ``out_dir``); returns the
+        results dict also written to results.json."""
+        start = time.perf_counter()
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        ids = [t.id for t in tasks]
+        if len(set(ids)) != len(ids):
+            raise ValueError("task ids must be unique")
+        self._check_settings(out_dir)
+        jsonl = out_dir / TRAJECTORIES_FILE
+        k = self.settings.k
+        finished, dirty = read_finished(jsonl, k)
+        if dirty:
+            _rewrite_jsonl(jsonl, [r for records in finished.values() for r in records])
+        previous_wall = 0.0
+        if (out_dir / RESULTS_FILE).is_file():
+            previous_wall = float(json.loads((out_dir / RESULTS_FILE).read_text())
+                                  .get("wall_time_s_all_runs", 0.0))
+        known = set(ids)
+        records = {task_id: r for task_id, r in finished.items() if task_id in known}
+        todo = [t for t in tasks if t.id not in records]
+        skipped = len(tasks) - len(todo)
+
+        def results(complete: bool) -> dict[str, Any]:
+            done = [r for t in tasks if t.id in records for r in records[t.id]]
+            wall = time.perf_counter() - start
+            return {
+                "complete": complete, "num_tasks_total": len(tasks),
+                "num_tasks_done": sum(t.id in records for t in tasks),
+                "num_tasks_skipped_as_finished": skipped,
+                "settings": self.settings_record(), "run": self.run_info,
+                "engine": type(self.engine).__name__, "policy_version": self.engine.version,
+                **metrics.summarize(metrics.RolloutOutcome.from_record(r) for r in done),
+                "wall_time_s": wall, "wall_time_s_all_runs": previous_wall + wall,
+            }
+
+        bar = tqdm(total=len(tasks), initial=skipped, desc="eval tasks", unit="task",
+                   disable=not self.settings.progress)
+        try:
+            step = self._tasks_per_batch()
+            for first in range(0, len(todo), step):
+                chunk = todo[first:first + step]
+                trajectories = self.runner.run_trajectories(
+                    [(task, i) for task in chunk for i in range(k)])
+                for n, task in enumerate(chunk):
+                    task_records = self._score_task(task, trajectories[n * k:(n + 1) * k])
+                    with jsonl.open("a") as f:
+                        f.write("".join(json.dumps(r) + "\n" for r in task_records))
+                        f.flush()
+                        os.fsync(f.fileno())
+                    records[task.id] = task_records
+                    bar.update(1)
+                partial = results(complete=False)
+                bar.set_postfix(acc=f"{partial['accuracy']:.3f}",
+                                avg_k=f"{partial['avg_at_k']:.3f}")
+                write_json_atomic(out_dir / RESULTS_FILE, partial)
+        finally:
+            bar.close()
+        final = results(complete=True)
+        write_json_atomic(out_dir / RESULTS_FILE, final)
+        if self.settings.report:
+            from pyvision_jax.eval.report import write_report
+            write_report(out_dir)
+        return final
+
+    def _score_task(self, task: Task, trajectories: Sequence[Trajectory]) -> list[dict[str, Any]]:
+        if [t.task_id for t in trajectories] != [task.id] * self.settings.k:
+            raise RuntimeError(f"task {task.id}: the episode runner returned "
+                               f"{[t.task_id for t in trajectories]}")
+        uniform = uniform_video_tokens(task, self.episode.patch_size, self.episode.merge_size,
+                                       self.temporal_patch_size)
+        return [trajectory_record(task, t, score_trajectory(t, task, self.tokenizer),
+                                  self.tokenizer, uniform)
+                for t in trajectories]

@@ -1,0 +1,134 @@
+"""From a config, a checkpoint and a task file to a finished evaluation (``launch/eval.py``).
+
+Config keys read (``configs/tiny_cpu.py`` schema): ``model.*`` (tokenizer, dtypes, and the
+architecture of training checkpoints), ``episode.*`` (budgets; ``eval.max_tool_calls``
+replaces ``episode.max_tool_calls``), ``sandbox.*``, ``rollout.*`` (engine kind, JAX engine
+shapes, ``top_p``/``top_k``), ``eval.k``, ``eval.max_tool_calls``, ``eval.temperature``, and
+optionally ``eval.seed`` (default ``seed``), ``eval.top_p``/``eval.top_k`` (default the
+rollout ones), ``eval.tasks_per_batch`` (default 0: fill ``episode.max_concurrent``),
+``eval.max_new_tokens_per_turn`` / ``eval.max_total_tokens`` (default the episode ones).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import ml_collections
+
+from pyvision_jax.agent.episode import EpisodeConfig
+from pyvision_jax.agent.tasks import load_tasks
+from pyvision_jax.eval.checkpoints import LoadedPolicy, load_policy
+from pyvision_jax.eval.evaluate import EvalSettings, Evaluator
+from pyvision_jax.models import ModelConfig
+from pyvision_jax.rollout.engine import Engine
+
+EngineFactory = Callable[[ml_collections.ConfigDict, LoadedPolicy, Any], Engine]
+
+
+def _buckets(value: Any) -> tuple[int, ...]:
+    if isinstance(value, str):
+        return tuple(int(part) for part in value.split(",") if part.strip())
+    return tuple(int(x) for x in value)
+
+
+def eval_episode_config(config: ml_collections.ConfigDict, model_config: ModelConfig,
+                        max_tool_calls: int | None = None) -> EpisodeConfig:
+    """The episode budgets of the config with the evaluation overrides."""
+    e, v = config.episode, config.eval
+    return EpisodeConfig.evaluation(
+        max_tool_calls=int(max_tool_calls if max_tool_calls is not None
+                           else v.get("max_tool_calls", 30)),
+        max_images=e.max_images,
+        max_new_tokens_per_turn=int(v.get("max_new_tokens_per_turn", e.max_new_tokens_per_turn)),
+        max_total_tokens=int(v.get("max_total_tokens", e.max_total_tokens)),
+        on_error=e.on_error, broken_end_reasons=e.broken_end_reasons,
+        image_min_pixels=e.image_min_pixels, image_max_pixels=e.image_max_pixels,
+        patch_size=model_config.vision.patch_size,
+        merge_size=model_config.vision.spatial_merge_size, max_concurrent=e.max_concurrent)
+
+
+def eval_settings(config: ml_collections.ConfigDict, k: int | None = None,
+                  progress: bool = True) -> EvalSettings:
+    v, r = config.eval, config.rollout
+    return EvalSettings(
+        k=int(k if k is not None else v.get("k", 32)), seed=int(v.get("seed", config.seed)),
+        temperature=float(v.get("temperature", r.temperature)),
+        top_p=float(v.get("top_p", r.top_p)), top_k=int(v.get("top_k", r.top_k)),
+        tasks_per_batch=int(v.get("tasks_per_batch", 0)), progress=progress)
+
+
+def load_eval_tokenizer(config: ml_collections.ConfigDict, policy: LoadedPolicy) -> Any:
+    """``model.tokenizer``: "tiny" (the packaged one) unless the checkpoint carries its own
+    tokenizer files, a tokenizer directory, or "" (the checkpoint's, else model.hf_dir)."""
+    name = config.model.get("tokenizer", "")
+    if name == "tiny" and policy.tokenizer_dir is None:
+        from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
+        return load_tiny_tokenizer()
+    source = (name if name not in ("", "tiny") else None) or policy.tokenizer_dir \
+        or config.model.get("hf_dir")
+    if not source:
+        raise ValueError(f"no tokenizer for {policy.path}: it carries no tokenizer files; set "
+                         f"--config.model.tokenizer=DIR (or 'tiny')")
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(source)
+
+
+def jax_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, tokenizer: Any) -> Engine:
+    """The in-process JAX sampler with the config's rollout shapes."""
+    from pyvision_jax.rollout.jax_engine import JaxEngine
+    r = config.rollout
+    max_total = int(config.eval.get("max_total_tokens", config.episode.max_total_tokens))
+    return JaxEngine(policy.model_config, policy.params, tokenizer, max_batch=r.max_batch,
+                     length_buckets=_buckets(r.length_buckets), decode_chunk=r.decode_chunk,
+                     min_cache_length=max_total, compute_dtype=config.model.compute_dtype,
+                     version=policy.version)
+
+
+def build_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, tokenizer: Any) -> Engine:
+    kind = config.rollout.engine
+    if kind == "jax":
+        return jax_engine(config, policy, tokenizer)
+    if kind == "vllm":
+        raise ValueError("rollout.engine='vllm' is not wired into evaluation yet (no "
+                         "pyvision_jax.rollout.vllm_engine in this checkout); use "
+                         "--config.rollout.engine=jax or pass engine_factory")
+    raise ValueError(f"rollout.engine={kind!r}: expected 'jax' or 'vllm'")
+
+
+def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | os.PathLike,
+                        data: str | os.PathLike, out_dir: str | os.PathLike, *,
+                        k: int | None = None, max_tool_calls: int | None = None,
+                        progress: bool = True, engine_factory: EngineFactory | None = None,
+                        sandboxes: Any = None) -> dict[str, Any]:
+    """Loads the checkpoint and the tasks, runs the evaluation into ``out_dir``; returns the
+    results (also in ``out_dir/results.json``). ``sandboxes`` replaces the config's pool."""
+    tasks = load_tasks(data, skip_bad_rows=bool(config.data.get("skip_bad_rows", False))).tasks
+    if not tasks:
+        raise ValueError(f"{data}: no tasks")
+    policy = load_policy(checkpoint, config, progress=progress)
+    tokenizer = load_eval_tokenizer(config, policy)
+    engine = (engine_factory or build_engine)(config, policy, tokenizer)
+    episode = eval_episode_config(config, policy.model_config, max_tool_calls)
+    settings = eval_settings(config, k, progress)
+    run_info = {"checkpoint": policy.path, "checkpoint_kind": policy.kind,
+                "policy_version": policy.version, "data": str(Path(data).absolute()),
+                "engine_kind": config.rollout.engine}
+    own_pool = sandboxes is None
+    if own_pool:
+        from pyvision_jax.agent.sandbox import SandboxConfig, SandboxPool
+        sandboxes = SandboxPool(SandboxConfig(timeout_s=config.sandbox.timeout_s,
+                                              allow_unisolated=config.sandbox.allow_unisolated),
+                                size=config.sandbox.pool_size)
+    try:
+        evaluator = Evaluator(engine, tokenizer, sandboxes, episode, settings, run_info,
+                              temporal_patch_size=policy.model_config.vision.temporal_patch_size)
+        return evaluator.run(tasks, out_dir)
+    finally:
+        if own_pool:
+            sandboxes.close()
+
+
+__all__ = ["EngineFactory", "build_engine", "eval_episode_config", "eval_settings",
+           "evaluate_checkpoint", "jax_engine", "load_eval_tokenizer"]

@@ -1,0 +1,253 @@
+"""The evaluation report: one self-contained HTML file (inline CSS and JS, images as data:
+URIs) built from results.json and trajectories.jsonl.
+
+Summary tables first (scores, per data source, tool calls, end reasons, video token
+efficiency), then one view per trajectory: the question, each turn's reasoning and code, the
+interpreter's text, the images the code produced, the answer, its score and the end reason.
+Filters by correctness and by data source are plain JS over ``data-*`` attributes.
+
+Model-written text is hostile: every piece of it is HTML-escaped and placed in element
+content or quoted attributes only; the script never reads or evaluates it. The script
+records its own errors (``window.onerror``) in ``#js-errors`` and writes the number of
+trajectories it indexed in ``#js-status``, so a headless browser can check the page.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from pyvision_jax.eval.evaluate import REPORT_FILE, RESULTS_FILE, TRAJECTORIES_FILE, read_finished
+
+_BASE64 = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
+_CODE_BLOCK = re.compile(r"<code>.*?</code>", re.DOTALL)
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.5em}
+table{border-collapse:collapse;margin:.5em 0}
+td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;font-size:.9em}
+th{background:#eee}
+pre{white-space:pre-wrap;word-break:break-word;background:#f3f3f3;padding:.5em;margin:.3em 0;
+font-size:.85em;max-height:30em;overflow:auto}
+pre.code{background:#1e1e2e;color:#e0e0e0}
+.trajectory{border:1px solid #bbb;border-left:6px solid #999;background:#fff;margin:1em 0;
+padding:.6em 1em}
+.trajectory.correct{border-left-color:#2a9d3a}.trajectory.wrong{border-left-color:#c0392b}
+.turn{border-top:1px dashed #ccc;margin-top:.5em;padding-top:.3em}
+.label{font-weight:600;font-size:.85em;color:#555}
+.meta span{margin-right:1.2em}
+img{max-width:360px;max-height:360px;border:1px solid #ccc;margin:.2em}
+#filters{position:sticky;top:0;background:#fafafa;padding:.5em 0;border-bottom:1px solid #ccc}
+.hidden{display:none}
+.error{color:#c0392b}
+"""
+
+_JS = """
+(function () {
+  var errors = document.getElementById('js-errors');
+  function record(message) {
+    var item = document.createElement('div');
+    item.textContent = String(message);
+    errors.appendChild(item);
+  }
+  window.addEventListener('error', function (event) { record(event.message); });
+  window.addEventListener('unhandledrejection', function (event) { record(event.reason); });
+  function apply() {
+    var correctness = document.getElementById('filter-correct').value;
+    var source = document.getElementById('filter-source').value;
+    var shown = 0;
+    var items = document.querySelectorAll('.trajectory');
+    for (var i = 0; i < items.length; i++) {
+      var item = items[i];
+      var ok = (correctness === 'all' || item.getAttribute('data-correct') === correctness) &&
+               (source === '' || item.getAttribute('data-source') === source);
+      item.classList.toggle('hidden', !ok);
+      if (ok) { shown += 1; }
+    }
+    document.getElementById('shown-count').textContent = String(shown);
+    return items.length;
+  }
+  document.getElementById('filter-correct').addEventListener('change', apply);
+  document.getElementById('filter-source').addEventListener('change', apply);
+  var total = apply();
+  document.getElementById('js-status').textContent = 'ready ' + total;
+})();
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return _e(value)
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{_number(c)}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _image(image: Mapping[str, Any]) -> str:
+    data = str(image.get("png_base64", ""))
+    if not _BASE64.match(data):
+        return '<span class="error">[image data not valid base64]</span>'
+    title = f"image_clue_{image.get('label')} ({image.get('num_tokens')} tokens)"
+    return f'<img alt="{_e(title)}" title="{_e(title)}" src="data:image/png;base64,{data}">'
+
+
+def _summary(results: Mapping[str, Any]) -> str:
+    parts = ["<h2>Summary</h2>", _table(
+        ["tasks done / total", "rollouts", "accuracy", "avg@k", "pass@k", "k",
+         "mean tool calls", "mean visual tokens per task", "mean response tokens",
+         "wall time (s, all runs)"],
+        [[f"{results.get('num_tasks_done')} / {results.get('num_tasks_total')}",
+          results.get("num_rollouts"), results.get("accuracy"), results.get("avg_at_k"),
+          results.get("pass_at_k"), results.get("settings", {}).get("k"),
+          results.get("tool_calls", {}).get("mean"), results.get("mean_visual_tokens_per_task"),
+          results.get("mean_response_tokens"), results.get("wall_time_s_all_runs")]])]
+    sources = results.get("per_data_source", {})
+    parts += ["<h2>Per data source</h2>", _table(
+        ["data source", "tasks", "accuracy", "avg@k", "pass@k"],
+        [[name, s.get("num_tasks"), s.get("accuracy"), s.get("avg_at_k"), s.get("pass_at_k")]
+         for name, s in sources.items()])]
+    distribution = results.get("tool_calls", {}).get("distribution", {})
+    parts += ["<h2>Tool calls per trajectory</h2>",
+              _table(["tool calls", "trajectories"], distribution.items()),
+              "<h2>End reasons</h2>",
+              _table(["end reason", "trajectories"], results.get("end_reasons", {}).items())]
+    video = results.get("video_token_efficiency", {})
+    if video.get("num_video_tasks"):
+        parts += ["<h2>Video token efficiency (agent context vs uniform 1-fps sampling)</h2>",
+                  _table(["video tasks", "mean agent visual tokens", "mean 1-fps tokens",
+                          "ratio of means"],
+                         [[video["num_video_tasks"], video["mean_agent_visual_tokens"],
+                           video["mean_uniform_1fps_tokens"], video["ratio_of_means"]]]),
+                  _table(["task", "agent visual tokens (mean over k)", "1-fps tokens", "ratio"],
+                         [[task_id, v["agent_visual_tokens"], v["uniform_1fps_tokens"],
+                           v["ratio"]] for task_id, v in video.get("per_task", {}).items()])]
+    settings = results.get("settings", {})
+    parts += ["<h2>Settings</h2>", _table(["setting", "value"], settings.items())]
+    run = results.get("run", {})
+    if run:
+        parts.append(_table(["run", "value"], run.items()))
+    return "\n".join(parts)
+
+
+def _turn(turn: Mapping[str, Any], images: Mapping[Any, Mapping[str, Any]], index: int) -> str:
+    text = str(turn.get("text", ""))
+    code = turn.get("code")
+    reasoning = _CODE_BLOCK.sub("", text).strip() if code else text
+    parts = [f'<div class="turn"><div class="label">turn {index + 1} '
+             f'({_e(turn.get("action"))}, finish: {_e(turn.get("finish_reason"))})</div>',
+             f'<div class="label">reasoning</div><pre class="reasoning">{_e(reasoning)}</pre>']
+    if code:
+        parts.append(f'<div class="label">code</div><pre class="code">{_e(code)}</pre>')
+    if turn.get("interpreter_text") is not None:
+        parts.append(f'<div class="label">interpreter</div>'
+                     f'<pre class="interpreter">{_e(turn["interpreter_text"])}</pre>')
+    elif turn.get("observation"):
+        parts.append(f'<div class="label">observation</div>'
+                     f'<pre class="interpreter">{_e(turn["observation"])}</pre>')
+    if turn.get("tool_error"):
+        parts.append(f'<div class="label error">tool error</div>'
+                     f'<pre class="error">{_e(turn["tool_error"])}</pre>')
+    labels = turn.get("image_labels") or []
+    if labels:
+        parts.append('<div class="label">images produced</div><div>'
+                     + "".join(_image(images[label]) for label in labels if label in images)
+                     + "</div>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _trajectory(record: Mapping[str, Any], number: int) -> str:
+    task = record.get("task", {})
+    images = {im.get("label"): im for im in record.get("images", [])}
+    correct = bool(record.get("correct"))
+    options = task.get("options") or []
+    task_images = "".join(_image(im) for im in record.get("images", [])
+                          if im.get("source") == "task")
+    media = _e(task.get("video_path") or task.get("image_path"))
+    parts = [
+        f'<section class="trajectory {"correct" if correct else "wrong"}" '
+        f'id="trajectory-{number}" data-correct="{int(correct)}" '
+        f'data-source="{_e(record.get("data_source"))}">',
+        f'<div class="meta"><span><b>{_e(record.get("task_id"))}</b> '
+        f'rollout {_e(record.get("rollout_index"))}</span>'
+        f'<span>source: {_e(record.get("data_source"))}</span>'
+        f'<span>{"correct" if correct else "wrong"}</span>'
+        f'<span>score: {_number(record.get("score"))}</span>'
+        f'<span>end: {_e(record.get("end_reason"))}</span>'
+        f'<span>tool calls: {_e(record.get("num_tool_calls"))}</span>'
+        f'<span>visual tokens: {_e(record.get("visual_tokens"))}</span></div>',
+        f'<div class="label">question</div><pre class="question">{_e(task.get("question"))}'
+        + ("\n" + "\n".join(f"({chr(65 + i)}) {_e(o)}" for i, o in enumerate(options))
+           if options else "") + "</pre>",
+        f'<div class="label">media: {media}</div><div>{task_images}</div>',
+        f'<details><summary>full prompt</summary><pre>{_e(record.get("prompt"))}</pre></details>',
+    ]
+    parts += [_turn(turn, images, i) for i, turn in enumerate(record.get("turns", []))]
+    parts.append(
+        f'<div class="turn"><span class="label">answer:</span> '
+        f'<code class="answer">{_e(record.get("extracted") or record.get("final_answer"))}</code>'
+        f' &nbsp; <span class="label">ground truth:</span> <code>{_e(task.get("answer"))}</code>'
+        f' &nbsp; <span class="label">score:</span> {_number(record.get("score"))}'
+        f' &nbsp; <span class="label">end reason:</span> {_e(record.get("end_reason"))}</div>')
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def render_report(results: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
+                  title: str = "pyvision_jax evaluation") -> str:
+    """The report page for ``results`` (results.json) and trajectory ``records``."""
+    sources = sorted({str(r.get("data_source")) for r in records})
+    source_options = "".join(f'<option value="{_e(s)}">{_e(s)}</option>' for s in sources)
+    body = "\n".join(_trajectory(r, i) for i, r in enumerate(records))
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
+<title>{_e(title)}</title><style>{_CSS}</style></head>
+<body>
+<h1>{_e(title)}</h1>
+<div id="js-errors" class="error"></div>
+{_summary(results)}
+<h2>Trajectories</h2>
+<div id="filters">
+ <label>correctness <select id="filter-correct"><option value="all">all</option>
+ <option value="1">correct</option><option value="0">wrong</option></select></label>
+ <label>data source <select id="filter-source"><option value="">all</option>{source_options}</select></label>
+ <span>shown: <span id="shown-count">{len(records)}</span> / {len(records)}</span>
+ <span id="js-status"></span>
+</div>
+{body}
+<script>{_JS}</script>
+</body></html>
+"""
+
+
+def write_report(out_dir: str | Path, max_rollouts_per_task: int | None = None) -> Path:
+    """Writes ``out_dir/report.html`` from the results and trajectories there (atomically);
+    ``max_rollouts_per_task`` keeps the page small for large k."""
+    out_dir = Path(out_dir)
+    results = json.loads((out_dir / RESULTS_FILE).read_text())
+    k = int(results.get("settings", {}).get("k", 1))
+    records = []
+    jsonl = out_dir / TRAJECTORIES_FILE
+    if jsonl.is_file():
+        finished, _ = read_finished(jsonl, k)
+        for task_records in finished.values():
+            records.extend(task_records[:max_rollouts_per_task])
+    path = out_dir / REPORT_FILE
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(render_report(results, records), encoding="utf-8")
+    tmp.replace(path)
+    return path
