@@ -1,4 +1,3 @@
-
 import decord
 import numpy as np
 import pytest
