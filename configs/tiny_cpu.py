@@ -50,7 +50,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.queue = "local"        # "local" or "redis"
     c.rollout.redis_url = "redis://127.0.0.1:6379/0"
     c.rollout.max_backlog = 64
-    c.rollout.max_staleness = 0      # 0: synchronous (on-policy, as in the paper)
+    c.rollout.max_staleness = 0      # async/external: admit groups at most this many versions old
+    c.rollout.mode = "sync"          # "sync" (generate then train, on-policy as in the paper),
+                                     # "async" (in-process worker thread runs ahead) or
+                                     # "external" (a fleet fills the queue; weights exported)
+    c.rollout.length_buckets = "256,512,1024"  # JAX engine prompt/cache length buckets
+    c.rollout.decode_chunk = 8
+    c.rollout.wait_timeout_s = 1800.0  # give up when no group arrives for this long
+    c.rollout.publish_every = 1      # external mode: export weights every N steps
 
     c.rl = ml_collections.ConfigDict()
     c.rl.batch_groups = 2            # B: groups trained on per step
@@ -82,8 +89,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.mesh_data = 1
     c.train.mesh_fsdp = 1
     c.train.mesh_tensor = 1
+    c.train.schedule = "constant"    # "constant", "cosine" or "linear" (decay to 0 at train.steps)
+    c.train.warmup_steps = 0
+    c.train.logprob_chunk = 128      # positions per lm_head/log-softmax chunk in the train step
+    c.train.old_logprobs = "current" # PPO ratio against the current params ("current") or the engine ("behaviour")
     c.train.checkpoint_every = 2
     c.train.keep_checkpoints = 2
+    c.train.sample_groups_per_step = 1  # trajectory groups appended to workdir/trajectories.jsonl per step
+    c.train.distributed = False      # multi-host: call jax.distributed.initialize
 
     c.eval = ml_collections.ConfigDict()
     c.eval.k = 4

@@ -1,0 +1,45 @@
+"""Train a Qwen2.5-VL agent with the PyVision-RL recipe.
+
+    python launch/train.py --config configs/tiny_cpu.py --workdir /tmp/pyvision_tiny
+    python launch/train.py --config configs/pyvision_image_7b.py \
+        --config.model.hf_dir=/models/Qwen2.5-VL-7B-Instruct --workdir /runs/image7b
+
+The workdir holds checkpoints/, tb/ (TensorBoard), trajectories.jsonl (a sample) and
+config.json (the resolved config). Rerunning with the same workdir resumes from the latest
+checkpoint. SIGTERM saves a checkpoint and exits.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pyvision_jax.train.trainer import train  # noqa: E402
+
+DEFAULT_CONFIG = str(Path(__file__).resolve().parent.parent / "configs" / "tiny_cpu.py")
+
+_CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Training config file.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, TensorBoard logs, samples).")
+_PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar over steps.")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not _WORKDIR.value:
+        raise app.UsageError("--workdir is required")
+    logging.set_verbosity(logging.WARNING)
+    summary = train(_CONFIG.value, _WORKDIR.value, progress=_PROGRESS.value)
+    state = "interrupted at" if summary.interrupted else "finished at"
+    print(f"training {state} step {summary.last_step} (started at step {summary.first_step})")
+    print(f"TensorBoard logs: {summary.tensorboard_dir}  (tensorboard --logdir {summary.tensorboard_dir})")
+    print(f"checkpoints:      {summary.checkpoint_dir}")
+    print(f"trajectory sample and resolved config: {summary.workdir}")
+
+
+if __name__ == "__main__":
+    app.run(main)
