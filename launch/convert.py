@@ -12,16 +12,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-
-from pyvision_jax.convert import (
-    CheckpointMismatchError,
-    hf_side_files,
-    load_hf,
-    load_params,
-    save_hf,
-    save_params,
-    side_files,
-)
+from pathlib import Path
 
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -56,6 +47,23 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if not Path(args.src).is_dir():
+        print(f"convert {args.command}: error: {args.src}: no such directory", file=sys.stderr)
+        return 1
+    if Path(args.dst).exists() and not args.overwrite:
+        print(f"convert {args.command}: error: {args.dst} already exists (pass --overwrite to replace it)", file=sys.stderr)
+        return 1
+    # Imported after parsing so that --help and usage errors do not wait for jax.
+    from pyvision_jax.convert import (
+        CheckpointMismatchError,
+        hf_side_files,
+        load_hf,
+        load_params,
+        save_hf,
+        save_params,
+        side_files,
+    )
+
     try:
         if args.command == "hf2flax":
             config, params = load_hf(args.src, dtype=args.dtype, progress=not args.quiet)

@@ -1,3 +1,4 @@
+import copy
 import json
 import os
 import shutil
@@ -111,6 +112,13 @@ def test_problems_are_listed_by_name(hf_dir, tmp_path):
         assert name in message
 
 
+def test_missing_config_is_named(hf_dir, tmp_path):
+    (tmp_path / "no_config").mkdir()
+    shutil.copy(hf_dir / "model.safetensors", tmp_path / "no_config")
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "no_config" / "config.json")):
+        _load(tmp_path / "no_config")
+
+
 def test_index_naming_absent_shard_is_reported(hf_dir, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(hf_dir, broken)
@@ -152,8 +160,7 @@ def test_bf16_target_dtype_and_bf16_checkpoints(hf_dir, hf_model, tmp_path):
     got = np.asarray(flat[("model", "layers", 0, "mlp", "down_proj", "kernel")]).T
     assert np.ascontiguousarray(got).tobytes() == want.view(torch.int16).numpy().tobytes()
 
-    hf_model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
-    hf_model.to(torch.float32)
+    copy.deepcopy(hf_model).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
     config, bf16_params = _load(tmp_path / "bf16")
     assert {leaf.dtype for leaf in flatten_params(bf16_params).values()} == {jnp.dtype(jnp.bfloat16)}
     out = save_hf(config, bf16_params, tmp_path / "bf16_export", progress=False)
