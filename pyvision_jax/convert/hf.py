@@ -113,7 +113,7 @@ def _checkpoint_entries(hf_dir: Path, hf_config: Mapping[str, Any]) -> dict[str,
     expected = names.checkpoint_shapes(hf_config)
     entries: dict[str, TensorEntry] = {}
     seen: dict[str, str] = {}
-    unexpected, mis_shaped, duplicated, missing = [], [], [], []
+    unexpected, mis_shaped, duplicated = [], [], []
     for file in files:
         file_entries, _ = read_header(file)
         for stored_name, entry in file_entries.items():
@@ -130,10 +130,8 @@ def _checkpoint_entries(hf_dir: Path, hf_config: Mapping[str, Any]) -> dict[str,
             else:
                 entries[name] = entry
             seen.setdefault(name, where)
-        if weight_map is not None:
-            listed = {n for n, f in weight_map.items() if f == file.name}
-            missing.extend(f"{n} (listed for {file.name} in {INDEX_FILE})" for n in sorted(listed - set(file_entries)))
-    missing.extend(n for n in expected if n not in seen)
+    listed = {names.hub_name(n): f for n, f in (weight_map or {}).items()}
+    missing = [n + (f" ({INDEX_FILE} places it in {listed[n]})" if n in listed else "") for n in expected if n not in seen]
     mismatch = CheckpointMismatchError(str(hf_dir), missing, unexpected, mis_shaped, duplicated)
     if mismatch.problems:
         raise mismatch
@@ -230,10 +228,12 @@ def _host_chunks(leaf: Any, spec: TensorSpec) -> Iterator[np.ndarray]:
     yield from hf_chunks(host, names.tensor_kind(spec.name), spec.dtype)
 
 
-def _dtype_name(dtypes: set[np.dtype]) -> str:
-    if len(dtypes) != 1:
-        return "float32"
-    return {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}.get(np.dtype(next(iter(dtypes))).name, "float32")
+def _config_dtype(specs: list[tuple[TensorSpec, Any]]) -> str:
+    """The ``torch_dtype`` to record: the dtype holding most of the bytes."""
+    bytes_by_dtype: dict[str, int] = defaultdict(int)
+    for spec, _ in specs:
+        bytes_by_dtype[spec.dtype.name] += spec.nbytes
+    return max(bytes_by_dtype, key=bytes_by_dtype.__getitem__)
 
 
 def save_hf(
@@ -263,7 +263,7 @@ def save_hf(
         raise FileNotFoundError(f"extra files to copy do not exist: {', '.join(absent)}")
     target = None if dtype is None else np.dtype(jnp.dtype(dtype))
     hf_config, specs = _export_specs(config, params, target)
-    hf_config["torch_dtype"] = _dtype_name({spec.dtype for spec, _ in specs})
+    hf_config["torch_dtype"] = _config_dtype(specs)
     shards = _plan_shards(specs, max_shard_bytes)
     file_names = (
         [SINGLE_FILE] if len(shards) == 1

@@ -220,3 +220,18 @@ def test_sharded_load_and_export_on_an_8_device_mesh(hf_dir, tmp_path):
                           env=env, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
     assert_same_tensors(read_tensors(hf_dir), read_tensors(tmp_path / "export"))
+
+
+def test_tensor_the_index_promises_but_the_shard_lacks_is_named(hf_dir, tmp_path):
+    tensors = read_tensors(hf_dir)
+    lost = "visual.blocks.1.mlp.down_proj.bias"
+    shard = tmp_path / "lossy"
+    shard.mkdir()
+    shutil.copy(hf_dir / "config.json", shard)
+    save_file({k: v for k, v in tensors.items() if k != lost}, shard / "model-00001-of-00001.safetensors")
+    index = {"weight_map": {k: "model-00001-of-00001.safetensors" for k in tensors}}
+    (shard / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointMismatchError) as info:
+        _load(shard)
+    assert info.value.missing == [f"{lost} (model.safetensors.index.json places it in model-00001-of-00001.safetensors)"]
+    assert not info.value.unexpected and not info.value.mis_shaped
