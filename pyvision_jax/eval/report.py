@@ -4,7 +4,8 @@ URIs) built from results.json and trajectories.jsonl.
 Summary tables first (scores, per data source, tool calls, end reasons, video token
 efficiency), then one view per trajectory: the question, each turn's reasoning and code, the
 interpreter's text, the images the code produced, the answer, its score and the end reason.
-Filters by correctness and by data source are plain JS over ``data-*`` attributes.
+Filters by correctness and by data source are plain JS over ``data-*`` attributes; a URL
+fragment like ``#correct=1&source=vstar`` presets them (shareable links).
 
 Model-written text is hostile: every piece of it is HTML-escaped and placed in element
 content or quoted attributes only; the script never reads or evaluates it. The script
@@ -71,8 +72,22 @@ _JS = """
     document.getElementById('shown-count').textContent = String(shown);
     return items.length;
   }
+  function fromHash() {
+    var pairs = window.location.hash.replace(/^#/, '').split('&');
+    for (var i = 0; i < pairs.length; i++) {
+      var eq = pairs[i].indexOf('=');
+      if (eq < 0) { continue; }
+      var key = decodeURIComponent(pairs[i].slice(0, eq));
+      var value = decodeURIComponent(pairs[i].slice(eq + 1));
+      var select = document.getElementById(key === 'correct' ? 'filter-correct' :
+                                           key === 'source' ? 'filter-source' : '');
+      if (select) { select.value = value; }
+    }
+  }
   document.getElementById('filter-correct').addEventListener('change', apply);
   document.getElementById('filter-source').addEventListener('change', apply);
+  window.addEventListener('hashchange', function () { fromHash(); apply(); });
+  fromHash();
   var total = apply();
   document.getElementById('js-status').textContent = 'ready ' + total;
 })();
