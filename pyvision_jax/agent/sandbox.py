@@ -21,6 +21,7 @@ import atexit
 import collections
 import concurrent.futures
 import dataclasses
+import importlib.metadata
 import json
 import keyword
 import os
@@ -29,6 +30,7 @@ import random
 import select
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -54,6 +56,7 @@ _HEADER = struct.Struct("<4sIQ")
 _MAX_REPLY_JSON_BYTES = 64 * 1024 * 1024
 _SANDBOX_ROOT = "/opt/pyvision"
 _SANDBOX_MEDIA = "/media"
+_SANDBOX_FONT_CACHE = f"{_SANDBOX_ROOT}/matplotlib"
 _SANDBOX_WORKDIR = "/tmp"
 _READY_OP = "ready"
 _REPLY_OP = "reply"
@@ -238,8 +241,55 @@ def _bind_with_parents(args: list[str], source: str, target: str, made: set[str]
     args += ["--ro-bind", source, target]
 
 
+def _matplotlib_font_cache() -> str | None:
+    """A directory holding matplotlib's font list, built once per user and matplotlib version
+    and shared by all runtimes, which copy it instead of scanning fonts at every start
+    (about a fifth of a runtime's start). None where it cannot be built."""
+    global _font_cache
+    with _font_cache_lock:
+        if _font_cache is not False:
+            return _font_cache
+        _font_cache = None
+        try:
+            version = importlib.metadata.version("matplotlib")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        target = Path(tempfile.gettempdir()) / f"pyvision_sandbox_mpl_{os.geteuid()}_{version}"
+        if not _is_private_font_cache(target):
+            building = Path(tempfile.mkdtemp(prefix="pyvision_sandbox_mpl_build_"))
+            try:
+                subprocess.run([sys.executable, "-I", "-c", "import matplotlib.font_manager"],
+                               env={"MPLCONFIGDIR": str(building), "PATH": "/usr/bin:/bin"},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               timeout=300, check=True)
+                for path in building.iterdir():
+                    path.chmod(0o644)
+                building.chmod(0o755)
+                building.rename(target)
+            except (OSError, subprocess.SubprocessError):
+                pass
+            finally:
+                shutil.rmtree(building, ignore_errors=True)
+        if _is_private_font_cache(target):
+            _font_cache = str(target)
+        return _font_cache
+
+
+def _is_private_font_cache(path: Path) -> bool:
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    return (stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid()
+            and not info.st_mode & 0o022 and any(path.glob("fontlist-*.json")))
+
+
+_font_cache: str | None | bool = False
+_font_cache_lock = threading.Lock()
+
+
 def _bwrap_command(bwrap: str, config: SandboxConfig, mode: str, media_dir: str,
-                   info_fd: int) -> list[str]:
+                   info_fd: int, font_cache: str | None) -> list[str]:
     args = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
             "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
     if mode == "root":
@@ -263,6 +313,8 @@ def _bwrap_command(bwrap: str, config: SandboxConfig, mode: str, media_dir: str,
         _bind_with_parents(args, root, root, made)
     _bind_with_parents(args, str(RUNTIME_FILE), f"{_SANDBOX_ROOT}/{RUNTIME_FILE.name}", made)
     _bind_with_parents(args, media_dir, _SANDBOX_MEDIA, made)
+    if font_cache is not None:
+        _bind_with_parents(args, font_cache, _SANDBOX_FONT_CACHE, made)
     args += ["--proc", "/proc", "--dev", "/dev",
              "--perms", "1777", "--size", str(config.tmpfs_bytes), "--tmpfs", _SANDBOX_WORKDIR,
              "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", _SANDBOX_WORKDIR]
@@ -280,14 +332,15 @@ def _runtime_environment(workdir: str) -> dict[str, str]:
 
 
 def _runtime_settings(config: SandboxConfig, mode: str, request_fd: int, reply_fd: int,
-                      workdir: str, uid: int | None) -> dict[str, Any]:
+                      workdir: str, uid: int | None, font_cache: str | None) -> dict[str, Any]:
     limits = {"RLIMIT_AS": config.memory_bytes, "RLIMIT_FSIZE": config.max_file_bytes,
               "RLIMIT_CPU": config.cpu_seconds, "RLIMIT_CORE": 0,
               "RLIMIT_NOFILE": config.max_open_files}
     if mode != "unisolated":  # RLIMIT_NPROC counts per real uid: only meaningful isolated
         limits["RLIMIT_NPROC"] = config.max_processes
     return {"request_fd": request_fd, "reply_fd": reply_fd, "limits": limits, "uid": uid,
-            "gid": uid, "workdir": workdir, "max_stdout_bytes": config.max_stdout_bytes,
+            "gid": uid, "workdir": workdir, "font_cache": font_cache,
+            "max_stdout_bytes": config.max_stdout_bytes,
             "max_image_pixels": config.max_image_pixels,
             "max_aspect_ratio": config.max_aspect_ratio,
             "max_images_per_call": config.max_images_per_call}
@@ -368,6 +421,7 @@ class _RuntimeProcess:
         self._reply_fd, reply_write = os.pipe()
         child_fds = [request_read, reply_write]
         info_read = info_write = None
+        font_cache = _matplotlib_font_cache()
         if mode == "unisolated":
             workdir = str(host_dir / "work")
             argv = [sys.executable, "-I", "-B", str(RUNTIME_FILE)]
@@ -377,11 +431,13 @@ class _RuntimeProcess:
             workdir = _SANDBOX_WORKDIR
             info_read, info_write = os.pipe()
             child_fds.append(info_write)
-            argv = _bwrap_command(bwrap, config, mode, media_dir, info_write)
+            argv = _bwrap_command(bwrap, config, mode, media_dir, info_write, font_cache)
             argv += [sys.executable, "-I", "-B", f"{_SANDBOX_ROOT}/{RUNTIME_FILE.name}"]
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
             self.media_root = _SANDBOX_MEDIA
-        settings = _runtime_settings(config, mode, request_read, reply_write, workdir, self.uid)
+            font_cache = font_cache and _SANDBOX_FONT_CACHE
+        settings = _runtime_settings(config, mode, request_read, reply_write, workdir, self.uid,
+                                     font_cache)
         argv.append(json.dumps(settings))
         log_path = host_dir / "launcher.log"
         try:

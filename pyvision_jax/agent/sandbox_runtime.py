@@ -28,6 +28,7 @@ import linecache  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
 import select  # noqa: E402
+import shutil  # noqa: E402
 import struct  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
@@ -334,6 +335,20 @@ def _drop_privileges(uid, gid):
     os.setresuid(uid, uid, uid)
 
 
+def _seed_font_cache(source):
+    """Copies matplotlib's font list built by the host, so that import skips the font scan."""
+    if not source:
+        return
+    target = os.environ.get("MPLCONFIGDIR")
+    try:
+        os.makedirs(target, exist_ok=True)
+        for name in os.listdir(source):
+            if name.startswith("fontlist-") and name.endswith(".json"):
+                shutil.copyfile(os.path.join(source, name), os.path.join(target, name))
+    except (OSError, TypeError):
+        pass  # matplotlib then builds its own
+
+
 def _error_text(exc, skip_frames):
     tb = exc.__traceback__
     for _ in range(skip_frames):
@@ -477,6 +492,7 @@ def main(argv):
     if settings.get("uid") is not None:
         _drop_privileges(settings["uid"], settings["gid"])
     os.chdir(settings["workdir"])
+    _seed_font_cache(settings.get("font_cache"))
 
     capture_read, capture_write = os.pipe()
     _move_descriptor(capture_read, CAPTURE_READ_FD)
