@@ -1,5 +1,3 @@
-import functools
-
 import jax
 import numpy as np
 import pytest
@@ -35,30 +33,38 @@ def test_matches_reference(seed, normalize_std, mean_over_full_group):
 @given(seed=st.integers(0, 2**31 - 1))
 def test_unnormalized_advantages_sum_to_zero_over_each_usable_group(seed):
     rewards, valid, broken = random_batch(seed)
-    got = np.asarray(advantages(rewards, valid, broken))
+    got = np.asarray(advantages(rewards, valid, broken, normalize_std=False, mean_over_full_group=False))
     np.testing.assert_allclose(got.sum(axis=1), 0.0, atol=1e-5)
 
 
+def one_group(rewards, broken):
+    """A hand-written group as row 0 of a [P, G] batch of padding (reuses compiles)."""
+    batch = np.full((P, G), 3.0, np.float32), np.zeros((P, G), bool), np.zeros((P, G), bool)
+    batch[0][0, : len(rewards)] = rewards
+    batch[1][0, : len(rewards)] = True
+    batch[2][0, : len(rewards)] = broken
+    return batch
+
+
 def test_full_group_baseline_includes_broken_rollouts():
-    rewards = np.array([[1.0, 0.0, 0.0, 1.0]], np.float32)
-    valid = np.ones_like(rewards, bool)
-    broken = np.array([[False, False, False, True]])
-    filtered = advantages(rewards, valid, broken)
-    official = advantages(rewards, valid, broken, mean_over_full_group=True)
-    np.testing.assert_allclose(filtered, [[2 / 3, -1 / 3, -1 / 3, 0.0]], atol=1e-6)
-    np.testing.assert_allclose(official, [[0.5, -0.5, -0.5, 0.0]], atol=1e-6)
+    batch = one_group([1.0, 0.0, 0.0, 1.0], [False, False, False, True])
+    filtered = np.asarray(advantages(*batch, normalize_std=False, mean_over_full_group=False))
+    official = np.asarray(advantages(*batch, normalize_std=False, mean_over_full_group=True))
+    np.testing.assert_allclose(filtered[0, :4], [2 / 3, -1 / 3, -1 / 3, 0.0], atol=1e-6)
+    np.testing.assert_allclose(official[0, :4], [0.5, -0.5, -0.5, 0.0], atol=1e-6)
+    assert not filtered[1:].any() and not official[:, 4:].any()
 
 
 def test_normalized_by_unbiased_std():
-    rewards = np.array([[1.0, 0.0, 1.0, 0.0]], np.float32)
-    valid = np.ones_like(rewards, bool)
-    got = advantages(rewards, valid, np.zeros_like(valid), normalize_std=True)
-    np.testing.assert_allclose(got, [[0.5, -0.5, 0.5, -0.5]] / np.float32(np.sqrt(1 / 3) + 1e-6), rtol=1e-5)
+    batch = one_group([1.0, 0.0, 1.0, 0.0], [False] * 4)
+    got = np.asarray(advantages(*batch, normalize_std=True, mean_over_full_group=False))[0, :4]
+    np.testing.assert_allclose(got, np.array([0.5, -0.5, 0.5, -0.5]) / (np.sqrt(1 / 3) + 1e-6), rtol=1e-5)
 
 
 @settings(max_examples=10, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), normalize_std=st.booleans())
-def test_padding_never_changes_advantages(seed, normalize_std):
+@given(seed=st.integers(0, 2**31 - 1))
+def test_padding_never_changes_advantages(seed):
+    normalize_std = True
     rewards, valid, broken = random_batch(seed)
     rng = np.random.default_rng(seed)
     padded_rewards = (rng.normal(size=(P + 3, G + 2)) * 1e6).astype(np.float32)
@@ -67,8 +73,9 @@ def test_padding_never_changes_advantages(seed, normalize_std):
     padded_valid[:P, :G] = valid
     padded_broken = rng.random((P + 3, G + 2)) < 0.5
     padded_broken[:P, :G] = broken
-    plain = advantages(rewards, valid, broken, normalize_std=normalize_std)
-    padded = advantages(padded_rewards, padded_valid, padded_broken, normalize_std=normalize_std)
+    plain = advantages(rewards, valid, broken, normalize_std=normalize_std, mean_over_full_group=False)
+    padded = advantages(padded_rewards, padded_valid, padded_broken, normalize_std=normalize_std,
+                        mean_over_full_group=False)
     np.testing.assert_allclose(np.asarray(padded)[:P, :G], plain, rtol=1e-6, atol=1e-6)
     assert not np.asarray(padded)[P:].any() and not np.asarray(padded)[:, G:].any()
 
@@ -77,5 +84,5 @@ def test_jit_equals_eager():
     rewards, valid, broken = random_batch(3)
     for normalize_std in (False, True):
         eager = group_advantages(rewards, valid, broken, normalize_std=normalize_std)
-        jitted = advantages(rewards, valid, broken, normalize_std=normalize_std)
+        jitted = advantages(rewards, valid, broken, normalize_std=normalize_std, mean_over_full_group=False)
         np.testing.assert_allclose(eager, jitted, rtol=1e-6, atol=1e-7)
