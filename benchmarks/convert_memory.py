@@ -5,6 +5,7 @@ Writes a random Hub-layout Qwen2.5-VL checkpoint (bf16, sharded, with index) of 
 peak RSS of:
   load_hf             (pyvision_jax.convert, streaming)
   load_hf + save_hf   (the export back to a Hub directory)
+  load_hf + save_params (hf2flax: the orbax params checkpoint)
   reference           (safetensors.safe_open + get_tensor + transpose, the usual way)
 Target: load_hf peak <= 1.3 x checkpoint size. The peak is the child's VmHWM (Linux), not
 getrusage's ru_maxrss: Linux carries the parent's high-water mark across fork+exec into the
@@ -44,6 +45,10 @@ jax.block_until_ready(params)
 """
 _CHILD_SAVE = _CHILD_LOAD + """
 save_hf(config, params, sys.argv[2], max_shard_bytes=400 * 2**20, progress=False)
+"""
+_CHILD_TO_ORBAX = _CHILD_LOAD + """
+from pyvision_jax.convert import save_params
+save_params(config, params, sys.argv[2])
 """
 _CHILD_REFERENCE = """
 from safetensors import safe_open
@@ -147,14 +152,15 @@ def main() -> None:
         rows = [
             ("load_hf", measure(_CHILD_LOAD, str(src))),
             ("load_hf + save_hf", measure(_CHILD_SAVE, str(src), str(workdir / "export"))),
+            ("load_hf + save_params", measure(_CHILD_TO_ORBAX, str(src), str(workdir / "orbax"))),
             ("reference safe_open", measure(_CHILD_REFERENCE, str(src))),
         ]
-        print(f"{'phase':<22}{'baseline GiB':>14}{'peak GiB':>10}{'peak/size':>11}{'(peak-base)/size':>18}")
+        print(f"{'phase':<24}{'baseline GiB':>14}{'peak GiB':>10}{'peak/size':>11}{'(peak-base)/size':>18}")
         for label, r in rows:
-            print(f"{label:<22}{r['baseline'] / gib:>14.3f}{r['peak'] / gib:>10.3f}{r['peak'] / size:>11.3f}"
+            print(f"{label:<24}{r['baseline'] / gib:>14.3f}{r['peak'] / gib:>10.3f}{r['peak'] / size:>11.3f}"
                   f"{(r['peak'] - r['baseline']) / size:>18.3f}")
         load_ratio = rows[0][1]["peak"] / size
-        ref_ratio = rows[2][1]["peak"] / size
+        ref_ratio = rows[-1][1]["peak"] / size
         print(f"load_hf peak / checkpoint size = {load_ratio:.3f} (target <= 1.3: {'met' if load_ratio <= 1.3 else 'NOT met'}); "
               f"reference / load_hf = {ref_ratio / load_ratio:.2f}x")
     finally:

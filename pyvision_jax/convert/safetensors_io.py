@@ -22,7 +22,7 @@ import numpy as np
 
 Shape = tuple[int, ...]
 
-DEFAULT_CHUNK_BYTES = 64 * 2**20
+DEFAULT_CHUNK_BYTES = 16 * 2**20
 _HEADER_LIMIT_BYTES = 100 * 2**20
 
 _DTYPES: dict[str, np.dtype] = {
