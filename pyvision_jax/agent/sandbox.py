@@ -21,10 +21,12 @@ import atexit
 import collections
 import concurrent.futures
 import dataclasses
+import errno
 import importlib.metadata
 import json
 import keyword
 import os
+import platform
 import queue
 import random
 import select
@@ -75,7 +77,8 @@ class SandboxConfig:
       with aspect ratio >= max_aspect_ratio is refused.
     memory_bytes: address-space limit of each sandbox process (RLIMIT_AS).
     max_processes: processes + threads of the sandbox (RLIMIT_NPROC, per runtime uid).
-    max_file_bytes: largest file it can write (RLIMIT_FSIZE); tmpfs_bytes: size of its /tmp.
+    max_file_bytes: largest file it can write (RLIMIT_FSIZE); tmpfs_bytes: size of its /tmp
+      (and a quarter of it for /dev/shm).
     cpu_seconds: CPU seconds for the whole life of one runtime (RLIMIT_CPU).
     allow_unisolated: run without bubblewrap (and without namespaces) where it is missing.
     """
@@ -288,8 +291,61 @@ _font_cache: str | None | bool = False
 _font_cache_lock = threading.Lock()
 
 
+# Linux syscall numbers and audit arch per machine, for the seccomp filter below.
+_SECCOMP_ARCHES = {
+    "x86_64": {"arch": 0xC000003E, "unshare": 272, "clone": 56, "clone3": 435, "setns": 308},
+    "aarch64": {"arch": 0xC00000B7, "unshare": 97, "clone": 220, "clone3": 435, "setns": 268},
+}
+_CLONE_NEWUSER = 0x10000000
+_X32_SYSCALL_BIT = 0x40000000
+
+
+def _seccomp_program() -> bytes | None:
+    """A classic-BPF seccomp filter that stops sandboxed code from creating user namespaces
+    (the way to regain capabilities, and a large kernel attack surface) and from using other
+    syscall ABIs; None on machines it does not know. clone3 answers ENOSYS so that libc falls
+    back to clone, whose flags the filter can inspect."""
+    numbers = _SECCOMP_ARCHES.get(platform.machine())
+    if numbers is None:
+        return None
+    load, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, errno_base = 0x7FFF0000, 0x00050000
+    # (code, jump-if-true label, jump-if-false label, k); labels are resolved below.
+    program = [
+        (load, None, None, 4),
+        (jeq, None, "enosys", numbers["arch"]),
+        (load, None, None, 0),
+        (jge, "enosys", None, _X32_SYSCALL_BIT),
+        (jeq, "enosys", None, numbers["clone3"]),
+        (jeq, "flags", None, numbers["unshare"]),
+        (jeq, "flags", None, numbers["clone"]),
+        (jeq, "eperm", None, numbers["setns"]),
+        (ret, None, None, allow),
+        ("flags", None, None, None),
+        (load, None, None, 16),
+        (jset, "eperm", None, _CLONE_NEWUSER),
+        (ret, None, None, allow),
+        ("eperm", None, None, None),
+        (ret, None, None, errno_base | errno.EPERM),
+        ("enosys", None, None, None),
+        (ret, None, None, errno_base | errno.ENOSYS),
+    ]
+    labels, instructions = {}, []
+    for entry in program:
+        if isinstance(entry[0], str):
+            labels[entry[0]] = len(instructions)
+        else:
+            instructions.append(entry)
+    encoded = []
+    for index, (code, if_true, if_false, k) in enumerate(instructions):
+        jump_true = labels[if_true] - index - 1 if if_true else 0
+        jump_false = labels[if_false] - index - 1 if if_false else 0
+        encoded.append(struct.pack("<HBBI", code, jump_true, jump_false, k))
+    return b"".join(encoded)
+
+
 def _bwrap_command(bwrap: str, config: SandboxConfig, mode: str, media_dir: str,
-                   info_fd: int, font_cache: str | None) -> list[str]:
+                   info_fd: int, font_cache: str | None, seccomp_fd: int | None) -> list[str]:
     args = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
             "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
     if mode == "root":
@@ -297,6 +353,8 @@ def _bwrap_command(bwrap: str, config: SandboxConfig, mode: str, media_dir: str,
     else:
         args += ["--unshare-user"]
     args += ["--hostname", "sandbox", "--clearenv", "--info-fd", str(info_fd)]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     for name, value in _runtime_environment(_SANDBOX_WORKDIR).items():
         args += ["--setenv", name, value]
     args += ["--ro-bind", "/usr", "/usr"]
@@ -316,6 +374,7 @@ def _bwrap_command(bwrap: str, config: SandboxConfig, mode: str, media_dir: str,
     if font_cache is not None:
         _bind_with_parents(args, font_cache, _SANDBOX_FONT_CACHE, made)
     args += ["--proc", "/proc", "--dev", "/dev",
+             "--perms", "1777", "--size", str(config.tmpfs_bytes // 4), "--tmpfs", "/dev/shm",
              "--perms", "1777", "--size", str(config.tmpfs_bytes), "--tmpfs", _SANDBOX_WORKDIR,
              "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", _SANDBOX_WORKDIR]
     return args
@@ -431,7 +490,15 @@ class _RuntimeProcess:
             workdir = _SANDBOX_WORKDIR
             info_read, info_write = os.pipe()
             child_fds.append(info_write)
-            argv = _bwrap_command(bwrap, config, mode, media_dir, info_write, font_cache)
+            seccomp_read = None
+            program = _seccomp_program()
+            if program is not None:
+                seccomp_read, seccomp_write = os.pipe()
+                os.write(seccomp_write, program)
+                os.close(seccomp_write)
+                child_fds.append(seccomp_read)
+            argv = _bwrap_command(bwrap, config, mode, media_dir, info_write, font_cache,
+                                  seccomp_read)
             argv += [sys.executable, "-I", "-B", f"{_SANDBOX_ROOT}/{RUNTIME_FILE.name}"]
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
             self.media_root = _SANDBOX_MEDIA

@@ -85,7 +85,7 @@ def test_writing_and_deleting_outside_the_temp_dir(survivor, tmp_path):
     python_dir = Path(os.__file__).parent
     code = textwrap.dedent(f"""\
         import os, shutil
-        for path in ['/escape.txt', '/usr/escape.txt', '/dev/shm/escape.txt',
+        for path in ['/escape.txt', '/usr/escape.txt', '/dev/escape.txt', '/etc/escape.txt',
                      {str(python_dir / 'escape.txt')!r}, {str(tmp_path / 'escape.txt')!r},
                      '/media/escape.txt']:
             try:
@@ -143,6 +143,20 @@ def test_network_is_unreachable_even_to_a_host_loopback_server(survivor):
         server.close()
     assert "connected" not in result.stdout and "resolved" not in result.stdout
     assert result.stdout.startswith("127.0.0.1 ConnectionRefusedError\n1.1.1.1 OSError\n")
+
+
+def test_no_user_namespaces_and_no_capabilities(survivor):
+    code = textwrap.dedent("""\
+        import ctypes, multiprocessing
+        libc = ctypes.CDLL(None, use_errno=True)
+        for name, flags in [('user', 0x10000000), ('net', 0x40000000), ('mount', 0x20000)]:
+            print(name, libc.unshare(flags), ctypes.get_errno())
+        print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])
+        with multiprocessing.get_context('fork').Pool(2) as workers:
+            print(workers.map(abs, [-1, -2]))
+        """)
+    result = run_contained(survivor, code, killed=False)
+    assert result.stdout == "user -1 1\nnet -1 1\nmount -1 1\n0000000000000000\n[1, 2]\n"
 
 
 def test_process_count_is_limited():
