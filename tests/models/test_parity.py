@@ -28,6 +28,16 @@ def text(n, seed):
     return list(np.random.default_rng(seed).integers(0, 2000, n))
 
 
+# Single-row vision cases share one compiled shape: 48 tokens (right-padded), 4 windows,
+# 32 merged-token slots. That also checks that right padding leaves real logits unchanged.
+SHARED_LENGTH = 48
+
+
+def right_padded(ids, length=SHARED_LENGTH, pad=2000):
+    assert len(ids) <= length
+    return np.array([ids + [pad] * (length - len(ids))]), np.array([[1] * len(ids) + [0] * (length - len(ids))])
+
+
 def assert_parity(reference, inputs, position_ids=None):
     config, model, params, _ = reference
     expected = hf_logits(model, inputs, config, position_ids)
@@ -51,18 +61,19 @@ def test_tied_embeddings_text_only(tied_reference):
 
 def test_one_image(tiny_reference):
     config = tiny_reference[0]
-    grid = (1, 8, 12)  # 4x6 merged units: one full window and one cut at the right border
-    ids = text(3, 4) + image_tokens(grid) + text(5, 5)
-    assert_parity(tiny_reference, {"input_ids": np.array([ids]), "pixel_values": patches(config, [grid], 6),
-                                   "image_grid_thw": np.array([grid])})
+    grid = (1, 10, 12)  # 5x6 merged units: one full 4x4 window, three cut at the borders
+    ids, mask = right_padded(text(3, 4) + image_tokens(grid) + text(5, 5))
+    assert_parity(tiny_reference, {"input_ids": ids, "attention_mask": mask,
+                                   "pixel_values": patches(config, [grid], 6), "image_grid_thw": np.array([grid])})
 
 
 def test_two_images_of_different_sizes_in_one_sequence(tiny_reference):
     config = tiny_reference[0]
-    grids = [(1, 8, 12), (1, 4, 6)]
-    ids = text(2, 7) + image_tokens(grids[0]) + text(3, 8) + image_tokens(grids[1]) + text(4, 9)
-    assert_parity(tiny_reference, {"input_ids": np.array([ids]), "pixel_values": patches(config, grids, 10),
-                                   "image_grid_thw": np.array(grids)})
+    grids = [(1, 10, 8), (1, 4, 12)]
+    ids, mask = right_padded(text(2, 7) + image_tokens(grids[0]) + text(3, 8) + image_tokens(grids[1])
+                             + text(4, 9))
+    assert_parity(tiny_reference, {"input_ids": ids, "attention_mask": mask,
+                                   "pixel_values": patches(config, grids, 10), "image_grid_thw": np.array(grids)})
 
 
 def test_left_padded_batch_with_images(tiny_reference):
@@ -70,7 +81,7 @@ def test_left_padded_batch_with_images(tiny_reference):
     grids = [(1, 4, 4), (1, 6, 4)]
     rows = [text(2, 11) + image_tokens(grids[0]) + text(3, 12),
             text(4, 13) + image_tokens(grids[1]) + text(6, 14)]
-    width = max(map(len, rows))
+    width = 19  # the shape of the full forward in test_kv_cache
     ids = np.array([[config.pad_token_id] * (width - len(r)) + r for r in rows])
     mask = np.array([[0] * (width - len(r)) + [1] * len(r) for r in rows])
     assert mask[0].sum() < width
@@ -91,11 +102,11 @@ def test_video_with_our_position_ids(tiny_reference, seconds):
     """transformers' video rope rule differs from vLLM's, so it gets our position ids."""
     config = tiny_reference[0]
     video, image = (3, 4, 8), (1, 4, 4)
-    ids = np.array([text(2, 20) + video_tokens(video) + text(2, 21) + image_tokens(image) + text(3, 22)])
-    inputs = {"input_ids": ids, "pixel_values_videos": patches(config, [video], 23),
+    ids, mask = right_padded(text(2, 20) + video_tokens(video) + text(2, 21) + image_tokens(image) + text(3, 22))
+    inputs = {"input_ids": ids, "attention_mask": mask, "pixel_values_videos": patches(config, [video], 23),
               "video_grid_thw": np.array([video]), "second_per_grid_ts": np.array([seconds], np.float32),
               "pixel_values": patches(config, [image], 24), "image_grid_thw": np.array([image])}
-    positions, _ = rope_index_for(config, ids, None, inputs["image_grid_thw"], inputs["video_grid_thw"],
+    positions, _ = rope_index_for(config, ids, mask, inputs["image_grid_thw"], inputs["video_grid_thw"],
                                   inputs["second_per_grid_ts"])
     assert_parity(tiny_reference, inputs, position_ids=positions)
     # and logits() computes those same positions by itself

@@ -4,7 +4,7 @@ import numpy as np
 from pyvision_jax.models import forward, logits
 from pyvision_jax.models.vision import bucket_size, vision_layout
 from tests.models.conftest import RAGGED
-from tests.models.test_parity import image_tokens, patches, text
+from tests.models.test_parity import image_tokens, patches, right_padded, text
 
 
 def test_bucket_sizes_are_few_and_cover_n():
@@ -33,19 +33,16 @@ def test_layout_places_every_patch_once_and_windows_respect_image_borders():
 
 def test_new_image_sizes_within_a_bucket_do_not_retrace(tiny_reference):
     config, _, params, _ = tiny_reference
-    length = 34  # the shape of test_parity::test_one_image, whose compilation this may reuse
 
-    def run(grid, seed):
-        real = text(3, seed) + image_tokens(grid)
-        ids = real + [config.pad_token_id] * (length - len(real))
-        mask = [1] * len(real) + [0] * (length - len(real))
-        return logits(config, params, {"input_ids": np.array([ids]), "attention_mask": np.array([mask]),
+    def run(grid, seed):  # the shared shape of the parity tests, whose compilation this may reuse
+        ids, mask = right_padded(text(3, seed) + image_tokens(grid))
+        return logits(config, params, {"input_ids": ids, "attention_mask": mask,
                                        "pixel_values": patches(config, [grid], seed),
                                        "image_grid_thw": np.array([grid])})
 
-    run((1, 8, 12), 1)  # 24 merged tokens, 2 windows
+    run((1, 10, 12), 1)  # 5x6 merged units: 4 windows, 30 merged tokens (bucket 32)
     before = forward._cache_size()
-    out = run((1, 12, 8), 2)  # another shape, same buckets
-    run((1, 10, 10), 3)  # 25 merged tokens: 32-bucket, 4 windows
+    out = run((1, 12, 10), 2)  # another image size in the same buckets
+    run((1, 8, 8), 3)  # 1 window, 16 merged tokens: a new bucket
     assert np.isfinite(np.asarray(out)).all()
     assert forward._cache_size() == before + 1
