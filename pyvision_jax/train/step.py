@@ -194,7 +194,7 @@ def train_step(model_config: ModelConfig, step_config: StepConfig, optimizer: op
     incremented) when the loss or gradient is not finite, and a no-op update when the batch
     has no loss token. The step counter always advances."""
     loss, grads, denominator, metrics = loss_and_grads(model_config, step_config, state.params, batch)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     has_tokens = denominator > 0
     apply = finite & has_tokens

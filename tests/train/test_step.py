@@ -1,0 +1,111 @@
+"""The train step: chunked logprobs and gradients against a direct full-logits computation,
+exact micro-batch accumulation, the frozen vision tower and the non-finite guard."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pyvision_jax.models import forward, param_logical_axes
+from pyvision_jax.models.qwen2_5_vl import ModelInputs
+from pyvision_jax.rl.losses import PPOLossConfig, ppo_loss
+from pyvision_jax.train.batching import BatchingConfig, pack_batch
+from pyvision_jax.train.mesh import make_mesh
+from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings
+from pyvision_jax.train.step import StepConfig, loss_and_grads, make_train_step, shard_batch
+
+ADVANTAGES = [0.7, -0.4, 1.1, -0.9]
+STEP = StepConfig(temperature=0.7, logprob_chunk=16, old_logprobs="behaviour",
+                  loss=PPOLossConfig(eps_low=0.2, eps_high=0.28, dual_clip=3.0))
+
+
+def packed(config, trajectories, micro_batch):
+    return pack_batch(config, trajectories, ADVANTAGES, BatchingConfig((64, 128), micro_batch))
+
+
+def direct_loss(config, params, batch, step_config):
+    """The loss over the whole batch from the model's full [B, T, V] logits, no chunking."""
+    total, denominator = 0.0, 0.0
+    for m in range(batch.num_micro_batches):
+        layout = jax.tree.map(lambda x: x[m], batch.layout)
+        inputs = ModelInputs(batch.input_ids[m], batch.attention_mask[m], batch.positions[m],
+                             batch.pixel_values[m], layout)
+        logits = forward(config, "float32", params, inputs)[0] / step_config.temperature
+        logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]), batch.input_ids[m][:, 1:, None], -1)[..., 0]
+        logprobs = jnp.pad(logprobs, ((0, 0), (1, 0)))
+        mask = batch.loss_mask[m] & batch.attention_mask[m]
+        out = ppo_loss(logprobs, batch.behaviour_logprobs[m], batch.advantages[m], mask, step_config.loss)
+        total, denominator = total + out.loss_sum, denominator + out.denominator
+    return total / denominator
+
+
+def test_chunked_loss_and_gradient_match_the_direct_computation(tiny_config, tiny_params, trajectories):
+    batch, stats = packed(tiny_config, trajectories, 4)
+    assert stats.length == 64 and stats.images == 6
+    loss, grads, denominator, _ = jax.jit(loss_and_grads, static_argnums=(0, 1))(tiny_config, STEP, tiny_params, batch)
+    trainable = {k: v for k, v in tiny_params.items() if k != "visual"}
+    expected_loss, expected_grads = jax.value_and_grad(
+        lambda t: direct_loss(tiny_config, {**t, "visual": tiny_params["visual"]}, batch, STEP))(trainable)
+    assert float(denominator) == stats.loss_tokens
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-5, atol=1e-6)
+    assert set(grads) == {"model", "lm_head"}
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-7)
+    assert float(optax_norm(grads)) > 0
+
+
+def optax_norm(tree):
+    return jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree.leaves(tree)))
+
+
+def test_micro_batch_accumulation_equals_the_full_batch(tiny_config, tiny_params, trajectories):
+    fn = jax.jit(loss_and_grads, static_argnums=(0, 1))
+    full = fn(tiny_config, STEP, tiny_params, packed(tiny_config, trajectories, 4)[0])
+    split = fn(tiny_config, STEP, tiny_params, packed(tiny_config, trajectories, 1)[0])
+    np.testing.assert_allclose(full[0], split[0], rtol=1e-5)
+    assert float(full[2]) == float(split[2])
+    for a, b in zip(jax.tree.leaves(full[1]), jax.tree.leaves(split[1])):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-7)
+
+
+@pytest.fixture(scope="module")
+def step_setup(tiny_config, tiny_params):
+    optimizer = make_optimizer(OptimizerConfig(lr=1e-3, weight_decay=0.01, grad_clip=1.0))
+    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    state = init_train_state(tiny_params, optimizer, seed=0)
+    shardings = state_shardings(state, param_logical_axes(tiny_config), mesh)
+    step = make_train_step(tiny_config, STEP, optimizer, mesh, shardings, donate=False)
+    return jax.device_put(state, shardings), step, mesh
+
+
+def test_step_updates_the_decoder_and_leaves_the_vision_tower_bit_identical(tiny_config, trajectories, step_setup):
+    state, step, mesh = step_setup
+    batch = shard_batch(packed(tiny_config, trajectories, 2)[0], mesh)
+    new_state, out = step(state, batch)
+    assert int(new_state.step) == 1 and float(out["updated"]) == 1.0 and float(out["grad_norm"]) > 0
+    for old, new in zip(jax.tree.leaves(state.params["visual"]), jax.tree.leaves(new_state.params["visual"])):
+        assert np.asarray(old).tobytes() == np.asarray(new).tobytes()
+    changed = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state.params["model"]),
+                                                          jax.tree.leaves(new_state.params["model"]))]
+    assert all(changed)
+
+
+def test_non_finite_gradient_skips_the_update_and_counts_it(tiny_config, trajectories, step_setup):
+    state, step, mesh = step_setup
+    host, _ = packed(tiny_config, trajectories, 2)
+    host = host.replace(advantages=np.full_like(host.advantages, np.nan))
+    new_state, out = step(state, shard_batch(host, mesh))
+    assert float(out["nonfinite"]) == 1.0 and int(new_state.skipped_updates) == 1 and int(new_state.step) == 1
+    for old, new in zip(jax.tree.leaves(state.params), jax.tree.leaves(new_state.params)):
+        assert np.array_equal(old, new)
+    for old, new in zip(jax.tree.leaves(state.opt_state), jax.tree.leaves(new_state.opt_state)):
+        assert np.array_equal(old, new)
+
+
+def test_a_batch_without_loss_tokens_steps_without_changing_params(tiny_config, trajectories, step_setup):
+    state, step, mesh = step_setup
+    host, _ = packed(tiny_config, trajectories, 2)
+    host = host.replace(loss_mask=np.zeros_like(host.loss_mask))
+    new_state, out = step(state, shard_batch(host, mesh))
+    assert int(new_state.step) == 1 and float(out["updated"]) == 0.0 and float(out["loss_tokens"]) == 0
+    for old, new in zip(jax.tree.leaves(state.params), jax.tree.leaves(new_state.params)):
+        assert np.array_equal(old, new)
