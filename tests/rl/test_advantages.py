@@ -1,6 +1,5 @@
 import jax
 import numpy as np
-import pytest
 from hypothesis import given, settings, strategies as st
 
 from pyvision_jax.rl import group_advantages
