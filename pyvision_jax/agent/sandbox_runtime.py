@@ -410,7 +410,7 @@ class Runtime:
         sys.modules["__main__"] = main_module
         return namespace
 
-    def _redirect_output(self):
+    def redirect_output(self):
         _os_dup2(CAPTURE_WRITE_FD, 1)
         _os_dup2(CAPTURE_WRITE_FD, 2)
         sys.stdout = sys.stderr = sys.__stdout__ = sys.__stderr__ = self.stream
@@ -418,12 +418,12 @@ class Runtime:
     def _begin(self):
         self.capture.reset()
         self.collector.reset()
-        self._redirect_output()
+        self.redirect_output()
 
     def _finish(self, message):
         if _os_getpid() != self.pid:
             _os_exit(0)  # a process forked by user code must never answer the host
-        self._redirect_output()
+        self.redirect_output()
         self.drain.sync()
         stdout, dropped = self.capture.take()
         notes = self.collector.summary_notes()
@@ -438,15 +438,16 @@ class Runtime:
         filename = f"<code {self.calls}>"
         lines = code.splitlines(keepends=True)
         linecache.cache[filename] = (len(code), None, lines, filename)
-        error = None
+        raised = None
         self._begin()
         try:
             compiled = compile(code, filename, "exec", dont_inherit=True)
             exec(compiled, self.namespace)
         except BaseException as exc:  # noqa: BLE001 - everything user code raises is reported
-            self.heal()
-            error = _error_text(exc, skip_frames=1)
-        self.heal()
+            raised = exc
+        self.heal()  # before formatting: the traceback module relies on intact builtins
+        error = None if raised is None else _error_text(raised, skip_frames=1)
+        raised = None  # frees the frames (and their big locals) the traceback holds
         return self._finish({"error": error})
 
     def load_image(self, name, path):
@@ -507,7 +508,7 @@ def main(argv):
     except BaseException as exc:  # noqa: BLE001 - reported to the host, then exit
         write_frame(REPLY_FD, {"op": "ready", "seq": 0, "error": _error_text(exc, 0)})
         return 1
-    runtime._redirect_output()
+    runtime.redirect_output()
     threading.Thread(target=runtime.drain.run_forever, daemon=True).start()
     write_frame(REPLY_FD, {"op": "ready", "seq": 0, "error": None})
 

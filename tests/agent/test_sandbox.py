@@ -60,29 +60,29 @@ def footprint(sandbox: Sandbox) -> Footprint:
     return Footprint(processes, namespaces, sandbox.uid)
 
 
-def surviving(print_: Footprint, exclude: frozenset[int] = frozenset()) -> list[str]:
+def surviving(trace: Footprint, exclude: frozenset[int] = frozenset()) -> list[str]:
     """Processes of the footprint still alive; `exclude` is a later runtime whose new PID
     namespace may reuse the number of the dead one."""
-    found = [f"pid {p.pid}" for p in print_.processes
+    found = [f"pid {p.pid}" for p in trace.processes
              if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     for entry in os.listdir("/proc"):
         if (entry.isdigit() and int(entry) not in exclude
-                and _pid_namespace(int(entry)) in print_.namespaces):
+                and _pid_namespace(int(entry)) in trace.namespaces):
             found.append(f"pid {entry} in the sandbox namespace")
-    if print_.uid is not None:
+    if trace.uid is not None:
         for proc in psutil.process_iter(["uids"]):
             uids = proc.info["uids"]
-            if uids is not None and print_.uid in (uids.real, uids.effective):
+            if uids is not None and trace.uid in (uids.real, uids.effective):
                 found.append(f"pid {proc.pid} running as the sandbox uid")
     return found
 
 
-def assert_gone(print_: Footprint, grace_s: float = 3.0,
+def assert_gone(trace: Footprint, grace_s: float = 3.0,
                 exclude: frozenset[int] = frozenset()) -> None:
     deadline = time.monotonic() + grace_s
-    while surviving(print_, exclude) and time.monotonic() < deadline:
+    while surviving(trace, exclude) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert surviving(print_, exclude) == []
+    assert surviving(trace, exclude) == []
 
 
 def current_pids(sandbox: Sandbox) -> frozenset[int]:
@@ -222,10 +222,10 @@ def test_sandboxes_do_not_see_each_other_and_close_kills_everything(sandbox):
                      "'shared_name' in globals(), sorted(int(p) for p in os.listdir('/proc') "
                      "if p.isdigit()))")
     assert seen.stdout == "False False [1, 2]\n"
-    print_ = footprint(other)
+    trace = footprint(other)
     other.close()
     other.close()
-    assert_gone(print_)
+    assert_gone(trace)
     with pytest.raises(SandboxError, match="closed"):
         other.run("print(1)")
 
@@ -251,18 +251,18 @@ def test_without_bubblewrap_refuses_unless_allowed_then_warns_once(monkeypatch):
             sandbox_module._isolation_mode(allowed)  # what a second sandbox does: no warning
         assert not box.isolated and box.uid is None
         assert box.run("x = 2\nprint(x * 21)").stdout == "42\n"
-        print_ = footprint(box)
+        trace = footprint(box)
         assert box.run("import time\ntime.sleep(10)").timed_out
-        assert_gone(print_)
+        assert_gone(trace)
 
 
 def test_pool_hands_out_fresh_sandboxes_and_replaces_released_ones():
     with SandboxPool(CONFIG, size=1) as pool:
         first = pool.acquire(timeout_s=120)
         first.run("leftover = 1")
-        print_ = footprint(first)
+        trace = footprint(first)
         pool.release(first)
-        assert_gone(print_, grace_s=30)
+        assert_gone(trace, grace_s=30)
         second = pool.acquire(timeout_s=120)
         assert second is not first
         assert second.run("print('leftover' in globals())").stdout == "False\n"
@@ -273,8 +273,8 @@ def test_pool_hands_out_fresh_sandboxes_and_replaces_released_ones():
             time.sleep(0.1)
         assert pool.idle_count() == 1
         prints = [footprint(second), footprint(pool._idle[0])]
-    for print_ in prints:
-        assert_gone(print_)
+    for trace in prints:
+        assert_gone(trace)
     with pytest.raises(SandboxError, match="closed"):
         pool.acquire(timeout_s=1)
 
@@ -334,11 +334,11 @@ def test_owner_termination_leaves_no_process(signum):
         report = json.loads(owner.stdout.readline())
         processes = [psutil.Process(pid) for pid in report["pids"]]
         own = _pid_namespace(os.getpid())
-        print_ = Footprint(processes, set(report["namespaces"]) - {own}, None)
-        assert len(print_.namespaces) == 2
+        trace = Footprint(processes, set(report["namespaces"]) - {own}, None)
+        assert len(trace.namespaces) == 2
         owner.send_signal(signum)
         assert owner.wait(timeout=30) == -signum
-        assert_gone(print_, grace_s=10)
+        assert_gone(trace, grace_s=10)
     finally:
         owner.kill()
         owner.wait()

@@ -176,8 +176,8 @@ def test_process_count_is_limited():
                 children += 1
             print('children', children)
             """))
-        print_ = footprint(box)
-    assert_gone(print_)
+        trace = footprint(box)
+    assert_gone(trace)
     refused, count = result.stdout.splitlines()
     assert refused == "fork refused BlockingIOError"
     assert 0 < int(count.split()[1]) < KILL_CONFIG.max_processes
