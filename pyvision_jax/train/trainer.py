@@ -197,17 +197,18 @@ class _RolloutThread(threading.Thread):
 class Trainer:
     """Runs `config` in `workdir`; resumes from the latest checkpoint there.
 
-    `engine`, `tokenizer`, `sandboxes` and `tasks` replace what the config would build
-    (tests pass a scripted engine or a fake sandbox pool).
+    `model` ((ModelConfig, initial params)), `engine`, `tokenizer`, `sandboxes` and `tasks`
+    replace what the config would build (tests pass a scripted engine or a fake sandbox pool).
     """
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
-                 engine: Engine | None = None, tokenizer: Any = None, sandboxes: Any = None,
-                 tasks: Sequence[Task] | None = None, progress: bool = True,
-                 log: Callable[[str], None] | None = None):
+                 model: tuple[ModelConfig, Any] | None = None, engine: Engine | None = None,
+                 tokenizer: Any = None, sandboxes: Any = None, tasks: Sequence[Task] | None = None,
+                 progress: bool = True, log: Callable[[str], None] | None = None):
         self.config = config
         self.workdir = Path(workdir).absolute()
-        self._engine, self._tokenizer, self._sandboxes, self._tasks = engine, tokenizer, sandboxes, tasks
+        self._model, self._engine, self._tokenizer = model, engine, tokenizer
+        self._sandboxes, self._tasks = sandboxes, tasks
         self.progress = progress
         self.log = log or (lambda line: tqdm.write(line))
         self._stop = threading.Event()
@@ -231,7 +232,7 @@ class Trainer:
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
         (self.workdir / RESOLVED_CONFIG).write_text(c.to_json_best_effort(indent=2, sort_keys=True))
         self.tokenizer = self._tokenizer or load_tokenizer(c)
-        self.model_config, params = load_model(c)
+        self.model_config, params = self._model or load_model(c)
         self.mesh = mesh_from_config(c.train)
         frozen = ("visual",) if c.train.freeze_vision else ()
         self.optimizer = make_optimizer(OptimizerConfig(

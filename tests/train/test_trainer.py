@@ -1,0 +1,101 @@
+"""The training loop with a scripted engine and a fake sandbox pool: resuming reproduces the
+run that never stopped bit for bit, and a step with no informative group still steps."""
+import copy
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image
+
+from configs.tiny_cpu import get_config
+from pyvision_jax.agent.tasks import Task
+from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
+from pyvision_jax.rollout.scripted_engine import ScriptedEngine
+from pyvision_jax.train import metrics as names
+from pyvision_jax.train.checkpoint import TrainCheckpoints
+from pyvision_jax.train.trainer import Trainer
+from tests.agent.fake_sandbox import FakePool
+from tests.train.test_metrics import read_scalars
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tasks")
+    out = []
+    for k, colour in enumerate([(200, 30, 30), (30, 30, 200), (30, 200, 30)]):
+        path = root / f"{k}.png"
+        Image.new("RGB", (56, 56), colour).save(path)
+        out.append(Task(id=f"task{k}", question="What colour is the square?", answer="A" if k % 2 == 0 else "B",
+                        answer_type="multiple_choice", data_source="test", image_path=str(path),
+                        options=("red", "blue")))
+    return out
+
+
+def answers_by_rollout(request, turn):
+    """Rollouts 0 and 2 answer A, 1 and 3 answer B: every group has reward variance."""
+    rollout = int(request.request_id.rsplit("/", 1)[1])
+    return f"Looking.\n<answer>\n\\boxed{{{'AB'[rollout % 2]}}}\n</answer>"
+
+
+def always_wrong(request, turn):
+    return "Hmm.\n<answer>\n\\boxed{C}\n</answer>"
+
+
+def small_config(steps: int):
+    c = get_config()
+    c.train.steps = steps
+    c.train.lr = 1e-3
+    c.train.length_buckets = "512"
+    c.train.micro_batch = 2
+    c.train.checkpoint_every = 3
+    c.train.logprob_chunk = 128
+    c.rl.batch_groups = 1
+    c.rl.group_size = 2
+    c.rl.oversample = 2.0
+    return c
+
+
+def run(config, workdir, tiny_config, tiny_params, tokenizer, tasks, script):
+    engine = ScriptedEngine(tokenizer, script)
+    trainer = Trainer(config, workdir, model=(tiny_config, tiny_params), engine=engine, tokenizer=tokenizer,
+                      sandboxes=FakePool(), tasks=tasks, progress=False, log=lambda line: None)
+    return trainer.run(), trainer
+
+
+def test_resume_gives_bit_identical_params(tmp_path, tiny_config, tiny_params, tokenizer, tasks):
+    straight, trainer_a = run(small_config(6), tmp_path / "a", tiny_config, tiny_params, tokenizer, tasks,
+                              answers_by_rollout)
+    first, _ = run(small_config(3), tmp_path / "b", tiny_config, tiny_params, tokenizer, tasks, answers_by_rollout)
+    resumed, trainer_b = run(small_config(6), tmp_path / "b", tiny_config, tiny_params, tokenizer, tasks,
+                             answers_by_rollout)
+    assert (straight.first_step, straight.last_step) == (0, 6)
+    assert (first.last_step, resumed.first_step, resumed.last_step) == (3, 3, 6)
+    a, b = jax.device_get(trainer_a.state), jax.device_get(trainer_b.state)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
+    changed = [not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(tiny_params["model"]),
+                                                          jax.tree.leaves(a.params["model"]))]
+    assert all(changed), "training must have changed the decoder"
+    scalars = read_scalars(str(tmp_path / "a" / "tb"))
+    assert [s for s, _ in scalars[names.FILTER_GROUPS_KEPT]] == [1, 2, 3, 4, 5, 6]
+    assert all(v == 1.0 for _, v in scalars[names.FILTER_GROUPS_KEPT])
+    assert all(v == 0.5 for _, v in scalars[names.REWARD_ACCURACY])
+    assert TrainCheckpoints(tmp_path / "b" / "checkpoints", 3, 2).all_steps() == [3, 6]
+
+
+def test_no_informative_group_still_steps_after_max_gen_rounds(tmp_path, tiny_config, tiny_params, tokenizer, tasks):
+    config = small_config(1)
+    config.rl.max_gen_rounds = 3
+    summary, trainer = run(config, tmp_path, tiny_config, tiny_params, tokenizer, tasks, always_wrong)
+    assert summary.last_step == 1
+    scalars = {k: v[-1][1] for k, v in read_scalars(str(tmp_path / "tb")).items()}
+    assert scalars["filter/gen_rounds"] == 3 and scalars["filter/groups_drawn"] == 6
+    assert scalars[names.FILTER_GROUPS_KEPT] == 0 and scalars[names.FILTER_ZERO_VARIANCE_FRAC] == 1.0
+    assert scalars["actor/updated"] == 0 and scalars[names.REWARD_TOTAL] == 0
+    for x, y in zip(jax.tree.leaves(tiny_params), jax.tree.leaves(jax.device_get(trainer.state.params))):
+        assert np.array_equal(x, y)
