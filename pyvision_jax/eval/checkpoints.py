@@ -107,7 +107,8 @@ def _restore_train_params(step_dir: Path, model_config: ModelConfig) -> Any:
         raise ValueError(f"{state_dir}: the saved train state has no 'params' entry")
     is_leaf = lambda x: hasattr(x, "shape") and hasattr(x, "dtype")  # noqa: E731
     stored_shapes = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in
-                     jax.tree_util.tree_flatten_with_path(stored["params"], is_leaf=is_leaf)[0]}
+                     jax.tree_util.tree_flatten_with_path(_int_keys(stored["params"]),
+                                                          is_leaf=is_leaf)[0]}
     wanted_shapes = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in
                      jax.tree_util.tree_flatten_with_path(expected)[0]}
     if stored_shapes != wanted_shapes:
@@ -125,7 +126,15 @@ def _restore_train_params(step_dir: Path, model_config: ModelConfig) -> Any:
                                                                dtype=a.dtype), abstract)
     restored = ocp.PyTreeCheckpointer().restore(state_dir, args=ocp.args.PyTreeRestore(
         item={"params": abstract}, restore_args={"params": restore_args}, partial_restore=True))
-    return restored["params"]
+    return _int_keys(restored["params"])
+
+
+def _int_keys(tree: Any) -> Any:
+    """Orbax stores the integer keys of the params dict (layer indices) as strings."""
+    if isinstance(tree, dict):
+        return {int(k) if isinstance(k, str) and k.isdigit() else k: _int_keys(v)
+                for k, v in tree.items()}
+    return tree
 
 
 def load_policy(path: str | Path, config: ml_collections.ConfigDict,
