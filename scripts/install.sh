@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs pyvision_jax into ./.venv with every pinned dependency, plus the Debian packages
-# the sandbox and the queue need (bubblewrap, redis-server). Idempotent.
+# the sandbox, the queue and the report test need (bubblewrap, redis-server, chromium).
+# Idempotent.
 #   bash scripts/install.sh          # runtime + test dependencies
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +10,7 @@ if command -v apt-get >/dev/null 2>&1; then
   missing=()
   command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
   command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  [ -x /usr/bin/chromium ] || missing+=(chromium)
   if [ ${#missing[@]} -gt 0 ]; then
     SUDO=""
     [ "$(id -u)" -ne 0 ] && SUDO="sudo"
