@@ -113,20 +113,17 @@ def select_rollouts(
         real = trainable[indices]
         rollout_indices, rollout_real = indices, real
 
-    # One reduction for all counts: the per-group flags side by side, summed over P.
-    flags = jnp.stack([has_member, dropped_broken, too_few, zero_variance, eligible], axis=-1)
-    flags = jnp.concatenate(
-        [flags.astype(jnp.int32), valid_broken.sum(axis=-1, dtype=jnp.int32)[:, None]], axis=-1
-    )
-    totals = flags.sum(axis=0)
+    def total(mask: jax.Array) -> jax.Array:
+        return mask.sum(dtype=jnp.int32)
+
     counts = SelectionCounts(
-        groups=totals[0],
-        broken_groups_dropped=totals[1],
-        too_few_members=totals[2],
-        zero_variance=totals[3],
-        eligible=totals[4],
-        broken_rollouts=totals[5],
-        kept=real.sum(dtype=jnp.int32),
+        groups=total(has_member),
+        broken_groups_dropped=total(dropped_broken),
+        too_few_members=total(too_few),
+        zero_variance=total(zero_variance),
+        eligible=total(eligible),
+        broken_rollouts=total(valid_broken),
+        kept=total(real),
     )
     return Selection(
         indices=indices.astype(jnp.int32),
