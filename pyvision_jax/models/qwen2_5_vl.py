@@ -17,7 +17,7 @@ from flax import nnx, struct
 
 from pyvision_jax.models.config import ModelConfig
 from pyvision_jax.models.rope_index import rope_index_for
-from pyvision_jax.models.sharding import linear_initializers, logical_axes
+from pyvision_jax.models.sharding import linear, logical_axes
 from pyvision_jax.models.text import KVCache, TextModel
 from pyvision_jax.models.vision import VisionLayout, VisionTransformer, num_merged_tokens, vision_layout
 
@@ -32,9 +32,9 @@ class Qwen2_5_VL(nnx.Module):
         with nnx.use_eager_sharding(False):
             self.visual = VisionTransformer(config.vision, rngs=rngs, param_dtype=param_dtype, dtype=dtype)
             self.model = TextModel(config, rngs=rngs, param_dtype=param_dtype, dtype=dtype)
-            self.lm_head = None if config.tie_word_embeddings else nnx.Linear(
-                config.hidden_size, config.vocab_size, use_bias=False, rngs=rngs, param_dtype=param_dtype,
-                dtype=dtype, **{"kernel_init": linear_initializers(("embed", "vocab"))["kernel_init"]})
+            self.lm_head = None if config.tie_word_embeddings else linear(
+                config.hidden_size, config.vocab_size, ("embed", "vocab"), use_bias=False, rngs=rngs,
+                param_dtype=param_dtype, dtype=dtype)
 
     def embed(self, input_ids: jax.Array, vision_features: jax.Array | None = None) -> jax.Array:
         """Token embeddings with vision features placed at the image/video placeholder tokens.
@@ -134,12 +134,14 @@ def _array(inputs: Mapping[str, Any], key: str) -> np.ndarray | None:
     return np.asarray(value)
 
 
-def prepare_inputs(config: ModelConfig, inputs: Mapping[str, Any]) -> tuple[ModelInputs, np.ndarray]:
+def prepare_inputs(config: ModelConfig, inputs: Mapping[str, Any], min_windows: int = 1,
+                   min_merged: int = 1) -> tuple[ModelInputs, np.ndarray]:
     """Host-side: processor outputs -> (ModelInputs, rope deltas [B]).
 
     Keys: input_ids [B, T], attention_mask [B, T] (optional), pixel_values [N, C*T*P*P],
     image_grid_thw [n, 3], pixel_values_videos, video_grid_thw, second_per_grid_ts (optional),
-    and position_ids [3, B, T] to override the computed positions.
+    and position_ids [3, B, T] to override the computed positions. `min_windows` and
+    `min_merged` raise the smallest vision buckets, so that batches share one compiled shape.
     """
     ids = _array(inputs, "input_ids")
     if ids is None or ids.ndim != 2:
@@ -183,7 +185,7 @@ def prepare_inputs(config: ModelConfig, inputs: Mapping[str, Any]) -> tuple[Mode
         deltas = (np.max(np.where(mask[None], positions, 0), axis=(0, 2)) + 1 - mask.sum(-1)).astype(np.int32)
     pixel_values = layout = None
     if grids:
-        layout = vision_layout(np.concatenate(grids), config.vision)
+        layout = vision_layout(np.concatenate(grids), config.vision, min_windows, min_merged)
         flat = np.concatenate(pixels)
         pixel_values = np.zeros((layout.num_slots, flat.shape[1]), np.float32)
         pixel_values[:flat.shape[0]] = flat

@@ -60,6 +60,12 @@ def _sequence_positions(ids: np.ndarray, queues: dict[int, list], kinds: dict[in
     return out
 
 
+def _grid_list(grid_thw: np.ndarray | None) -> list[tuple[int, int, int]]:
+    if grid_thw is None:
+        return []
+    return [(int(t), int(h), int(w)) for t, h, w in np.asarray(grid_thw).reshape(-1, 3)]
+
+
 def rope_index(input_ids: np.ndarray, attention_mask: np.ndarray | None = None,
                image_grid_thw: np.ndarray | None = None, video_grid_thw: np.ndarray | None = None,
                second_per_grid_ts: np.ndarray | None = None, *, image_token_id: int,
@@ -78,8 +84,7 @@ def rope_index(input_ids: np.ndarray, attention_mask: np.ndarray | None = None,
     mask = np.ones(ids.shape, bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
     if mask.shape != ids.shape:
         raise ValueError(f"attention_mask: shape {mask.shape} differs from input_ids {ids.shape}")
-    images = [] if image_grid_thw is None else [tuple(int(x) for x in g) for g in np.asarray(image_grid_thw).reshape(-1, 3)]
-    videos = [] if video_grid_thw is None else [tuple(int(x) for x in g) for g in np.asarray(video_grid_thw).reshape(-1, 3)]
+    images, videos = _grid_list(image_grid_thw), _grid_list(video_grid_thw)
     seconds = (np.ones(len(videos)) if second_per_grid_ts is None
                else np.asarray(second_per_grid_ts, dtype=np.float64).reshape(-1))
     if len(seconds) != len(videos):

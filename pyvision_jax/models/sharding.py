@@ -43,12 +43,13 @@ def param(initializer: Callable, rngs: nnx.Rngs, shape: Sequence[int], dtype: An
                      eager_sharding=False)
 
 
-def linear_initializers(kernel_axes: tuple[str | None, str | None], bias_axis: str | None = None) -> dict:
-    """kernel_init/bias_init keyword arguments for nnx.Linear carrying logical axis names."""
-    init = {"kernel_init": nnx.with_partitioning(nnx.initializers.normal(0.02), kernel_axes)}
-    if bias_axis is not None or kernel_axes[1] is not None:
-        init["bias_init"] = nnx.with_partitioning(nnx.initializers.zeros_init(), (kernel_axes[1],))
-    return init
+def linear(din: int, dout: int, axes: tuple[str | None, str | None], *, use_bias: bool,
+           rngs: nnx.Rngs, param_dtype: Any, dtype: Any) -> nnx.Linear:
+    """nnx.Linear whose kernel [din, dout] (and bias [dout]) carry logical axis names."""
+    inits = {"kernel_init": nnx.with_partitioning(nnx.initializers.normal(0.02), axes)}
+    if use_bias:
+        inits["bias_init"] = nnx.with_partitioning(nnx.initializers.zeros_init(), (axes[1],))
+    return nnx.Linear(din, dout, use_bias=use_bias, rngs=rngs, param_dtype=param_dtype, dtype=dtype, **inits)
 
 
 def logical_axes(state: nnx.State) -> Any:

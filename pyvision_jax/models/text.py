@@ -15,7 +15,7 @@ import numpy as np
 from flax import nnx, struct
 
 from pyvision_jax.models.config import ModelConfig
-from pyvision_jax.models.sharding import linear_initializers
+from pyvision_jax.models.sharding import linear
 from pyvision_jax.models.vision import MASK_VALUE, RMSNorm, apply_rotary
 
 
@@ -66,24 +66,16 @@ def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, sca
     return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, h, d)
 
 
-def _linear(din: int, dout: int, axes: tuple, use_bias: bool, rngs: nnx.Rngs, param_dtype: Any,
-            dtype: Any) -> nnx.Linear:
-    inits = linear_initializers(axes)
-    if not use_bias:
-        inits.pop("bias_init", None)
-    return nnx.Linear(din, dout, use_bias=use_bias, rngs=rngs, param_dtype=param_dtype, dtype=dtype, **inits)
-
-
 class TextAttention(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any, dtype: Any):
         d, hd = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = (config.num_attention_heads,
                                                             config.num_key_value_heads, hd)
         kw = dict(rngs=rngs, param_dtype=param_dtype, dtype=dtype)
-        self.q_proj = _linear(d, self.num_heads * hd, ("embed", "heads"), True, **kw)
-        self.k_proj = _linear(d, self.num_kv_heads * hd, ("embed", "kv_heads"), True, **kw)
-        self.v_proj = _linear(d, self.num_kv_heads * hd, ("embed", "kv_heads"), True, **kw)
-        self.o_proj = _linear(self.num_heads * hd, d, ("heads", "embed"), False, **kw)
+        self.q_proj = linear(d, self.num_heads * hd, ("embed", "heads"), use_bias=True, **kw)
+        self.k_proj = linear(d, self.num_kv_heads * hd, ("embed", "kv_heads"), use_bias=True, **kw)
+        self.v_proj = linear(d, self.num_kv_heads * hd, ("embed", "kv_heads"), use_bias=True, **kw)
+        self.o_proj = linear(self.num_heads * hd, d, ("heads", "embed"), use_bias=False, **kw)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
                  cached: tuple[jax.Array, jax.Array] | None = None, index: jax.Array | None = None):
@@ -105,9 +97,9 @@ class TextMLP(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any, dtype: Any):
         d, f = config.hidden_size, config.intermediate_size
         kw = dict(rngs=rngs, param_dtype=param_dtype, dtype=dtype)
-        self.gate_proj = _linear(d, f, ("embed", "mlp"), False, **kw)
-        self.up_proj = _linear(d, f, ("embed", "mlp"), False, **kw)
-        self.down_proj = _linear(f, d, ("mlp", "embed"), False, **kw)
+        self.gate_proj = linear(d, f, ("embed", "mlp"), use_bias=False, **kw)
+        self.up_proj = linear(d, f, ("embed", "mlp"), use_bias=False, **kw)
+        self.down_proj = linear(f, d, ("mlp", "embed"), use_bias=False, **kw)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx, struct
 
 from pyvision_jax.models.config import VisionConfig
-from pyvision_jax.models.sharding import linear_initializers, param
+from pyvision_jax.models.sharding import linear, param
 
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
@@ -178,22 +178,13 @@ class RMSNorm(nnx.Module):
         return rms_norm(x, self.scale[...], self.eps, self.dtype)
 
 
-def _linear(din: int, dout: int, axes: tuple, *, use_bias: bool, rngs: nnx.Rngs, param_dtype: Any,
-            dtype: Any) -> nnx.Linear:
-    inits = linear_initializers(axes)
-    if not use_bias:
-        inits.pop("bias_init", None)
-    return nnx.Linear(din, dout, use_bias=use_bias, rngs=rngs, param_dtype=param_dtype, dtype=dtype,
-                      **inits)
-
-
 class VisionAttention(nnx.Module):
     def __init__(self, config: VisionConfig, *, rngs: nnx.Rngs, param_dtype: Any, dtype: Any):
         d = config.hidden_size
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
-        self.qkv = _linear(d, 3 * d, ("vit_embed", "vit_qkv"), use_bias=True, rngs=rngs,
+        self.qkv = linear(d, 3 * d, ("vit_embed", "vit_qkv"), use_bias=True, rngs=rngs,
                            param_dtype=param_dtype, dtype=dtype)
-        self.proj = _linear(d, d, ("vit_heads", "vit_embed"), use_bias=True, rngs=rngs,
+        self.proj = linear(d, d, ("vit_heads", "vit_embed"), use_bias=True, rngs=rngs,
                             param_dtype=param_dtype, dtype=dtype)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, layout: VisionLayout,
@@ -225,9 +216,9 @@ class VisionMLP(nnx.Module):
     def __init__(self, config: VisionConfig, *, rngs: nnx.Rngs, param_dtype: Any, dtype: Any):
         d, f = config.hidden_size, config.intermediate_size
         kw = dict(use_bias=True, rngs=rngs, param_dtype=param_dtype, dtype=dtype)
-        self.gate_proj = _linear(d, f, ("vit_embed", "vit_mlp"), **kw)
-        self.up_proj = _linear(d, f, ("vit_embed", "vit_mlp"), **kw)
-        self.down_proj = _linear(f, d, ("vit_mlp", "vit_embed"), **kw)
+        self.gate_proj = linear(d, f, ("vit_embed", "vit_mlp"), **kw)
+        self.up_proj = linear(d, f, ("vit_embed", "vit_mlp"), **kw)
+        self.down_proj = linear(f, d, ("vit_mlp", "vit_embed"), **kw)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -250,7 +241,7 @@ class PatchEmbed(nnx.Module):
     """The Conv3d with stride == kernel, as a matmul on flattened (C, T, P, P) patches."""
 
     def __init__(self, config: VisionConfig, *, rngs: nnx.Rngs, param_dtype: Any, dtype: Any):
-        self.proj = _linear(config.patch_dim, config.hidden_size, ("vit_patch", "vit_embed"),
+        self.proj = linear(config.patch_dim, config.hidden_size, ("vit_patch", "vit_embed"),
                             use_bias=False, rngs=rngs, param_dtype=param_dtype, dtype=dtype)
 
     def __call__(self, patches: jax.Array) -> jax.Array:
@@ -265,8 +256,8 @@ class PatchMerger(nnx.Module):
         kw = dict(use_bias=True, rngs=rngs, param_dtype=param_dtype, dtype=dtype)
         self.ln_q = RMSNorm(config.hidden_size, config.rms_norm_eps, rngs=rngs, param_dtype=param_dtype,
                             dtype=dtype)
-        self.mlp = nnx.List([_linear(merged, merged, ("vit_merge", "vit_mlp"), **kw), None,
-                             _linear(merged, config.out_hidden_size, ("vit_mlp", "embed"), **kw)])
+        self.mlp = nnx.List([linear(merged, merged, ("vit_merge", "vit_mlp"), **kw), None,
+                             linear(merged, config.out_hidden_size, ("vit_mlp", "embed"), **kw)])
         self.merged = merged
 
     def __call__(self, x: jax.Array) -> jax.Array:
