@@ -13,8 +13,6 @@ import re
 import threading
 from typing import Callable, Sequence
 
-import math_verify
-
 INTERPRETER_CLOSE = "</interpreter>"
 ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 ANSWER_OPEN = "<answer>"
@@ -277,6 +275,8 @@ def math_equivalent(prediction: str, ground_truth: str) -> bool:
     """Equivalence by math-verify, falling back to normalized string equality."""
     if normalize_text(prediction) == normalize_text(ground_truth):
         return True
+    import math_verify  # imported on first use: it pulls in sympy, seconds of start-up
+
     timeout = _math_verify_timeout()
     gold = math_verify.parse(_as_latex(ground_truth), parsing_timeout=timeout)
     target = math_verify.parse(_as_latex(prediction), parsing_timeout=timeout)
