@@ -2,8 +2,8 @@
 
 One 448x448 image (1024 patches, 256 merged tokens) plus 256 text tokens through a model
 with hidden 512, 8 decoder layers and a ViT of depth 8. Both run on the same random weights;
-the script prints the median of several timed repeats after warm-up and the ratio
-flax/torch (target <= 1.0).
+the script prints the median of several timed repeats after warm-up (the two alternate, so
+both see the same load) and the ratio flax/torch (target <= 1.0).
 
     .venv/bin/python benchmarks/model_forward.py [--repeats 5]
 """
@@ -71,15 +71,18 @@ def make_inputs(config: ModelConfig) -> dict:
             "pixel_values": pixels, "image_grid_thw": np.array([grid])}
 
 
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up (compilation for JAX)
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def timed_interleaved(fns: list, repeats: int) -> list[float]:
+    """Median seconds of each fn; runs alternate so both see the same machine load."""
+    for fn in fns:  # warm-up (compilation for JAX)
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        fn()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, bucket in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            bucket.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def main() -> None:
@@ -108,8 +111,7 @@ def main() -> None:
         with torch.inference_mode():
             model(**torch_inputs, position_ids=position_ids)
 
-    flax_s = timed(run_flax, args.repeats)
-    torch_s = timed(run_torch, args.repeats)
+    flax_s, torch_s = timed_interleaved([run_flax, run_torch], args.repeats)
     # same weights, same positions: the two must agree before their times mean anything
     with torch.inference_mode():
         reference = model(**torch_inputs, position_ids=position_ids).logits.numpy()
