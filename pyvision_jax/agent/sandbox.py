@@ -474,6 +474,7 @@ class _RuntimeProcess:
         self._kill_lock = threading.RLock()
         self._killed = False
         self._pidfd: int | None = None
+        self._info_fd: int | None = None
         self.inner_pid: int | None = None
         media_dir = str(host_dir / "media")
         request_read, self._request_fd = os.pipe()
@@ -521,12 +522,15 @@ class _RuntimeProcess:
             raise
         for fd in child_fds:
             os.close(fd)
+        self._info_fd = info_read
         os.set_blocking(self._request_fd, False)
         os.set_blocking(self._reply_fd, False)
         try:
             deadline = time.monotonic() + config.startup_timeout_s
             if info_read is not None:
                 self.inner_pid = json.loads(self._read_info(info_read, deadline))["child-pid"]
+                os.close(info_read)
+                self._info_fd = None
             else:
                 self.inner_pid = self.process.pid
             self._open_pidfd()
@@ -550,16 +554,15 @@ class _RuntimeProcess:
         return self.process.pid
 
     def _read_info(self, fd: int, deadline: float) -> bytes:
+        """bubblewrap's JSON status; the pipe stays open until kill(), so that bubblewrap can
+        never die writing it before it has released its child."""
         data = b""
-        try:
-            while True:
-                self._wait_readable(fd, deadline)
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    return data
-                data += chunk
-        finally:
-            os.close(fd)
+        while True:
+            self._wait_readable(fd, deadline)
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return data
+            data += chunk
 
     def _open_pidfd(self) -> None:
         try:
@@ -652,37 +655,46 @@ class _RuntimeProcess:
             return None
 
     def kill(self) -> None:
-        """Kills the runtime and everything in its namespace, and reaps the launcher."""
+        """Kills the runtime and everything in its namespace, and reaps the launcher.
+
+        The launcher's own children go first: bubblewrap's first child waits to be released by
+        its parent after it is cloned, and killing only the parent would strand it.
+        """
         with self._kill_lock:
             if self._killed:
                 return
             self._killed = True
-            try:
-                if self._pidfd is not None:
+            killed_inside = False
+            if self._pidfd is not None:
+                try:
                     signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-                elif self.mode == "unisolated":
-                    os.killpg(self.process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            if self.mode == "unisolated":
+                    killed_inside = True
+                except ProcessLookupError:
+                    pass
+            try:
+                descendants = psutil.Process(self.process.pid).children(recursive=True)
+            except psutil.Error:
+                descendants = []
+            for proc in descendants:
+                try:
+                    proc.kill()
+                    killed_inside = True
+                except psutil.Error:
+                    pass
+            if self.mode == "unisolated" or not killed_inside or self.exit_status(5.0) is None:
                 try:
                     os.killpg(self.process.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-            if self.exit_status(5.0) is None:
-                try:
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                self.process.wait()
+            self.process.wait()
             _release_uid(self.uid)
-            for fd in (self._pidfd, self._request_fd, self._reply_fd):
+            for fd in (self._pidfd, self._request_fd, self._reply_fd, self._info_fd):
                 if fd is not None:
                     try:
                         os.close(fd)
                     except OSError:
                         pass
-            self._pidfd = None
+            self._pidfd = self._info_fd = None
 
     @property
     def killed(self) -> bool:

@@ -306,6 +306,43 @@ def test_pool_is_thread_safe_and_closes_everything_on_exception():
     assert_gone(prints[0])
 
 
+def test_cancelled_starts_leave_no_process():
+    marker = 12_347  # a config value that appears in the command line of these starts only
+    config = dataclasses.replace(CONFIG, max_stdout_bytes=marker)
+    outcomes: list[object] = []
+
+    def start(cancel: threading.Event) -> None:
+        try:
+            outcomes.append(Sandbox(config, cancel=cancel))
+        except SandboxError as exc:
+            outcomes.append(exc)
+
+    for delay_s in (0.0, 0.005, 0.02, 0.05, 0.1, 0.3):
+        cancel = threading.Event()
+        thread = threading.Thread(target=start, args=(cancel,))
+        thread.start()
+        time.sleep(delay_s)
+        cancel.set()
+        thread.join()
+    for outcome in outcomes:
+        if isinstance(outcome, Sandbox):
+            outcome.close()
+        else:
+            assert "cancelled" in str(outcome)
+
+    def leftovers() -> list[int]:
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            if f'"max_stdout_bytes": {marker}' in " ".join(proc.info["cmdline"] or []):
+                found.append(proc.pid)
+        return found
+
+    deadline = time.monotonic() + 3
+    while leftovers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(outcomes) == 6 and leftovers() == []
+
+
 OWNER_SCRIPT = """
 import json, os, sys, threading, time
 import psutil
