@@ -185,6 +185,14 @@ class JaxEngine:
     def params(self) -> Any:
         return self._params
 
+    @property
+    def compile_counts(self) -> dict[str, int]:
+        """Compiled executables held by each jitted function (a retrace or a new argument
+        placement adds one; ``trace_counts`` only sees retraces)."""
+        functions = {"prefill": self._prefill, "decode": self._decode, "shift": self._shift,
+                     "grow": self._grow}
+        return {name: fn._cache_size() for name, fn in functions.items()}
+
     def update_weights(self, weights: Any, version: int) -> None:
         """Swaps in new weights (same tree, shapes; cast to the current dtypes).
 
@@ -202,7 +210,9 @@ class JaxEngine:
             if tuple(np.shape(new)) != old.shape:
                 raise ValueError(f"update_weights: {jax.tree_util.keystr(path)} has shape "
                                  f"{tuple(np.shape(new))}, the engine's params {old.shape}")
-            return jax.device_put(jnp.asarray(new, old.dtype), old.sharding)
+            value = jnp.asarray(new, old.dtype)
+            # a committed array where the old leaf was not (or vice versa) would recompile
+            return jax.device_put(value, old.sharding) if old.committed else value
 
         new_params = jax.tree_util.tree_map_with_path(convert, weights, current)
         with self._lock:

@@ -16,7 +16,7 @@ from PIL import Image
 from pyvision_jax.agent.episode import EpisodeConfig, EpisodeRunner
 from pyvision_jax.agent.tasks import Task
 from pyvision_jax.agent.trajectory import EndReason
-from pyvision_jax.models import ModelConfig, init_params, logits
+from pyvision_jax.models import ModelConfig, logits, param_shapes
 from pyvision_jax.processing import preprocess_images
 from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
 from pyvision_jax.rollout.engine import Engine, GenerationRequest, SamplingParams
@@ -29,10 +29,23 @@ REFERENCE_LENGTH = 512
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
 
 
+def random_params(config, seed):
+    """Random float32 params drawn in numpy (no per-initializer compilation): unit norm
+    scales, N(0, 0.05) elsewhere."""
+    rng = np.random.default_rng(seed)
+
+    def draw(path, shape):
+        if jax.tree_util.keystr(path).endswith("['scale']"):
+            return np.ones(shape.shape, np.float32)
+        return rng.normal(0.0, 0.05, shape.shape).astype(np.float32)
+
+    return jax.tree_util.tree_map_with_path(draw, param_shapes(config))
+
+
 @pytest.fixture(scope="module")
 def model():
     config = ModelConfig.preset("tiny")
-    return config, init_params(config, seed=0)
+    return config, random_params(config, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +157,7 @@ def test_continuous_batching_completes_every_request_without_recompiling(model, 
                                                                           engine):
     config, params = model
     engine.generate([GenerationRequest("warm", text_ids(tokenizer, "warm up"))], GREEDY)
-    traces = dict(engine.trace_counts)
+    traces, compiled = dict(engine.trace_counts), engine.compile_counts
     words = "one two three four five six seven eight nine ten eleven twelve".split()
     requests = [GenerationRequest(f"r{i}", text_ids(tokenizer, " ".join(words[:i + 1])),
                                   max_new_tokens=3 + 2 * i) for i in range(9)]
@@ -152,8 +165,8 @@ def test_continuous_batching_completes_every_request_without_recompiling(model, 
     for i, (request, result) in enumerate(zip(requests, results)):
         assert len(result.token_ids) == 3 + 2 * i and result.finish_reason == "length"
         assert_greedy(config, params, request, result)
-    assert dict(engine.trace_counts) == traces
-    assert engine.trace_counts["decode"] == 1 and engine.trace_counts["shift"] <= 1
+    assert dict(engine.trace_counts) == traces and engine.compile_counts == compiled
+    assert engine.compile_counts["decode"] == 1 and engine.compile_counts["shift"] <= 1
 
 
 def test_stop_string_of_several_tokens_is_kept(tokenizer, engine):
@@ -221,19 +234,19 @@ def test_update_weights_changes_outputs_and_version(model, tokenizer, engine):
     config, params = model
     request = GenerationRequest("w", text_ids(tokenizer, "weights"))
     [before] = engine.generate([request], GREEDY)
-    traces = dict(engine.trace_counts)
-    new_params = jax.tree.map(lambda x: np.asarray(x) * -1.3, params)
+    traces, compiled = dict(engine.trace_counts), engine.compile_counts
+    new_params = random_params(config, seed=1)
     engine.update_weights(new_params, version=4)
     try:
         [after] = engine.generate([request], GREEDY)
         assert after.policy_version == 4 and engine.version == 4
         assert after.token_ids != before.token_ids
         assert_greedy(config, new_params, request, after)
-        assert dict(engine.trace_counts) == traces
+        assert dict(engine.trace_counts) == traces and engine.compile_counts == compiled
     finally:
         engine.update_weights(params, version=3)
     with pytest.raises(ValueError, match="shape"):
-        engine.update_weights(jax.tree.map(lambda x: x[..., :1], params), version=5)
+        engine.update_weights(jax.tree.map(lambda x: np.asarray(x)[..., :1], params), version=5)
 
 
 def test_bad_requests_are_named(model, tokenizer, engine):
