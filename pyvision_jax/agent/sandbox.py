@@ -22,6 +22,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import errno
+import fcntl
 import importlib.metadata
 import json
 import keyword
@@ -734,6 +735,46 @@ def _install_shutdown_hooks() -> None:
         signal.signal(signal.SIGTERM, _on_sigterm)
 
 
+_HOST_DIR_PREFIX = "pyvision_sandbox_"
+_OWNER_LOCK = "owner.lock"
+_swept = False
+
+
+def _lock_host_dir(host_dir: Path) -> int:
+    """Holds an exclusive lock on the sandbox's host directory for as long as its owner lives
+    (the kernel drops it when the owner dies, however it dies). The lock file is locked before
+    it gets its final name, so a sweeper never sees it unlocked while its owner is alive."""
+    fd, path = tempfile.mkstemp(dir=host_dir)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(path, host_dir / _OWNER_LOCK)
+    return fd
+
+
+def _sweep_abandoned_host_dirs() -> None:
+    """Removes host directories (copied media) left by owners that died without cleaning up;
+    runs once per process."""
+    global _swept
+    with _registry_lock:
+        if _swept:
+            return
+        _swept = True
+    for directory in Path(tempfile.gettempdir()).glob(_HOST_DIR_PREFIX + "*"):
+        lock_path = directory / _OWNER_LOCK
+        try:
+            if directory.lstat().st_uid != os.geteuid():
+                continue
+            fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue  # not a sandbox directory, another user's, or one being created
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # its owner is alive
+        finally:
+            os.close(fd)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def _check_variable_name(name: str) -> None:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         raise ValueError(f"sandbox variable name must be a Python identifier, got {name!r}")
@@ -757,7 +798,9 @@ class Sandbox:
         self._preloads: list[dict[str, str]] = []
         self._restart_thread: threading.Thread | None = None
         self._restarted: _RuntimeProcess | BaseException | None = None
-        self._host_dir = Path(tempfile.mkdtemp(prefix="pyvision_sandbox_"))
+        _sweep_abandoned_host_dirs()
+        self._host_dir = Path(tempfile.mkdtemp(prefix=_HOST_DIR_PREFIX))
+        self._owner_lock = _lock_host_dir(self._host_dir)
         try:
             (self._host_dir / "media").mkdir(mode=0o755)
             (self._host_dir / "media").chmod(0o755)
@@ -1006,6 +1049,7 @@ class Sandbox:
 
     def _release_resources(self) -> None:
         shutil.rmtree(self._host_dir, ignore_errors=True)
+        os.close(self._owner_lock)
 
     def close(self) -> None:
         """Kills the runtime (and a replacement being started); idempotent, thread-safe."""

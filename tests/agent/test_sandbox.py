@@ -353,18 +353,19 @@ threading.Thread(target=leased.run, args=("import time; time.sleep(100)",), daem
 while pool.idle_count() < 1:
     time.sleep(0.05)
 pids, namespaces = [], []
+dirs = [str(box._host_dir) for box in [leased] + list(pool._idle)]
 for box in [leased] + list(pool._idle):
     outer = psutil.Process(box.pid)
     for proc in [outer] + outer.children(recursive=True):
         pids.append(proc.pid)
         namespaces.append(os.readlink(f"/proc/{proc.pid}/ns/pid"))
-print(json.dumps({"pids": pids, "namespaces": namespaces}), flush=True)
+print(json.dumps({"pids": pids, "namespaces": namespaces, "dirs": dirs}), flush=True)
 time.sleep(300)
 """
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
-def test_owner_termination_leaves_no_process(signum):
+def test_owner_termination_leaves_no_process(signum, monkeypatch):
     owner = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT], stdout=subprocess.PIPE,
                              cwd=REPO_ROOT, text=True)
     try:
@@ -376,6 +377,12 @@ def test_owner_termination_leaves_no_process(signum):
         owner.send_signal(signum)
         assert owner.wait(timeout=30) == -signum
         assert_gone(trace, grace_s=10)
+        dirs = [Path(path) for path in report["dirs"]]
+        if signum == signal.SIGKILL:  # no cleanup was possible: the next owner sweeps
+            assert all(path.is_dir() for path in dirs)
+            monkeypatch.setattr(sandbox_module, "_swept", False)
+            sandbox_module._sweep_abandoned_host_dirs()
+        assert not any(path.exists() for path in dirs)
     finally:
         owner.kill()
         owner.wait()
