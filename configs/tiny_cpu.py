@@ -58,6 +58,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.decode_chunk = 8
     c.rollout.wait_timeout_s = 1800.0  # give up when no group arrives for this long
     c.rollout.publish_every = 1      # external mode: export weights every N steps
+    c.rollout.weights_dir = ""       # external mode: shared weights directory (default WORKDIR/weights)
 
     c.rl = ml_collections.ConfigDict()
     c.rl.batch_groups = 2            # B: groups trained on per step

@@ -13,8 +13,9 @@ Rollout modes (`rollout.mode`):
 - "async": a rollout thread keeps generating ahead into the queue; the queue admits groups at
   most `rollout.max_staleness` versions old; the thread loads new weights between rounds.
 - "external": a fleet (e.g. vLLM workers, `launch/rollout_worker.py`) fills the queue; the
-  trainer exports weights (HF safetensors) every `rollout.publish_every` steps and announces
-  them with `queue.publish_weights`.
+  trainer publishes weights (versioned HF safetensors directories, `WeightsPublisher`) every
+  `rollout.publish_every` steps and announces them on the queue; groups a restarted worker
+  delivers twice are dropped by key (`DeliveredGroups`).
 """
 from __future__ import annotations
 
@@ -282,6 +283,14 @@ class Trainer:
                                                            allow_unisolated=c.sandbox.allow_unisolated),
                                              size=c.sandbox.pool_size)
                 self._own_sandboxes = True
+        self.publisher = self.delivered = None
+        if not in_process:
+            from pyvision_jax.rollout.weights import WeightsPublisher
+            from pyvision_jax.rollout.worker import DeliveredGroups
+            self.publisher = WeightsPublisher(c.rollout.weights_dir or self.workdir / "weights", self.model_config,
+                                              queue=self.queue, dtype=c.model.param_dtype)
+            self.delivered = DeliveredGroups(c.rollout.redis_url if c.rollout.queue == "redis" else None)
+            self.publisher.publish(int(self.state.step), jax.device_get(self.state.params))
         self.writer = MetricsWriter(self.workdir / TB_DIR)
         self.worker: _RolloutThread | None = None
         if c.rollout.mode == "async":
@@ -386,7 +395,8 @@ class Trainer:
                                    f"are the rollout workers running?")
             items = self.queue.get(max_groups=count - len(taken), timeout=1.0)
             self.queue.ack([item.id for item in items])
-            taken.extend(item.obj for item in items)
+            taken.extend(item.obj for item in items
+                         if self.delivered is None or self.delivered.first(item.obj))
         return taken
 
     def _one_step(self, bar: tqdm) -> None:
@@ -435,10 +445,7 @@ class Trainer:
         elif c.rollout.mode == "async":
             self.worker.publish(self.state.params, version)
         elif version % c.rollout.publish_every == 0 or version == c.train.steps:
-            from pyvision_jax.convert import save_hf
-            location = self.workdir / "published" / f"step_{version}"
-            save_hf(self.model_config, jax.device_get(self.state.params), location)
-            self.queue.publish_weights(version, str(location))
+            self.publisher.publish(version, jax.device_get(self.state.params))
 
     def _sample_trajectories(self, step: int, pool: Sequence[TrajectoryGroup]) -> None:
         count = self.config.train.sample_groups_per_step

@@ -1,0 +1,79 @@
+"""PyVision-Image: the paper's recipe on Qwen2.5-VL-7B, rollouts from a vLLM fleet over Redis.
+
+    python launch/train.py --config configs/pyvision_image_7b.py \
+        --config.model.hf_dir=/models/Qwen2.5-VL-7B-Instruct \
+        --config.data.train_files=/data/pyvision_image_train.jsonl \
+        --config.rollout.redis_url=redis://queue-host:6379/0 --workdir /runs/pyvision_image_7b
+    # and on the GPU rollout nodes, one per worker:
+    python launch/rollout_worker.py --config configs/pyvision_image_7b.py ... --worker-index I --num-workers N
+
+B = 16 groups per step drawn from 32 prompts (oversample 2), G = 8 rollouts each, 4 tool
+calls, PPO clip 0.2 / dual clip 3, no KL or entropy term, AdamW lr 1e-6, weight decay 0.01,
+grad clip 1, vision tower frozen, 700 steps, on an 8-device mesh (fsdp).
+"""
+import ml_collections
+
+from configs.tiny_cpu import get_config as embedded_default
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = embedded_default()
+    c.model.preset = "7b"
+    c.model.hf_dir = ""              # required: --config.model.hf_dir=/path/to/Qwen2.5-VL-7B-Instruct
+    c.model.tokenizer = ""           # empty: the tokenizer of model.hf_dir
+    c.model.param_dtype = "float32"
+    c.model.compute_dtype = "bfloat16"
+
+    c.data.train_files = ""          # required: the image RL training set (JSON/JSONL task rows)
+    c.data.skip_bad_rows = True
+
+    c.episode.max_tool_calls = 4
+    c.episode.max_images = 32
+    c.episode.max_new_tokens_per_turn = 10_240
+    c.episode.max_total_tokens = 32_768
+    c.episode.image_min_pixels = 3136
+    c.episode.image_max_pixels = 2_000_000
+    c.episode.max_concurrent = 64
+
+    c.sandbox.pool_size = 16
+    c.sandbox.timeout_s = 30.0
+
+    c.rollout.engine = "vllm"
+    c.rollout.mode = "external"      # the vLLM fleet (launch/rollout_worker.py) fills the queue
+    c.rollout.queue = "redis"
+    c.rollout.redis_url = "redis://127.0.0.1:6379/0"
+    c.rollout.max_staleness = 0      # on-policy: only groups from the current weights
+    c.rollout.max_backlog = 64
+    c.rollout.temperature = 1.0
+    c.rollout.publish_every = 1
+    c.rollout.weights_dir = ""       # a directory the rollout nodes can read (default WORKDIR/weights)
+    c.rollout.length_buckets = "4096,8192,16384,32768"
+
+    c.rl.batch_groups = 16           # B
+    c.rl.oversample = 2.0            # 32 prompts per round
+    c.rl.group_size = 8              # G
+    c.rl.tool_reward_coef = 0.1
+    c.rl.max_gen_rounds = 3
+    c.rl.eps_low = 0.2
+    c.rl.eps_high = 0.2
+    c.rl.dual_clip = 3.0
+    c.rl.kl_coef = 0.0
+    c.rl.entropy_coef = 0.0
+
+    c.train.steps = 700
+    c.train.lr = 1e-6
+    c.train.weight_decay = 0.01
+    c.train.grad_clip = 1.0
+    c.train.freeze_vision = True
+    c.train.micro_batch = 8          # rows per micro-batch (a multiple of mesh data * fsdp)
+    c.train.length_buckets = "4096,8192,16384,32768"
+    c.train.logprob_chunk = 512
+    c.train.mesh_data = 1
+    c.train.mesh_fsdp = 8
+    c.train.mesh_tensor = 1
+    c.train.checkpoint_every = 20
+    c.train.keep_checkpoints = 3
+
+    c.eval.k = 32
+    c.eval.max_tool_calls = 30
+    return c

@@ -1,0 +1,24 @@
+"""The paper-recipe configs hold the paper's numbers and only differ from the embedded default
+in values, never in schema."""
+import pytest
+
+from configs import pyvision_image_7b, pyvision_video_7b, tiny_cpu
+
+
+def flat_keys(config, prefix=""):
+    out = set()
+    for key, value in config.items():
+        out |= flat_keys(value, f"{prefix}{key}.") if hasattr(value, "items") else {prefix + key}
+    return out
+
+
+@pytest.mark.parametrize("module", [pyvision_image_7b, pyvision_video_7b])
+def test_paper_recipe(module):
+    c = module.get_config()
+    assert (c.rl.batch_groups, c.rl.oversample * c.rl.batch_groups, c.rl.group_size) == (16, 32, 8)
+    assert (c.episode.max_tool_calls, c.train.lr, c.train.weight_decay, c.train.grad_clip) == (4, 1e-6, 0.01, 1.0)
+    assert c.train.steps == 700 and c.train.freeze_vision
+    assert (c.rollout.engine, c.rollout.mode, c.rollout.queue) == ("vllm", "external", "redis")
+    assert c.train.mesh_data * c.train.mesh_fsdp * c.train.mesh_tensor == 8
+    assert c.train.micro_batch % (c.train.mesh_data * c.train.mesh_fsdp) == 0
+    assert flat_keys(c) == flat_keys(tiny_cpu.get_config())
