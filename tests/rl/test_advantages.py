@@ -85,3 +85,15 @@ def test_jit_equals_eager():
         eager = group_advantages(rewards, valid, broken, normalize_std=normalize_std)
         jitted = advantages(rewards, valid, broken, normalize_std=normalize_std, mean_over_full_group=False)
         np.testing.assert_allclose(eager, jitted, rtol=1e-6, atol=1e-7)
+
+
+def test_equal_rewards_give_exactly_zero_advantage_even_normalized():
+    # Summing e.g. 0.11 three times in float32 and dividing by 3 does not give back 0.11; the
+    # tiny deviations, divided by a tiny std, would otherwise become advantages of ~0.1.
+    values = np.array([0.11, 0.22, 0.43, 0.03, 0.06, 0.12, 0.01, 0.04, 0.08, 0.05, 1.1, 1.3], np.float32)
+    rewards = np.repeat(values[:, None], G, axis=1)
+    valid = np.arange(G)[None, :] < np.array([3, 3, 3, 5, 5, 5, 6, 6, 6, 4, 3, 5])[:, None]
+    for normalize_std in (False, True):
+        got = np.asarray(advantages(rewards, valid, np.zeros_like(valid), normalize_std=normalize_std,
+                                    mean_over_full_group=False))
+        assert not got.any()
