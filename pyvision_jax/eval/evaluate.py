@@ -49,6 +49,7 @@ REPORT_FILE = "report.html"
 SETTINGS_FILE = "settings.json"
 SCORER_OF_ANSWER_TYPE = {"multiple_choice": "multiple_choice", "numeric": "numeric",
                          "text": "free_form"}
+_PRESENTATION_SETTINGS = ("report", "report_rollouts_per_task", "progress")
 _IMAGE_PAD = "<|image_pad|>"
 _INTERPRETER_TEXT = re.compile(r"Text Result:\n(.*?)\nImage Result:", re.DOTALL)
 
@@ -58,7 +59,8 @@ class EvalSettings:
     """Sampling and bookkeeping of one evaluation (all recorded in results.json).
 
     ``tasks_per_batch`` tasks (k rollouts each) run through the episode runner together;
-    0 picks enough to fill the runner's ``max_concurrent`` slots.
+    0 picks enough to fill the runner's ``max_concurrent`` slots. ``report_rollouts_per_task``
+    (0: all) limits the trajectories per task shown in report.html (it grows with k).
     """
 
     k: int = 32
@@ -68,13 +70,15 @@ class EvalSettings:
     top_k: int = 0
     tasks_per_batch: int = 0
     report: bool = True
+    report_rollouts_per_task: int = 0
     progress: bool = True
 
     def __post_init__(self) -> None:
         if self.k < 1:
             raise ValueError(f"EvalSettings.k must be >= 1, got {self.k}")
-        if self.tasks_per_batch < 0:
-            raise ValueError(f"EvalSettings.tasks_per_batch must be >= 0, got {self.tasks_per_batch}")
+        for name in ("tasks_per_batch", "report_rollouts_per_task"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"EvalSettings.{name} must be >= 0, got {getattr(self, name)}")
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
@@ -239,7 +243,7 @@ class Evaluator:
         e = self.episode
         return {
             **{key: value for key, value in dataclasses.asdict(self.settings).items()
-               if key not in ("report", "progress")},
+               if key not in _PRESENTATION_SETTINGS},
             "request_seed": "SamplingParams.seed=seed for every call; per-request streams "
                             "from (seed, request id '{task_id}/{rollout_index}')",
             "max_tool_calls": e.max_tool_calls, "max_images": e.max_images,
@@ -331,7 +335,7 @@ class Evaluator:
         write_json_atomic(out_dir / RESULTS_FILE, final)
         if self.settings.report:
             from pyvision_jax.eval.report import write_report
-            write_report(out_dir)
+            write_report(out_dir, self.settings.report_rollouts_per_task or None)
         return final
 
     def _score_task(self, task: Task, trajectories: Sequence[Trajectory]) -> list[dict[str, Any]]:

@@ -6,7 +6,8 @@ replaces ``episode.max_tool_calls``), ``sandbox.*``, ``rollout.*`` (engine kind,
 shapes, ``top_p``/``top_k``), ``eval.k``, ``eval.max_tool_calls``, ``eval.temperature``, and
 optionally ``eval.seed`` (default ``seed``), ``eval.top_p``/``eval.top_k`` (default the
 rollout ones), ``eval.tasks_per_batch`` (default 0: fill ``episode.max_concurrent``),
-``eval.max_new_tokens_per_turn`` / ``eval.max_total_tokens`` (default the episode ones).
+``eval.max_new_tokens_per_turn`` / ``eval.max_total_tokens`` (default the episode ones),
+``eval.report_rollouts_per_task`` (default 0: every rollout in report.html).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def eval_settings(config: ml_collections.ConfigDict, k: int | None = None,
         k=int(k if k is not None else v.get("k", 32)), seed=int(v.get("seed", config.seed)),
         temperature=float(v.get("temperature", r.temperature)),
         top_p=float(v.get("top_p", r.top_p)), top_k=int(v.get("top_k", r.top_k)),
-        tasks_per_batch=int(v.get("tasks_per_batch", 0)), progress=progress)
+        tasks_per_batch=int(v.get("tasks_per_batch", 0)),
+        report_rollouts_per_task=int(v.get("report_rollouts_per_task", 0)), progress=progress)
 
 
 def load_eval_tokenizer(config: ml_collections.ConfigDict, policy: LoadedPolicy) -> Any:

@@ -10,7 +10,7 @@ import pytest
 
 from pyvision_jax.agent.episode import EpisodeConfig
 from pyvision_jax.eval.evaluate import REPORT_FILE, EvalSettings, Evaluator
-from pyvision_jax.eval.report import render_report
+from pyvision_jax.eval.report import render_report, write_report
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 from tests.agent.fake_sandbox import FakePool
 from tests.eval.conftest import HOSTILE, SCRIPT
@@ -45,8 +45,12 @@ def element_text(dom, element_id):
     return match.group(2)
 
 
-def test_report_loads_in_chromium_and_shows_every_trajectory(report, tmp_path):
-    dom = dump_dom(report, tmp_path / "profile")
+@pytest.fixture(scope="module")
+def dom(report, tmp_path_factory):
+    return dump_dom(report, tmp_path_factory.mktemp("profile"))
+
+
+def test_report_loads_in_chromium_and_shows_every_trajectory(dom):
     assert element_text(dom, "js-errors") == ""
     assert element_text(dom, "js-status") == "ready 8"
     assert element_text(dom, "shown-count") == "8"
@@ -59,8 +63,7 @@ def test_report_loads_in_chromium_and_shows_every_trajectory(report, tmp_path):
     assert not re.search(r'(src|href)="(?!data:)', dom)
 
 
-def test_hostile_model_text_is_shown_but_never_runs(report, tmp_path):
-    dom = dump_dom(report, tmp_path / "profile")
+def test_hostile_model_text_is_shown_but_never_runs(dom):
     body_tag = re.search(r"<body[^>]*>", dom).group(0)
     assert "data-pwned" not in body_tag
     assert html.escape(HOSTILE, quote=False) in dom
@@ -106,3 +109,11 @@ def test_script_errors_would_be_reported(report, tmp_path):
                                                  "<script>null.missing();</script></body>"))
     dom = dump_dom(broken, tmp_path / "profile")
     assert "null" in element_text(dom, "js-errors")
+
+
+def test_report_can_show_fewer_rollouts_per_task(report, tmp_path):
+    for name in ("results.json", "trajectories.jsonl"):
+        (tmp_path / name).write_bytes((report.parent / name).read_bytes())
+    page = write_report(tmp_path, max_rollouts_per_task=1).read_text()
+    assert re.findall(r"<b>([\w-]+)</b> rollout (\d)<", page) == [
+        ("mc-1", "0"), ("num-1", "0"), ("vid-1", "0"), ("mc-2", "0")]
