@@ -59,7 +59,8 @@ class EvalSettings:
     """Sampling and bookkeeping of one evaluation (all recorded in results.json).
 
     ``tasks_per_batch`` tasks (k rollouts each) run through the episode runner together;
-    0 picks enough to fill the runner's ``max_concurrent`` slots. ``report_rollouts_per_task``
+    0 picks enough for four times the runner's ``max_concurrent`` episodes, so that few
+    slots idle while the last episodes of a batch finish. ``report_rollouts_per_task``
     (0: all) limits the trajectories per task shown in report.html (it grows with k).
     """
 
@@ -270,7 +271,7 @@ class Evaluator:
     def _tasks_per_batch(self) -> int:
         if self.settings.tasks_per_batch:
             return self.settings.tasks_per_batch
-        return max(1, math.ceil(self.episode.max_concurrent / self.settings.k))
+        return max(1, math.ceil(4 * self.episode.max_concurrent / self.settings.k))
 
     def run(self, tasks: Sequence[Task], out_dir: str | os.PathLike) -> dict[str, Any]:
         """Evaluates ``tasks`` (skipping those already finished in ``out_dir``); returns the
@@ -292,20 +293,21 @@ class Evaluator:
             previous_wall = float(json.loads((out_dir / RESULTS_FILE).read_text())
                                   .get("wall_time_s_all_runs", 0.0))
         known = set(ids)
-        records = {task_id: r for task_id, r in finished.items() if task_id in known}
-        todo = [t for t in tasks if t.id not in records]
+        outcomes = {task_id: [metrics.RolloutOutcome.from_record(r) for r in task_records]
+                    for task_id, task_records in finished.items() if task_id in known}
+        del finished  # records carry images; only the outcomes stay in memory
+        todo = [t for t in tasks if t.id not in outcomes]
         skipped = len(tasks) - len(todo)
 
         def results(complete: bool) -> dict[str, Any]:
-            done = [r for t in tasks if t.id in records for r in records[t.id]]
             wall = time.perf_counter() - start
             return {
                 "complete": complete, "num_tasks_total": len(tasks),
-                "num_tasks_done": sum(t.id in records for t in tasks),
+                "num_tasks_done": sum(t.id in outcomes for t in tasks),
                 "num_tasks_skipped_as_finished": skipped,
                 "settings": self.settings_record(), "run": self.run_info,
                 "engine": type(self.engine).__name__, "policy_version": self.engine.version,
-                **metrics.summarize(metrics.RolloutOutcome.from_record(r) for r in done),
+                **metrics.summarize(o for t in tasks for o in outcomes.get(t.id, ())),
                 "wall_time_s": wall, "wall_time_s_all_runs": previous_wall + wall,
             }
 
@@ -323,7 +325,8 @@ class Evaluator:
                         f.write("".join(json.dumps(r) + "\n" for r in task_records))
                         f.flush()
                         os.fsync(f.fileno())
-                    records[task.id] = task_records
+                    outcomes[task.id] = [metrics.RolloutOutcome.from_record(r)
+                                         for r in task_records]
                     bar.update(1)
                 partial = results(complete=False)
                 bar.set_postfix(acc=f"{partial['accuracy']:.3f}",
