@@ -4,9 +4,13 @@ A `Sandbox` owns one runtime process (`sandbox_runtime.py`) started inside bubbl
 PID, network (loopback included), IPC and UTS namespaces, a read-only view of the system and
 of the Python installation, a size-limited private tmpfs at /tmp as the only writable place,
 and the preloaded media under /media (read-only). Hard rlimits bound address space, processes,
-file size and CPU seconds. Running as root, the runtime drops to a uid of its own (picked at
-random per runtime) so that file permissions and the process limit apply to it; otherwise
-bubblewrap's user namespace does the same.
+file size and CPU seconds; a seccomp filter forbids new user namespaces. Running as root, the
+runtime drops to a uid of its own (picked at random per runtime) so that file permissions and
+the process limit apply to it; otherwise bubblewrap's user namespace does the same.
+
+Sandboxes die with their owner: on close, at exit, on SIGTERM (a handler is installed when
+none is), and even on SIGKILL (bubblewrap's --die-with-parent, and the runtime exits when its
+request pipe closes). Copied media of owners that died are swept by the next owner.
 
 Calls are synchronous frames over two pipes, numbered so that a reply can only answer the
 request it was sent for. A call that overruns its wall-clock timeout kills the whole runtime
