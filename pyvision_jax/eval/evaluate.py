@@ -40,7 +40,7 @@ from pyvision_jax.agent.tasks import Task, read_video_info
 from pyvision_jax.agent.trajectory import Trajectory
 from pyvision_jax.eval import metrics
 from pyvision_jax.processing.tokens import video_token_count
-from pyvision_jax.rl.scoring import SCORERS, Score, score_response
+from pyvision_jax.rl.scoring import SCORERS, GroundTruthError, Score, score_response
 from pyvision_jax.rollout.engine import Engine, SamplingParams
 
 TRAJECTORIES_FILE = "trajectories.jsonl"
@@ -101,6 +101,21 @@ def score_trajectory(trajectory: Trajectory, task: Task, tokenizer: Any) -> Scor
         skip_special_tokens=False)
     kwargs = {"options": tuple(task.options) or None} if scorer == "multiple_choice" else {}
     return score_response(response, task.answer, scorer, **kwargs)
+
+
+def check_ground_truths(tasks: Sequence[Task]) -> None:
+    """Raises before any generation when a task's ground truth cannot be scored (a data
+    error that would otherwise stop the evaluation when the task is reached)."""
+    probe = "<answer>\n\\boxed{0}\n</answer>"
+    for task in tasks:
+        scorer = SCORER_OF_ANSWER_TYPE.get(task.answer_type, task.answer_type)
+        if scorer not in SCORERS:
+            raise ValueError(f"task {task.id}: no scorer for answer_type {task.answer_type!r}")
+        kwargs = {"options": tuple(task.options) or None} if scorer == "multiple_choice" else {}
+        try:
+            score_response(probe, task.answer, scorer, **kwargs)
+        except GroundTruthError as err:
+            raise ValueError(f"task {task.id} ({task.data_source}): {err}") from None
 
 
 def uniform_video_tokens(task: Task, patch_size: int = 14, merge_size: int = 2,
@@ -282,6 +297,7 @@ class Evaluator:
         ids = [t.id for t in tasks]
         if len(set(ids)) != len(ids):
             raise ValueError("task ids must be unique")
+        check_ground_truths(tasks)
         self._check_settings(out_dir)
         jsonl = out_dir / TRAJECTORIES_FILE
         k = self.settings.k

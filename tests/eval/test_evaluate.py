@@ -150,3 +150,13 @@ def test_unknown_answer_type_is_a_clear_error(tokenizer, benchmark):
     object.__setattr__(odd, "answer_type", "chemistry")  # Task validates; bypass for the test
     with pytest.raises(ValueError, match="chemistry"):
         score_trajectory(trajectory, odd, tokenizer)
+
+
+def test_a_bad_ground_truth_stops_before_any_generation(tokenizer, benchmark, tmp_path):
+    bad = dataclasses.replace(benchmark[1], id="num-bad", answer="many")
+    engine = ScriptedEngine(tokenizer, SCRIPT)
+    evaluator = Evaluator(engine, tokenizer, FakePool(), EpisodeConfig.evaluation(),
+                          EvalSettings(k=K, progress=False, report=False))
+    with pytest.raises(ValueError, match="task num-bad .*'many'"):
+        evaluator.run([benchmark[0], bad], tmp_path)
+    assert engine.calls == []
