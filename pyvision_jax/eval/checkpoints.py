@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from pyvision_jax.models import ModelConfig, init_params
@@ -97,7 +98,8 @@ def _train_model_config(step_dir: Path, config: ml_collections.ConfigDict) -> Mo
     return model_config_from(config)
 
 
-def _restore_train_params(step_dir: Path, model_config: ModelConfig) -> Any:
+def _restore_train_params(step_dir: Path, model_config: ModelConfig, dtype: Any = None) -> Any:
+    """The params subtree of a saved TrainState, cast to ``dtype`` (None: as stored)."""
     import orbax.checkpoint as ocp
 
     expected = jax.eval_shape(lambda: init_params(model_config))
@@ -120,8 +122,8 @@ def _restore_train_params(step_dir: Path, model_config: ModelConfig) -> Any:
                          f"unexpected {extra}, other shapes {shape}); pass the config the "
                          f"checkpoint was trained with (--config / --config.model.*)")
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), stored["params"],
-                            is_leaf=is_leaf)
+    abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), jnp.dtype(dtype or m.dtype)),
+                            stored["params"], is_leaf=is_leaf)
     restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=device, global_shape=a.shape,
                                                                dtype=a.dtype), abstract)
     restored = ocp.PyTreeCheckpointer().restore(state_dir, args=ocp.args.PyTreeRestore(
@@ -158,5 +160,5 @@ def load_policy(path: str | Path, config: ml_collections.ConfigDict,
                             str(tokenizer_dir) if tokenizer_dir else None)
     step_dir = _train_step_dir(path)
     model_config = _train_model_config(step_dir, config)
-    params = _restore_train_params(step_dir, model_config)
+    params = _restore_train_params(step_dir, model_config, dtype)
     return LoadedPolicy(kind, str(step_dir), model_config, params, int(step_dir.name), None)

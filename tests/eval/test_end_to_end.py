@@ -61,6 +61,9 @@ def test_every_layout_loads_the_same_weights(checkpoints):
     assert load_policy(step_dir.parent, config, progress=False).version == TRAIN_STEP
     assert load_policy(checkpoints["hf"], config, progress=False).tokenizer_dir == str(
         checkpoints["hf"])
+    config.model.param_dtype = "bfloat16"
+    cast = load_policy(checkpoints["train"], config, progress=False).params
+    assert {leaf.dtype.name for leaf in jax.tree.leaves(cast)} == {"bfloat16"}
 
 
 def test_a_directory_that_is_no_checkpoint_is_named(tmp_path):
