@@ -10,6 +10,7 @@ from pyvision_jax.models.qwen2_5_vl import (
     logits,
     param_logical_axes,
     param_shapes,
+    params_sharding,
     prefill,
     prepare_inputs,
 )
@@ -19,5 +20,5 @@ from pyvision_jax.models.text import KVCache
 __all__ = [
     "ConfigError", "ModelConfig", "VisionConfig", "ModelInputs", "Qwen2_5_VL", "KVCache",
     "decode_step", "forward", "graphdef", "init_params", "logits", "param_logical_axes",
-    "param_shapes", "prefill", "prepare_inputs", "decode_position_ids", "rope_index", "rope_index_for",
+    "param_shapes", "params_sharding", "prefill", "prepare_inputs", "decode_position_ids", "rope_index", "rope_index_for",
 ]

@@ -17,7 +17,7 @@ from flax import nnx, struct
 
 from pyvision_jax.models.config import ModelConfig
 from pyvision_jax.models.rope_index import rope_index_for
-from pyvision_jax.models.sharding import linear, logical_axes
+from pyvision_jax.models.sharding import LOGICAL_AXIS_RULES, linear, logical_axes, param_shardings
 from pyvision_jax.models.text import KVCache, TextModel
 from pyvision_jax.models.vision import VisionLayout, VisionTransformer, num_merged_tokens, vision_layout
 
@@ -96,6 +96,12 @@ def param_shapes(config: ModelConfig) -> Any:
     """jax.ShapeDtypeStruct (float32) of every parameter, as a pure dict."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                         nnx.to_pure_dict(_abstract(config, "float32")[1]))
+
+
+def params_sharding(config: ModelConfig, mesh: jax.sharding.Mesh,
+                    rules: Any = LOGICAL_AXIS_RULES) -> Any:
+    """NamedSharding of every parameter on `mesh` (for device_put, jit out_shardings, load_hf)."""
+    return param_shardings(param_logical_axes(config), param_shapes(config), mesh, rules)
 
 
 def init_params(config: ModelConfig, seed: int = 0, dtype: Any = jnp.float32) -> dict:

@@ -84,9 +84,13 @@ def mesh_partition_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: 
 
 def param_shardings(axes_tree: Any, params: Any, mesh: Mesh,
                     rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES) -> Any:
-    """NamedSharding per parameter, from the logical axes tree and the params' shapes."""
+    """NamedSharding per parameter, from the logical axes tree and the params (or their shapes).
+
+    The mesh should have Auto axis types (`jax.make_mesh(..., axis_types=(AxisType.Auto,) * 3)`):
+    the model leaves the placement of activations to the compiler.
+    """
     return jax.tree.map(
-        lambda axes, x: NamedSharding(mesh, mesh_partition_spec(axes, jnp.shape(x), mesh, rules)),
+        lambda axes, x: NamedSharding(mesh, mesh_partition_spec(axes, x.shape, mesh, rules)),
         axes_tree, params, is_leaf=lambda x: isinstance(x, tuple))
 
 

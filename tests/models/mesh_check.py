@@ -9,8 +9,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import AxisType, PartitionSpec  # noqa: E402
 
-from pyvision_jax.models import ModelConfig, logits, param_logical_axes, param_shapes  # noqa: E402
-from pyvision_jax.models.sharding import param_shardings  # noqa: E402
+from pyvision_jax.models import ModelConfig, logits, param_shapes, params_sharding  # noqa: E402
 
 
 def main() -> None:
@@ -36,7 +35,7 @@ def main() -> None:
 
     timings["single"] = time.perf_counter() - start
     mesh = jax.make_mesh((1, 4, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
-    shardings = param_shardings(param_logical_axes(config), params, mesh)
+    shardings = params_sharding(config, mesh)
     sharded_params = jax.device_put(params, shardings)
     kernel = sharded_params["model"]["layers"][0]["mlp"]["gate_proj"]["kernel"]
     assert kernel.sharding.spec == PartitionSpec("fsdp", "tensor"), kernel.sharding
