@@ -1,0 +1,199 @@
+"""The rollout worker in process: scripted engine, fake sandbox pool, local queue."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pyvision_jax.agent.episode import EpisodeConfig
+from pyvision_jax.agent.tasks import Task
+from pyvision_jax.agent.trajectory import TrajectoryGroup
+from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
+from pyvision_jax.rollout.queue import LocalTrajectoryQueue
+from pyvision_jax.rollout.scripted_engine import ScriptedEngine
+from pyvision_jax.rollout.worker import (
+    CursorFile,
+    DeliveredGroups,
+    PromptShard,
+    RolloutWorker,
+    WorkerConfig,
+    group_key,
+)
+from pyvision_jax.train.groups import score_groups
+from tests.agent.fake_sandbox import FakePool
+from tests.agent.turns import answer_turn, code_turn
+
+GROUP_SIZE = 4
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tasks")
+    out = []
+    for i in range(6):
+        path = directory / f"t{i}.png"
+        Image.new("RGB", (56, 56), (40 * i, 30, 30)).save(path)
+        out.append(Task(id=f"t{i}", question="Which colour?", answer="A",
+                        answer_type="multiple_choice", data_source="test", image_path=str(path),
+                        options=("red", "blue")))
+    return out
+
+
+def script(request, turn: int) -> str:
+    """Even rollouts run one tool call then answer right; odd rollouts answer wrong at once."""
+    rollout = int(request.request_id.rsplit("/", 1)[1])
+    if rollout % 2:
+        return answer_turn("B")
+    return code_turn("print looked") if turn == 0 else answer_turn("A")
+
+
+class VersionedWeights:
+    """A stand-in WeightsWatcher: the test sets the announced version, poll() loads it."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.announced = engine.version
+        self.lock = threading.Lock()
+
+    def announce(self, version: int) -> None:
+        with self.lock:
+            self.announced = version
+
+    def poll(self):
+        with self.lock:
+            if self.announced == self.engine.version:
+                return None
+            self.engine.update_weights(None, self.announced)
+            return self.announced
+
+
+def make_worker(tokenizer, tasks, queue, *, index=0, count=1, engine=None, **config):
+    engine = engine or ScriptedEngine(tokenizer, script)
+    settings = dict(worker_index=index, num_workers=count, group_size=GROUP_SIZE, poll_s=0.02)
+    return RolloutWorker(WorkerConfig(**(settings | config)), tasks=tasks, engine=engine,
+                         tokenizer=tokenizer, sandboxes=FakePool(), queue=queue,
+                         episode=EpisodeConfig(max_new_tokens_per_turn=64, max_total_tokens=2048,
+                                               image_max_pixels=56 * 56 * 4))
+
+
+def drain(queue) -> list[TrajectoryGroup]:
+    items = queue.get(max_groups=1000, timeout=0)
+    queue.ack([item.id for item in items])
+    return [TrajectoryGroup.from_bytes(item.payload) for item in items]
+
+
+def test_groups_are_scored_and_versioned(tokenizer, tasks):
+    queue = LocalTrajectoryQueue(max_staleness=None)
+    engine = ScriptedEngine(tokenizer, script, version=3)
+    queue.set_trainer_version(3)
+    summary = make_worker(tokenizer, tasks, queue, engine=engine).run(max_groups=2)
+    groups = drain(queue)
+    assert [group_key(g) for g in groups] == [p.key for p in summary.produced]
+    for produced, group in zip(summary.produced, groups):
+        assert produced.version == group.policy_version == 3
+        assert [t.rollout_index for t in group.trajectories] == [0, 1, 2, 3]
+        assert produced.correct == (True, False, True, False)
+        assert produced.scores == (1.0, 0.0, 1.0, 0.0)
+        np.testing.assert_allclose(produced.rewards, [1.1, 0.0, 1.1, 0.0], rtol=1e-6)
+        rescored = score_groups([group], GROUP_SIZE, 1, tokenizer, 0.1)  # the trainer's view
+        np.testing.assert_allclose(rescored.rewards[0], produced.rewards)
+
+
+def test_shards_are_disjoint_complete_and_deterministic(tasks):
+    per_worker = [[PromptShard(tasks, 7, i, 4).at(c) for c in range(2 * len(range(i, 6, 4)))]
+                  for i in range(4)]
+    for epoch in (0, 1):
+        ids = [item.task.id for items in per_worker for item in items if item.epoch == epoch]
+        assert sorted(ids) == sorted(t.id for t in tasks)
+    again = [PromptShard(tasks, 7, 1, 4).at(c).task.id for c in range(4)]
+    assert again == [item.task.id for item in per_worker[1]]
+    orders = [[PromptShard(tasks, 7, 0, 1).at(c).task.id for c in range(6 * e, 6 * e + 6)]
+              for e in (0, 1)]
+    assert orders[0] != orders[1]  # each epoch has its own order
+
+
+def test_workers_cover_every_prompt_once_and_resume_from_cursor(tokenizer, tasks, tmp_path):
+    queue = LocalTrajectoryQueue(max_staleness=None)
+    cursors = [CursorFile(tmp_path / f"w{i}.json") for i in range(2)]
+    first = make_worker(tokenizer, tasks, queue, index=0, count=2, max_epochs=1)
+    first.cursor_file = cursors[0]
+    assert len(first.run(max_groups=2).produced) == 2
+    assert cursors[0].load() == 2
+    resumed = make_worker(tokenizer, tasks, queue, index=0, count=2, max_epochs=1)
+    resumed.cursor_file = cursors[0]
+    assert len(resumed.run().produced) == 1  # the rest of its shard of 3, then the epoch ends
+    other = make_worker(tokenizer, tasks, queue, index=1, count=2, max_epochs=1)
+    other.cursor_file = cursors[1]
+    other.run()
+    keys = [group_key(g) for g in drain(queue)]
+    assert sorted(keys) == sorted(f"{t.id}#0" for t in tasks)
+
+
+def test_second_epoch_has_new_rollout_indices_and_dedup_drops_repeats(tokenizer, tasks):
+    queue = LocalTrajectoryQueue(max_staleness=None)
+    make_worker(tokenizer, tasks[:2], queue, max_epochs=2).run()
+    groups = drain(queue)
+    assert sorted(group_key(g) for g in groups) == ["t0#0", "t0#1", "t1#0", "t1#1"]
+    second = [g for g in groups if group_key(g).endswith("#1")]
+    assert all([t.rollout_index for t in g.trajectories] == [4, 5, 6, 7] for g in second)
+    delivered = DeliveredGroups()
+    assert [delivered.first(g) for g in groups + groups[:1]] == [True] * 4 + [False]
+
+
+def test_pauses_while_ahead_of_trainer_and_resumes(tokenizer, tasks):
+    queue = LocalTrajectoryQueue(max_staleness=None)
+    engine = ScriptedEngine(tokenizer, script, version=5)
+    queue.set_trainer_version(3)
+    worker = make_worker(tokenizer, tasks, queue, engine=engine, max_staleness=1)
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(summary=worker.run(max_groups=1)))
+    thread.start()
+    thread.join(timeout=1.0)
+    assert thread.is_alive()  # 5 - 3 > 1: waiting, nothing produced
+    assert queue.stats().put_total == 0
+    queue.set_trainer_version(4)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert result["summary"].pauses == 1
+    assert [g.policy_version for g in drain(queue)] == [5]
+
+
+def test_stop_while_paused_puts_nothing(tokenizer, tasks):
+    queue = LocalTrajectoryQueue(max_staleness=None)
+    worker = make_worker(tokenizer, tasks, queue, engine=ScriptedEngine(tokenizer, script, version=2),
+                         max_staleness=0)
+    threading.Timer(0.3, worker.request_stop).start()
+    summary = worker.run()
+    assert summary.stopped and summary.produced == () and queue.stats().put_total == 0
+
+
+def test_new_weights_are_loaded_between_groups(tokenizer, tasks):
+    queue = LocalTrajectoryQueue(max_staleness=None)
+    engine = ScriptedEngine(tokenizer, script, version=0)
+    worker = make_worker(tokenizer, tasks, queue, engine=engine)
+    weights = VersionedWeights(engine)
+    worker.weights = weights
+
+    batches = []
+
+    def announce_after_first(requests):
+        batches.append(requests)
+        if len(batches) == 1:
+            weights.announce(1)  # mid-group: must not change this group's version
+
+    engine._on_generate = announce_after_first
+    summary = worker.run(max_groups=2)
+    assert [p.version for p in summary.produced] == [0, 1]
+    assert summary.versions_loaded == (1,)
+    groups = drain(queue)
+    assert [min(turn.policy_version for t in g.trajectories for turn in t.turns)
+            for g in groups] == [0, 1]
+    assert all(turn.policy_version == 0 for t in groups[0].trajectories for turn in t.turns)
