@@ -62,7 +62,7 @@ def small_config(hidden: int, layers: int) -> ModelConfig:
     """The tiny preset's vocabulary and vision tower with a wider, deeper decoder."""
     heads = max(hidden // 64, 1)
     head_dim = hidden // heads
-    quarter = head_dim // 8
+    quarter = head_dim // 16
     return ModelConfig.preset("tiny").replace(
         hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=max(heads // 2, 1),

@@ -10,8 +10,9 @@ shapes never recompile (``trace_counts`` counts the traces of every jitted funct
 Cache layout. The model's cache writes every call's tokens at one shared column ``index``.
 Each slot keeps its tokens right-aligned: its valid columns are ``[index - length, index)``.
 A joining request is prefilled into a small cache of its bucket length and copied into its
-slot ending at ``index``; a decode chunk appends ``decode_chunk`` columns for every slot
-(inactive slots write masked, invalid columns). When the cache runs out of room, all rows
+slot ending at ``index`` (its leading padding may wrap to the row's free end); a decode
+chunk appends ``decode_chunk`` columns for every slot (inactive slots write masked, invalid
+columns). When the cache runs out of room, all rows
 are shifted left together until the longest active row starts at column 0 (one jitted roll),
 and only if that is not enough the cache grows to the next bucket. Positions never depend on
 columns: every token carries its M-RoPE position (``rope_index`` for the prompt, then
@@ -158,6 +159,7 @@ class JaxEngine:
                              f"max_batch={max_batch}, got {prefill_batch_sizes}")
         self.min_cache_length = self._capacity(min_cache_length)
         self.trace_counts: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
         self._params = jax.tree.map(jnp.asarray, params)
         self._version = int(version)
         self._lock = threading.Lock()
@@ -348,8 +350,10 @@ class JaxEngine:
         target = max(target, index_at_least)
         if target + extra > self._cache.max_length:
             self._cache = self._grow(self._cache, self._capacity(target + extra))
+            self.calls["grow"] += 1
         if target != self._index:
             self._cache = self._shift(self._cache, jnp.asarray(target, jnp.int32))
+            self.calls["shift"] += 1
             self._index = target
 
     def _admit(self, joining: list[_Prepared], free: list[int], slots: list[_Slot | None],
@@ -375,10 +379,14 @@ class JaxEngine:
         targets[:len(joining)] = free[:len(joining)]
         keys = np.zeros((batch, 2), np.uint32)
         keys[:len(joining)] = [j.key for j in joining]
-        self._make_room(slots, length, 0)
+        if self._cache.max_length < length:  # the padded block must not overlap itself
+            self._cache = self._grow(self._cache, self._capacity(length + self.decode_chunk))
+            self.calls["grow"] += 1
+        self._make_room(slots, max(map(len, prompts)), 0)
         self._cache, tokens, logprobs = self._prefill(
             self._params, self._cache, model_inputs, jnp.asarray(targets),
             jnp.asarray(self._index - length, jnp.int32), jnp.asarray(keys), settings)
+        self.calls["prefill"] += 1
         tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
         n_real = mask.sum(-1)
         starts = decode_position_ids(deltas, n_real)[0, :, 0]
@@ -405,6 +413,7 @@ class JaxEngine:
             self._params, self._cache, jnp.asarray(tokens), jnp.asarray(positions),
             jnp.asarray(active), jnp.asarray(counts), jnp.asarray(keys), settings)
         self._index += steps
+        self.calls["decode"] += 1
         new_tokens, new_logprobs = np.asarray(new_tokens), np.asarray(new_logprobs)
         for i, slot in enumerate(slots):
             if slot is None:
@@ -450,7 +459,11 @@ class JaxEngine:
                       targets: jax.Array, start: jax.Array, keys: jax.Array,
                       settings: SamplingArrays) -> tuple[KVCache, jax.Array, jax.Array]:
         """Runs left-padded prompts into a fresh cache, copies its rows into the slots
-        `targets` at columns [start, start + length) and samples each first token."""
+        `targets` at columns [start, start + length) and samples each first token.
+
+        `start` may be negative as long as the real tokens fit before the write index: the
+        leading padding columns then wrap to the end of the row, past the write index, as
+        invalid columns that decoding overwrites."""
         self.trace_counts["prefill"] += 1
         batch, length = inputs.input_ids.shape
         fresh = KVCache.init(self.config, batch, length, self.cache_dtype)
@@ -458,7 +471,8 @@ class JaxEngine:
         token_keys = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(keys),
                                                    jnp.zeros(batch, jnp.int32))
         tokens, logprobs = sample_tokens(logits[:, -1], token_keys, settings)
-        rows, columns = targets[:, None], start + jnp.arange(length)[None, :]
+        rows = targets[:, None]
+        columns = (start + jnp.arange(length)[None, :]) % cache.max_length
 
         def place(big: jax.Array, small: jax.Array) -> jax.Array:
             return big.at[rows, columns].set(small.astype(big.dtype), mode="drop")

@@ -169,6 +169,21 @@ def test_continuous_batching_completes_every_request_without_recompiling(model, 
     assert engine.compile_counts["decode"] == 1 and engine.compile_counts["shift"] <= 1
 
 
+def test_long_generations_shift_the_cache_and_later_joins_stay_correct(model, tokenizer,
+                                                                        engine):
+    """More tokens than the cache's columns: rows are shifted left while others join."""
+    config, params = model
+    limits = (400, 160, 100, 100, 450, 120)  # the 450 joins late and ends after column 516
+    requests = [GenerationRequest(f"long{i}", text_ids(tokenizer, f"request number {i}"),
+                                  max_new_tokens=limit) for i, limit in enumerate(limits)]
+    shifts = engine.calls["shift"]
+    results = engine.generate(requests, SamplingParams(temperature=0.0, max_new_tokens=450))
+    assert engine.calls["shift"] >= shifts + 2 and engine.calls["grow"] == 0
+    for request, result, limit in zip(requests, results, limits):
+        assert len(result.token_ids) == limit
+        assert_greedy(config, params, request, result)
+
+
 def test_stop_string_of_several_tokens_is_kept(tokenizer, engine):
     request = GenerationRequest("s", text_ids(tokenizer, "the result is"))
     sampling = SamplingParams(temperature=1.0, max_new_tokens=24, seed=4)
