@@ -12,10 +12,12 @@ import jax
 import numpy as np
 import pytest
 from PIL import Image
+from safetensors import safe_open
 
 from pyvision_jax.agent.episode import EpisodeConfig, EpisodeRunner
 from pyvision_jax.agent.tasks import Task
 from pyvision_jax.agent.trajectory import EndReason
+from pyvision_jax.convert import save_hf
 from pyvision_jax.models import ModelConfig, logits, param_shapes
 from pyvision_jax.processing import preprocess_images
 from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
@@ -262,6 +264,21 @@ def test_update_weights_changes_outputs_and_version(model, tokenizer, engine):
         engine.update_weights(params, version=3)
     with pytest.raises(ValueError, match="shape"):
         engine.update_weights(jax.tree.map(lambda x: np.asarray(x)[..., :1], params), version=5)
+
+
+def test_update_weights_takes_named_hf_tensors(model, engine, tmp_path):
+    """The iterator form (Hub names, HF layouts), as a safetensors checkpoint yields it."""
+    config, params = model
+    new_params = random_params(config, seed=2)
+    checkpoint = save_hf(config, new_params, tmp_path / "hf", progress=False)
+    with safe_open(str(checkpoint / "model.safetensors"), framework="np") as f:
+        named = [(name, f.get_tensor(name)) for name in f.keys()]
+    engine.update_weights(iter(named), version=6)
+    try:
+        assert engine.version == 6
+        jax.tree.map(np.testing.assert_array_equal, engine.params, new_params)
+    finally:
+        engine.update_weights(params, version=3)
 
 
 def test_bad_requests_are_named(model, tokenizer, engine):
