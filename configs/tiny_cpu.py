@@ -28,7 +28,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.episode = ml_collections.ConfigDict()
     c.episode.max_tool_calls = 4
     c.episode.max_images = 32
-    c.episode.max_new_tokens_per_turn = 48
+    c.episode.max_new_tokens_per_turn = 32
     c.episode.max_total_tokens = 1024
     c.episode.on_error = "terminate"
     c.episode.broken_end_reasons = "SANDBOX_FAILURE"

@@ -1,1 +1,8 @@
-"""The sharded GRPO trainer."""
+"""The sharded GRPO trainer.
+
+Modules: mesh (device mesh from config), state (TrainState, AdamW with a frozen vision tower),
+step (chunked-logprob jitted train step with exact micro-batch accumulation), batching
+(trajectories -> padded TrainBatch on the host), groups (scoring, oversample-filter-rank,
+advantages), checkpoint (orbax CheckpointManager), metrics (TensorBoard scalars), trainer
+(the loop; `train(config, workdir)`).
+"""

@@ -99,3 +99,18 @@ def test_no_informative_group_still_steps_after_max_gen_rounds(tmp_path, tiny_co
     assert scalars["actor/updated"] == 0 and scalars[names.REWARD_TOTAL] == 0
     for x, y in zip(jax.tree.leaves(tiny_params), jax.tree.leaves(jax.device_get(trainer.state.params))):
         assert np.array_equal(x, y)
+
+
+def test_async_mode_trains_from_a_worker_thread_within_max_staleness(tmp_path, tiny_config, tiny_params, tokenizer,
+                                                                      tasks):
+    config = small_config(3)
+    config.rollout.mode = "async"
+    config.rollout.max_staleness = 1
+    config.rollout.max_backlog = 4
+    summary, trainer = run(config, tmp_path, tiny_config, tiny_params, tokenizer, tasks, answers_by_rollout)
+    assert summary.last_step == 3 and not summary.interrupted
+    assert not trainer.worker.is_alive() and trainer.worker.error is None
+    scalars = read_scalars(str(tmp_path / "tb"))
+    assert [s for s, _ in scalars[names.VERSION_STALENESS_MEAN]] == [1, 2, 3]
+    assert all(0 <= v <= 1 for _, v in scalars[names.VERSION_STALENESS_MEAN])
+    assert all(v == 1.0 for _, v in scalars[names.FILTER_GROUPS_KEPT])
