@@ -20,6 +20,7 @@ Rollout modes (`rollout.mode`):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -240,16 +241,18 @@ class Trainer:
             lr=c.train.lr, b1=c.train.b1, b2=c.train.b2, weight_decay=c.train.weight_decay,
             grad_clip=c.train.grad_clip, schedule=c.train.schedule, warmup_steps=c.train.warmup_steps,
             total_steps=c.train.steps, frozen_prefixes=frozen))
-        state = init_train_state(params, self.optimizer, c.seed, frozen)
-        self.shardings = state_shardings(state, param_logical_axes(self.model_config), self.mesh)
+        init = functools.partial(init_train_state, optimizer=self.optimizer, seed=c.seed, frozen_prefixes=frozen)
+        abstract = jax.eval_shape(init, params)
+        self.shardings = state_shardings(abstract, param_logical_axes(self.model_config), self.mesh)
         self.checkpoints = TrainCheckpoints(self.workdir / CHECKPOINT_DIR, c.train.checkpoint_every,
                                             c.train.keep_checkpoints)
         self.cursors: dict[str, Any] = {"tasks_drawn": 0}
         if self.checkpoints.latest_step() is not None:
-            state, self.cursors = self.checkpoints.restore(state, self.shardings)
+            state, self.cursors = self.checkpoints.restore(abstract, self.shardings)
             self.log(f"resumed from {self.checkpoints.directory} at step {int(state.step)}")
-        else:
-            state = jax.device_put(state, self.shardings)
+        else:  # built sharded: optimizer moments never exist unsharded on one device
+            state = jax.jit(init, out_shardings=self.shardings)(jax.device_put(params, self.shardings.params))
+        del params
         self.state: TrainState = state
         loss = PPOLossConfig(eps_low=c.rl.eps_low, eps_high=c.rl.eps_high,
                              dual_clip=c.rl.dual_clip if c.rl.dual_clip else None, aggregation=c.rl.loss_agg,
@@ -291,6 +294,7 @@ class Trainer:
                                               queue=self.queue, dtype=c.model.param_dtype)
             self.delivered = DeliveredGroups(c.rollout.redis_url if c.rollout.queue == "redis" else None)
             self.publisher.publish(int(self.state.step), jax.device_get(self.state.params))
+        self._completed_cursor = int(self.cursors.get("tasks_drawn", 0))
         self.writer = MetricsWriter(self.workdir / TB_DIR)
         self.worker: _RolloutThread | None = None
         if c.rollout.mode == "async":
@@ -335,8 +339,9 @@ class Trainer:
                 signal.signal(signal.SIGTERM, previous_handler)
 
     def _cursor_state(self) -> dict[str, Any]:
-        stream = getattr(self, "stream", None)
-        return {"tasks_drawn": 0 if stream is None else stream.cursor, "step": int(self.state.step)}
+        """Cursors as of the last completed step (tasks drawn by an interrupted step are
+        drawn again after resuming, as the uninterrupted run would)."""
+        return {"tasks_drawn": self._completed_cursor, "step": int(self.state.step)}
 
     def _close(self) -> None:
         if getattr(self, "worker", None) is not None:
@@ -434,6 +439,8 @@ class Trainer:
                      f"trained on them with the rest masked")
         self.log(format_console_line(new_step, scalars, c.train.steps))
         bar.update(1)
+        if getattr(self, "stream", None) is not None:
+            self._completed_cursor = self.stream.cursor
         self.checkpoints.save(new_step, self.state, self._cursor_state())
         self._publish(new_step)
 
