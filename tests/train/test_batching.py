@@ -1,0 +1,41 @@
+"""Host batching matches the model's own processor-input path (positions, patches, layout)."""
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pyvision_jax.models import prepare_inputs
+from pyvision_jax.processing.image import preprocess_images
+from pyvision_jax.train.batching import BatchingConfig, choose_length, pack_batch
+
+
+def test_one_micro_batch_equals_prepare_inputs(tiny_config, trajectories):
+    batch, stats = pack_batch(tiny_config, trajectories, [1.0, 2.0, 3.0, 4.0], BatchingConfig((64, 128), 4))
+    images = [Image.open(io.BytesIO(im.png)) for t in trajectories for im in t.images]
+    pixels, grids = preprocess_images(images, min_pixels=56 * 56, max_pixels=56 * 56)
+    reference, _ = prepare_inputs(tiny_config, {"input_ids": batch.input_ids[0], "attention_mask": batch.attention_mask[0],
+                                                "pixel_values": pixels, "image_grid_thw": grids})
+    np.testing.assert_array_equal(batch.positions[0], reference.positions)
+    np.testing.assert_array_equal(batch.pixel_values[0], reference.pixel_values)
+    for name in ("patch_index", "slot_valid", "positions", "frame_id", "merged_index"):
+        np.testing.assert_array_equal(getattr(batch.layout, name)[0], getattr(reference.layout, name))
+    lengths = [len(t.token_ids) for t in trajectories]
+    assert stats.real_tokens == sum(lengths) == int(batch.attention_mask.sum())
+    for row, t in enumerate(trajectories):
+        np.testing.assert_array_equal(batch.input_ids[0, row, :lengths[row]], t.token_ids)
+        assert batch.loss_mask[0, row].sum() == t.loss_mask.sum() and batch.advantages[0, row] == row + 1
+
+
+def test_micro_batches_share_vision_shapes_and_padding_rows_carry_no_loss(tiny_config, trajectories):
+    rows = trajectories[:3] + [None]
+    batch, stats = pack_batch(tiny_config, rows, [1.0, 1.0, 1.0, 5.0], BatchingConfig((64,), 2))
+    assert batch.input_ids.shape == (2, 2, 64) and batch.pixel_values.shape[0] == 2
+    assert not batch.attention_mask[1, 1].any() and not batch.loss_mask[1, 1].any()
+    assert batch.advantages[1, 1] == 0.0 and stats.real_rows == 3
+
+
+def test_too_long_trajectory_names_the_config_field():
+    with pytest.raises(ValueError, match="train.length_buckets"):
+        choose_length([70], (32, 64))
+    assert choose_length([33], (32, 64)) == 64
