@@ -250,6 +250,8 @@ class RolloutWorker:
         produced: list[ProducedGroup] = []
         loaded: list[int] = []
         pauses = 0
+        self.log(f"worker {c.worker_index}/{c.num_workers}: starting at cursor {cursor} "
+                 f"({self.shard.per_epoch} tasks per epoch)")
         while not self._stop.is_set() and (max_groups is None or len(produced) < max_groups):
             if c.max_epochs is not None and cursor >= c.max_epochs * self.shard.per_epoch:
                 break

@@ -27,6 +27,7 @@ from tests.agent.fake_sandbox import FakePool
 from tests.agent.turns import answer_turn, code_turn
 
 GROUP_SIZE = 4
+pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +188,7 @@ def test_new_weights_are_loaded_between_groups(tokenizer, tasks):
     def announce_after_first(requests):
         batches.append(requests)
         if len(batches) == 1:
+            queue.set_trainer_version(1)  # the trainer's step, then its weights
             weights.announce(1)  # mid-group: must not change this group's version
 
     engine._on_generate = announce_after_first
