@@ -199,3 +199,12 @@ def test_new_weights_are_loaded_between_groups(tokenizer, tasks):
     assert [min(turn.policy_version for t in g.trajectories for turn in t.turns)
             for g in groups] == [0, 1]
     assert all(turn.policy_version == 0 for t in groups[0].trajectories for turn in t.turns)
+
+
+def test_delivered_groups_in_redis_are_shared_by_consumers(tokenizer, tasks, redis_url):
+    queue = LocalTrajectoryQueue(max_staleness=None)
+    make_worker(tokenizer, tasks[:1], queue, max_epochs=1).run()
+    [group] = drain(queue)
+    first, restarted = DeliveredGroups(redis_url), DeliveredGroups(redis_url)
+    assert first.first(group) and not restarted.first(group)
+    assert DeliveredGroups(redis_url, namespace="other").first(group)
