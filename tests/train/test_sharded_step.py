@@ -5,11 +5,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.train.conftest import COMPILATION_CACHE
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_fsdp_tensor_mesh_matches_one_device():
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=COMPILATION_CACHE,
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
     result = subprocess.run([sys.executable, "-m", "tests.train.sharded_step_check"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
