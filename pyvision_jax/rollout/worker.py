@@ -51,6 +51,7 @@ from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.rollout.engine import Engine, SamplingParams
 from pyvision_jax.rollout.queue import QueueFullError, TrajectoryQueue
 from pyvision_jax.rollout.weights import WeightsWatcher
+from pyvision_jax.train.groups import score_groups
 
 logger = logging.getLogger(__name__)
 
@@ -187,6 +188,10 @@ class DeliveredGroups:
         self._seen.add(key)
         return True
 
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
 
 @dataclasses.dataclass(frozen=True)
 class ProducedGroup:
@@ -243,8 +248,6 @@ class RolloutWorker:
 
     def run(self, max_groups: int | None = None) -> WorkerSummary:
         """Produces groups until `max_groups`, `max_epochs` or a stop request."""
-        from pyvision_jax.train.groups import score_groups
-
         c = self.config
         cursor = self.cursor_file.load() if self.cursor_file is not None else 0
         produced: list[ProducedGroup] = []

@@ -198,3 +198,15 @@ def test_concurrent_reader_never_sees_a_partial_version(tmp_path, model_config, 
     assert not reader.is_alive()
     assert mixed == []
     assert seen[-1] == last and seen == sorted(seen)
+
+
+def test_watcher_swaps_published_weights_into_the_jax_engine(tmp_path, model_config, shapes):
+    from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
+    from pyvision_jax.rollout.jax_engine import JaxEngine
+
+    engine = JaxEngine(model_config, filled(shapes, 0), load_tiny_tokenizer(),
+                       length_buckets=(64,))
+    queue = LocalTrajectoryQueue()
+    WeightsPublisher(tmp_path, model_config, queue=queue).publish(2, filled(shapes, 2))
+    assert WeightsWatcher(queue, engine).poll() == 2
+    assert engine.version == 2 and versions_in(engine.params) == {2.0}
