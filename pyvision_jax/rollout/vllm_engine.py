@@ -48,24 +48,24 @@ from pyvision_jax.convert.layout import hf_chunks
 from pyvision_jax.convert.names import checkpoint_shapes, flax_path, tensor_kind
 from pyvision_jax.convert.tree import flatten_params
 from pyvision_jax.models import ModelConfig
+from pyvision_jax.processing.image import CLIP_MEAN, CLIP_STD, IMAGE_MIN_PIXELS
 from pyvision_jax.rollout.engine import GenerationRequest, GenerationResult, SamplingParams
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>")
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
-_PIXEL_MEAN = (0.48145466, 0.4578275, 0.40821073)
-_PIXEL_STD = (0.26862954, 0.26130258, 0.27577711)
 _QWEN_ARCHITECTURE = "Qwen2_5_VLForConditionalGeneration"
 _torchvision_free_lock = threading.Lock()
 _torchvision_free_done = False
 
 
 def write_preprocessor_config(model_dir: str | os.PathLike, config: ModelConfig,
-                              min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 16384) -> Path:
+                              min_pixels: int = IMAGE_MIN_PIXELS,
+                              max_pixels: int = 28 * 28 * 16384) -> Path:
     """Writes the Qwen2.5-VL ``preprocessor_config.json`` vLLM needs beside a ``save_hf`` export.
 
     Released checkpoints ship this file; a directory written by ``save_hf`` from Flax params
-    does not. The normalisation constants are Qwen2.5-VL's (those of
-    ``pyvision_jax.processing.image``).
+    does not. Normalisation as in ``pyvision_jax.processing.image``; the pixel bounds only
+    matter for images the engine passes without a size range (it always passes one).
     """
     vision = config.vision
     path = Path(model_dir) / PREPROCESSOR_CONFIG
@@ -73,7 +73,7 @@ def write_preprocessor_config(model_dir: str | os.PathLike, config: ModelConfig,
         "min_pixels": min_pixels, "max_pixels": max_pixels,
         "patch_size": vision.patch_size, "temporal_patch_size": vision.temporal_patch_size,
         "merge_size": vision.spatial_merge_size,
-        "image_mean": list(_PIXEL_MEAN), "image_std": list(_PIXEL_STD),
+        "image_mean": list(CLIP_MEAN), "image_std": list(CLIP_STD),
         "image_processor_type": "Qwen2VLImageProcessor",
         "processor_class": "Qwen2_5_VLProcessor",
     }, indent=2) + "\n")
@@ -81,23 +81,28 @@ def write_preprocessor_config(model_dir: str | os.PathLike, config: ModelConfig,
 
 
 def hf_tensors(config: ModelConfig, params: Mapping) -> Iterator[tuple[str, np.ndarray]]:
-    """(Hub tensor name, array in HF layout) for every checkpoint tensor of a params tree."""
+    """(Hub tensor name, array in HF layout) for every checkpoint tensor of a params tree.
+
+    The tree is checked against the checkpoint's tensors before anything is yielded, so a
+    consumer never receives part of a mismatched tree.
+    """
     expected = checkpoint_shapes(config.to_hf_dict())
     leaves = dict(flatten_params(params))
-    for name, shape in expected.items():
-        path = flax_path(name)
-        if path not in leaves:
-            raise ValueError(f"params tree has no leaf {'/'.join(map(str, path))} ({name})")
-        leaf = np.asarray(leaves.pop(path))
-        chunks = list(hf_chunks(leaf, tensor_kind(name)))
-        array = np.concatenate(chunks).reshape(shape)
-        yield name, array
-    tied_head = ("lm_head", "kernel")
     if config.tie_word_embeddings:
-        leaves.pop(tied_head, None)
-    if leaves:
-        unknown = sorted("/".join(map(str, p)) for p in leaves)
-        raise ValueError(f"params tree has leaves no checkpoint tensor maps to: {unknown[:5]}")
+        leaves.pop(("lm_head", "kernel"), None)
+    paths = {flax_path(name): name for name in expected}
+    missing = sorted(f"{'/'.join(map(str, p))} ({n})" for p, n in paths.items() if p not in leaves)
+    unknown = sorted("/".join(map(str, p)) for p in leaves if p not in paths)
+    if missing or unknown:
+        raise ValueError(f"params tree does not match the checkpoint's tensors: missing "
+                         f"{missing[:5]}, unknown {unknown[:5]}")
+
+    def arrays() -> Iterator[tuple[str, np.ndarray]]:
+        for path, name in paths.items():
+            chunks = hf_chunks(np.asarray(leaves[path]), tensor_kind(name))
+            yield name, np.concatenate(list(chunks)).reshape(expected[name])
+
+    return arrays()
 
 
 def _torch_tensor(array: Any) -> Any:

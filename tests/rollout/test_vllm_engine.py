@@ -29,8 +29,8 @@ REFERENCE_LENGTH = 128
 
 @pytest.fixture(scope="module")
 def model():
-    config = dataclasses.replace(ModelConfig.preset("tiny"), num_attention_heads=2,
-                                 num_key_value_heads=1, mrope_section=(4, 6, 6))
+    config = ModelConfig.preset("tiny").replace(num_attention_heads=2, num_key_value_heads=1,
+                                                mrope_section=(4, 6, 6))
     return config, init_params(config, seed=0)
 
 
@@ -191,6 +191,11 @@ def test_weight_push_gives_the_new_weights_outputs(model, tokenizer, vllm_engine
         jax_engine.update_weights(params, version=3)
     restored = vllm_engine.generate(requests, GREEDY)
     assert [r.token_ids for r in restored] == [r.token_ids for r in before]
+    partial = {"model": params["model"], "visual": params["visual"]}  # no lm_head
+    with pytest.raises(ValueError, match="missing"):
+        vllm_engine.update_weights(partial, version=9)
+    assert vllm_engine.version == 3
+    assert vllm_engine.generate(requests[:1], GREEDY)[0].token_ids == before[0].token_ids
 
 
 def test_bad_requests_are_named(model, tokenizer, vllm_engine):
