@@ -108,16 +108,19 @@ def check_complete(path: str | os.PathLike) -> int:
         marker = json.loads((path / COMPLETE_MARKER).read_text())
         version, files = int(marker["version"]), dict(marker["files"])
     except FileNotFoundError:
-        raise IncompleteWeightsError(f"{path}: no {COMPLETE_MARKER} marker (partial or pruned)")
+        raise IncompleteWeightsError(
+            f"{path}: no {COMPLETE_MARKER} marker (partial or pruned)") from None
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise IncompleteWeightsError(f"{path}/{COMPLETE_MARKER}: unreadable marker: {error}")
+        raise IncompleteWeightsError(
+            f"{path}/{COMPLETE_MARKER}: unreadable marker: {error}") from None
     if version != int(match.group(1)):
         raise IncompleteWeightsError(f"{path}: marker says version {version}")
     for name, size in files.items():
         try:
             actual = (path / name).stat().st_size
         except FileNotFoundError:
-            raise IncompleteWeightsError(f"{path}: {name} listed in {COMPLETE_MARKER} is missing")
+            raise IncompleteWeightsError(
+                f"{path}: {name} listed in {COMPLETE_MARKER} is missing") from None
         if actual != size:
             raise IncompleteWeightsError(f"{path}: {name} has {actual} bytes, marker says {size}")
     return version
