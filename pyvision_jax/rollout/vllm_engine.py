@@ -48,7 +48,7 @@ from pyvision_jax.convert.layout import hf_chunks
 from pyvision_jax.convert.names import checkpoint_shapes, flax_path, tensor_kind
 from pyvision_jax.convert.tree import flatten_params
 from pyvision_jax.models import ModelConfig
-from pyvision_jax.processing.image import CLIP_MEAN, CLIP_STD, IMAGE_MIN_PIXELS
+from pyvision_jax.processing.image import CLIP_MEAN, CLIP_STD, IMAGE_MIN_PIXELS, to_rgb
 from pyvision_jax.rollout.engine import GenerationRequest, GenerationResult, SamplingParams
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>")
@@ -338,7 +338,7 @@ class VllmEngine:
                         f"{image.size[1]} but its grid {list(map(int, request.image_grid_thw[k]))}"
                         f" needs {size[0]}x{size[1]} (images come resized)")
             pixels = [im.size[0] * im.size[1] for im in request.images]
-            prompt["multi_modal_data"] = {"image": [im.convert("RGB") for im in request.images]}
+            prompt["multi_modal_data"] = {"image": [to_rgb(im) for im in request.images]}
             prompt["mm_processor_kwargs"] = {
                 "size": {"shortest_edge": min(pixels), "longest_edge": max(pixels)}}
         return prompt

@@ -62,10 +62,11 @@ def text_ids(tokenizer, text):
     return tuple(tokenizer.encode(text, add_special_tokens=False))
 
 
-def image_request(config, tokenizer, request_id="img", seed=0, size=(56, 84)):
+def image_request(config, tokenizer, request_id="img", seed=0, size=(56, 84), mode="RGB"):
     rng = np.random.default_rng(seed)
     width, height = size
-    image = Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8))
+    channels = len(mode)
+    image = Image.fromarray(rng.integers(0, 255, (height, width, channels), dtype=np.uint8), mode)
     grid = (1, height // 14, width // 14)
     ids = (text_ids(tokenizer, "Look at this picture:") + (config.vision_start_token_id,)
            + (config.image_token_id,) * (grid[1] * grid[2] // 4) + (config.vision_end_token_id,)
@@ -116,8 +117,9 @@ def test_greedy_text_and_image_prompts_equal_the_jax_engine(model, tokenizer, vl
     got = vllm_engine.generate(requests, GREEDY)
     assert [len(r.token_ids) for r in got] == [12, 12, 12]
     assert_same_results(got, jax_engine.generate(requests, GREEDY))
-    # the image reaches vLLM's vision tower: another image, another continuation
-    other = image_request(config, tokenizer, seed=1)
+    # the image reaches vLLM's vision tower: another image, another continuation; a
+    # translucent image is composited onto white by both engines
+    other = image_request(config, tokenizer, seed=1, mode="RGBA")
     [other_result] = vllm_engine.generate([other], GREEDY)
     assert other_result.token_ids != got[2].token_ids
     assert_same_results([other_result], jax_engine.generate([other], GREEDY))
