@@ -351,6 +351,8 @@ class Trainer:
             self.checkpoints.close()
         if getattr(self, "writer", None) is not None:
             self.writer.close()
+        if getattr(self, "delivered", None) is not None:
+            self.delivered.close()
         if getattr(self, "queue", None) is not None:
             self.queue.close()
         if self._own_sandboxes and self.sandboxes is not None:
