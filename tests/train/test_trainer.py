@@ -1,6 +1,5 @@
 """The training loop with a scripted engine and a fake sandbox pool: resuming reproduces the
 run that never stopped bit for bit, and a step with no informative group still steps."""
-import copy
 
 import jax
 import numpy as np
