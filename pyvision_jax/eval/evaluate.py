@@ -40,15 +40,14 @@ from pyvision_jax.agent.tasks import Task, read_video_info
 from pyvision_jax.agent.trajectory import Trajectory
 from pyvision_jax.eval import metrics
 from pyvision_jax.processing.tokens import video_token_count
-from pyvision_jax.rl.scoring import SCORERS, GroundTruthError, Score, score_response
+from pyvision_jax.rl.scoring import GroundTruthError, Score
+from pyvision_jax.rl.trajectory_scoring import score_task_response, score_trajectory
 from pyvision_jax.rollout.engine import Engine, SamplingParams
 
 TRAJECTORIES_FILE = "trajectories.jsonl"
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.html"
 SETTINGS_FILE = "settings.json"
-SCORER_OF_ANSWER_TYPE = {"multiple_choice": "multiple_choice", "numeric": "numeric",
-                         "text": "free_form"}
 _PRESENTATION_SETTINGS = ("report", "report_rollouts_per_task", "progress")
 _IMAGE_PAD = "<|image_pad|>"
 _INTERPRETER_TEXT = re.compile(r"Text Result:\n(.*?)\nImage Result:", re.DOTALL)
@@ -86,34 +85,13 @@ class EvalSettings:
                               seed=self.seed)
 
 
-def score_trajectory(trajectory: Trajectory, task: Task, tokenizer: Any) -> Score:
-    """Scores the final turn's text with the ``pyvision_jax.rl`` scorer of the task's answer
-    type; a trajectory without an answer (any end reason but DONE) scores 0."""
-    scorer = SCORER_OF_ANSWER_TYPE.get(task.answer_type, task.answer_type)
-    if scorer not in SCORERS:
-        raise ValueError(f"task {task.id}: no scorer for answer_type {task.answer_type!r}; "
-                         f"known: {sorted(SCORERS)}")
-    if trajectory.final_answer is None or not trajectory.turns:
-        return Score(score=0.0, correct=False, extracted=None)
-    last = trajectory.turns[-1]
-    response = tokenizer.decode(
-        trajectory.token_ids[last.generated_start:last.generated_end].tolist(),
-        skip_special_tokens=False)
-    kwargs = {"options": tuple(task.options) or None} if scorer == "multiple_choice" else {}
-    return score_response(response, task.answer, scorer, **kwargs)
-
-
 def check_ground_truths(tasks: Sequence[Task]) -> None:
     """Raises before any generation when a task's ground truth cannot be scored (a data
     error that would otherwise stop the evaluation when the task is reached)."""
     probe = "<answer>\n\\boxed{0}\n</answer>"
     for task in tasks:
-        scorer = SCORER_OF_ANSWER_TYPE.get(task.answer_type, task.answer_type)
-        if scorer not in SCORERS:
-            raise ValueError(f"task {task.id}: no scorer for answer_type {task.answer_type!r}")
-        kwargs = {"options": tuple(task.options) or None} if scorer == "multiple_choice" else {}
         try:
-            score_response(probe, task.answer, scorer, **kwargs)
+            score_task_response(probe, task)
         except GroundTruthError as err:
             raise ValueError(f"task {task.id} ({task.data_source}): {err}") from None
 

@@ -15,12 +15,10 @@ import jax
 import numpy as np
 
 from pyvision_jax.agent.trajectory import EndReason, Trajectory, TrajectoryGroup
-from pyvision_jax.rl import accumulative_tool_reward, group_advantages, score_response, select_rollouts
-from pyvision_jax.rl.scoring import SCORERS
+from pyvision_jax.rl import accumulative_tool_reward, group_advantages, select_rollouts
 from pyvision_jax.rl.selection import SelectionCounts
+from pyvision_jax.rl.trajectory_scoring import score_trajectory
 from pyvision_jax.train import metrics as names
-
-SCORER_OF_ANSWER_TYPE = {"multiple_choice": "multiple_choice", "numeric": "numeric", "text": "free_form"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,27 +46,6 @@ class SelectedRows:
     counts: SelectionCounts
 
 
-def final_turn_text(trajectory: Trajectory, tokenizer: Any) -> str:
-    """The decoded tokens the model generated in its last turn."""
-    if not trajectory.turns:
-        return ""
-    last = trajectory.turns[-1]
-    return tokenizer.decode(trajectory.token_ids[last.generated_start:last.generated_end].tolist(),
-                            skip_special_tokens=False)
-
-
-def score_trajectory(trajectory: Trajectory, task: Any, tokenizer: Any) -> tuple[float, bool]:
-    """(score, correct) of a trajectory's final answer; 0 without an answer."""
-    if trajectory.final_answer is None or trajectory.broken:
-        return 0.0, False
-    scorer = SCORER_OF_ANSWER_TYPE.get(task.answer_type, task.answer_type)
-    if scorer not in SCORERS:
-        raise ValueError(f"task {task.id}: no scorer for answer_type {task.answer_type!r}")
-    kwargs = {"options": tuple(task.options) or None} if scorer == "multiple_choice" else {}
-    result = score_response(final_turn_text(trajectory, tokenizer), task.answer, scorer, **kwargs)
-    return float(result.score), bool(result.correct)
-
-
 def score_groups(groups: Sequence[TrajectoryGroup], group_size: int, capacity: int, tokenizer: Any,
                  tool_reward_coef: float) -> ScoredGroups:
     """[capacity, group_size] arrays for `groups` (capacity >= len(groups) keeps shapes static)."""
@@ -83,7 +60,8 @@ def score_groups(groups: Sequence[TrajectoryGroup], group_size: int, capacity: i
             raise ValueError(f"group of task {group.task.id} has {len(group.trajectories)} rollouts, "
                              f"more than rl.group_size={group_size}")
         for g, trajectory in enumerate(group.trajectories):
-            scores[p, g], correct[p, g] = score_trajectory(trajectory, group.task, tokenizer)
+            score = score_trajectory(trajectory, group.task, tokenizer)
+            scores[p, g], correct[p, g] = score.score, score.correct
             valid[p, g] = True
             broken[p, g] = trajectory.broken
             tool_calls[p, g] = trajectory.num_successful_tool_calls

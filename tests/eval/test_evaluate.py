@@ -13,9 +13,9 @@ from pyvision_jax.eval.evaluate import (
     TRAJECTORIES_FILE,
     EvalSettings,
     Evaluator,
-    score_trajectory,
 )
 from pyvision_jax.processing.tokens import video_token_count
+from pyvision_jax.rl.trajectory_scoring import score_trajectory
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 from tests.agent.fake_sandbox import FakePool
 from tests.eval.conftest import HOSTILE, SCRIPT

@@ -1,0 +1,72 @@
+"""The per-trajectory scoring rule: answer types map to scorers, no answer or broken scores 0."""
+
+import numpy as np
+import pytest
+
+from pyvision_jax.agent.tasks import Task
+from pyvision_jax.agent.trajectory import EndReason, Trajectory, TurnRecord
+from pyvision_jax.rl.trajectory_scoring import final_turn_text, score_trajectory, task_scorer
+
+
+class CharTokenizer:
+    """Token id = character code."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(i) for i in ids)
+
+
+def trajectory(response: str, *, answered: bool = True, broken: bool = False) -> Trajectory:
+    prompt = [ord(c) for c in "Q?"]
+    ids = prompt + [ord(c) for c in "thinking"] + [ord("|")] + [ord(c) for c in response]
+    n = len(ids)
+    turns = (TurnRecord(2, 10, 11, "stop", "code", 0),
+             TurnRecord(11, n, n, "stop", "answer" if answered else "none", 0))
+    return Trajectory(task_id="t", rollout_index=0, token_ids=ids, loss_mask=np.ones(n),
+                      logprobs=np.zeros(n), prompt_length=2, images=(), turns=turns,
+                      num_tool_calls=1, num_successful_tool_calls=1,
+                      end_reason=EndReason.DONE if answered else EndReason.EXCEED_MAX_TURNS,
+                      broken=broken, final_answer="x" if answered else None, policy_version=0)
+
+
+def task(answer_type: str, answer: str, options=()) -> Task:
+    return Task(id="t", question="q", answer=answer, answer_type=answer_type, data_source="s",
+                image_path="i.png", options=tuple(options))
+
+
+def boxed(text: str) -> str:
+    return f"<answer>\n\\boxed{{{text}}}\n</answer>"
+
+
+def test_final_turn_text_is_the_last_generated_span():
+    assert final_turn_text(trajectory(boxed("B")), CharTokenizer()) == boxed("B")
+
+
+@pytest.mark.parametrize("answer_type,answer,response,options,score,correct", [
+    ("multiple_choice", "B", "B", ("A. cat", "B. dog"), 1.0, True),
+    ("multiple_choice", "B", "dog", ("A. cat", "B. dog"), 1.0, True),
+    ("multiple_choice", "B", "A", ("A. cat", "B. dog"), 0.0, False),
+    ("numeric", "10", "10", (), 1.0, True),
+    ("numeric", "10", "1000", (), 0.0, False),
+    ("text", "3", "3", (), 1.0, True),
+    ("text", "3", "4", (), 0.0, False),
+])
+def test_answer_types_use_their_scorer(answer_type, answer, response, options, score, correct):
+    result = score_trajectory(trajectory(boxed(response)), task(answer_type, answer, options),
+                              CharTokenizer())
+    assert (result.score, result.correct) == (pytest.approx(score), correct)
+
+
+def test_no_answer_and_broken_score_zero():
+    t = task("text", "red")
+    for traj in (trajectory(boxed("red"), answered=False), trajectory(boxed("red"), broken=True)):
+        result = score_trajectory(traj, t, CharTokenizer())
+        assert (result.score, result.correct, result.extracted) == (0.0, False, None)
+
+
+def test_unknown_answer_type_raises_even_without_an_answer():
+    odd = task("text", "red")
+    object.__setattr__(odd, "answer_type", "chemistry")
+    with pytest.raises(ValueError, match="chemistry"):
+        task_scorer(odd)
+    with pytest.raises(ValueError, match="chemistry"):
+        score_trajectory(trajectory(boxed("red"), answered=False), odd, CharTokenizer())
