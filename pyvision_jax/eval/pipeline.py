@@ -1,13 +1,12 @@
 """From a config, a checkpoint and a task file to a finished evaluation (``launch/eval.py``).
 
 Config keys read (``configs/tiny_cpu.py`` schema): ``model.*`` (tokenizer, dtypes, and the
-architecture of training checkpoints), ``episode.*`` (budgets; ``eval.max_tool_calls``
-replaces ``episode.max_tool_calls``), ``sandbox.*``, ``rollout.*`` (engine kind, JAX engine
-shapes, ``top_p``/``top_k``), ``eval.k``, ``eval.max_tool_calls``, ``eval.temperature``, and
-optionally ``eval.seed`` (default ``seed``), ``eval.top_p``/``eval.top_k`` (default the
-rollout ones), ``eval.tasks_per_batch`` (default 0: fill ``episode.max_concurrent``),
-``eval.max_new_tokens_per_turn`` / ``eval.max_total_tokens`` (default the episode ones),
-``eval.report_rollouts_per_task`` (default 0: every rollout in report.html).
+architecture of training checkpoints), ``episode.*`` (image budgets, error handling,
+concurrency), ``sandbox.*``, ``rollout.*`` (engine kind, JAX engine shapes) and ``eval.*``:
+``k``, ``max_tool_calls``, ``max_new_tokens_per_turn``, ``max_total_tokens`` (they replace
+the episode budgets), ``seed``, ``temperature``, ``top_p``, ``top_k``, ``tasks_per_batch``
+(0: fill ``episode.max_concurrent``), ``report_rollouts_per_task`` (0: every rollout in
+report.html).
 """
 
 from __future__ import annotations
@@ -40,10 +39,10 @@ def eval_episode_config(config: ml_collections.ConfigDict, model_config: ModelCo
     e, v = config.episode, config.eval
     return EpisodeConfig.evaluation(
         max_tool_calls=int(max_tool_calls if max_tool_calls is not None
-                           else v.get("max_tool_calls", 30)),
+                           else v.max_tool_calls),
         max_images=e.max_images,
-        max_new_tokens_per_turn=int(v.get("max_new_tokens_per_turn", e.max_new_tokens_per_turn)),
-        max_total_tokens=int(v.get("max_total_tokens", e.max_total_tokens)),
+        max_new_tokens_per_turn=int(v.max_new_tokens_per_turn),
+        max_total_tokens=int(v.max_total_tokens),
         on_error=e.on_error, broken_end_reasons=e.broken_end_reasons,
         image_min_pixels=e.image_min_pixels, image_max_pixels=e.image_max_pixels,
         patch_size=model_config.vision.patch_size,
@@ -52,24 +51,22 @@ def eval_episode_config(config: ml_collections.ConfigDict, model_config: ModelCo
 
 def eval_settings(config: ml_collections.ConfigDict, k: int | None = None,
                   progress: bool = True) -> EvalSettings:
-    v, r = config.eval, config.rollout
+    v = config.eval
     return EvalSettings(
-        k=int(k if k is not None else v.get("k", 32)), seed=int(v.get("seed", config.seed)),
-        temperature=float(v.get("temperature", r.temperature)),
-        top_p=float(v.get("top_p", r.top_p)), top_k=int(v.get("top_k", r.top_k)),
-        tasks_per_batch=int(v.get("tasks_per_batch", 0)),
-        report_rollouts_per_task=int(v.get("report_rollouts_per_task", 0)), progress=progress)
+        k=int(k if k is not None else v.k), seed=int(v.seed), temperature=float(v.temperature),
+        top_p=float(v.top_p), top_k=int(v.top_k), tasks_per_batch=int(v.tasks_per_batch),
+        report_rollouts_per_task=int(v.report_rollouts_per_task), progress=progress)
 
 
 def load_eval_tokenizer(config: ml_collections.ConfigDict, policy: LoadedPolicy) -> Any:
     """``model.tokenizer``: "tiny" (the packaged one) unless the checkpoint carries its own
     tokenizer files, a tokenizer directory, or "" (the checkpoint's, else model.hf_dir)."""
-    name = config.model.get("tokenizer", "")
+    name = config.model.tokenizer
     if name == "tiny" and policy.tokenizer_dir is None:
         from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
         return load_tiny_tokenizer()
     source = (name if name not in ("", "tiny") else None) or policy.tokenizer_dir \
-        or config.model.get("hf_dir")
+        or config.model.hf_dir
     if not source:
         raise ValueError(f"no tokenizer for {policy.path}: it carries no tokenizer files; set "
                          f"--config.model.tokenizer=DIR (or 'tiny')")
@@ -81,7 +78,7 @@ def jax_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, tokenize
     """The in-process JAX sampler with the config's rollout shapes."""
     from pyvision_jax.rollout.jax_engine import JaxEngine
     r = config.rollout
-    max_total = int(config.eval.get("max_total_tokens", config.episode.max_total_tokens))
+    max_total = int(config.eval.max_total_tokens)
     return JaxEngine(policy.model_config, policy.params, tokenizer, max_batch=r.max_batch,
                      length_buckets=_buckets(r.length_buckets), decode_chunk=r.decode_chunk,
                      min_cache_length=max_total, compute_dtype=config.model.compute_dtype,
@@ -106,7 +103,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | os.
                         sandboxes: Any = None) -> dict[str, Any]:
     """Loads the checkpoint and the tasks, runs the evaluation into ``out_dir``; returns the
     results (also in ``out_dir/results.json``). ``sandboxes`` replaces the config's pool."""
-    tasks = load_tasks(data, skip_bad_rows=bool(config.data.get("skip_bad_rows", False))).tasks
+    tasks = load_tasks(data, skip_bad_rows=bool(config.data.skip_bad_rows)).tasks
     if not tasks:
         raise ValueError(f"{data}: no tasks")
     policy = load_policy(checkpoint, config, progress=progress)

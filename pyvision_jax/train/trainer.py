@@ -267,7 +267,8 @@ class Trainer:
         self.episode = episode_config(c, self.model_config)
         queue_max_staleness = None if c.rollout.mode == "sync" else c.rollout.max_staleness
         self.queue = make_queue(QueueConfig(backend=c.rollout.queue, max_backlog=c.rollout.max_backlog,
-                                            max_staleness=queue_max_staleness, redis_url=c.rollout.redis_url),
+                                            max_staleness=queue_max_staleness, redis_url=c.rollout.redis_url,
+                                            namespace=c.rollout.queue_namespace),
                                 decode=TrajectoryGroup.from_bytes)
         self.queue.set_trainer_version(int(self.state.step))
         self.engine = None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDER = """
-import json, runpy, sys
+import dataclasses, json, runpy, sys
 import pyvision_jax.eval.pipeline as pipeline
 from pyvision_jax.eval.metrics import summarize
 
@@ -18,7 +18,9 @@ def record(config, checkpoint, data, out, **kwargs):
     with open(RECORD, "w") as f:
         json.dump({"checkpoint": str(checkpoint), "data": str(data), "out": str(out),
                    "kwargs": kwargs, "temperature": config.eval.temperature,
-                   "max_batch": config.rollout.max_batch}, f)
+                   "max_batch": config.rollout.max_batch,
+                   "settings": dataclasses.asdict(pipeline.eval_settings(config, progress=False)),
+                   "max_total_tokens": config.eval.max_total_tokens}, f)
     return {**summarize([]), "wall_time_s": 1.5}
 
 pipeline.evaluate_checkpoint = record
@@ -39,11 +41,17 @@ def test_flags_and_overrides_reach_the_evaluation(tmp_path):
     done, call = launch(tmp_path, "--config", str(ROOT / "configs" / "tiny_cpu.py"),
                         "--checkpoint", "/ckpt", "--data", "/data.jsonl", "--out", "/out",
                         "--k", "32", "--max-tool-calls", "7", "--config.eval.temperature=0.5",
-                        "--config.rollout.max_batch=3", "--noprogress")
+                        "--config.rollout.max_batch=3", "--config.eval.seed=5",
+                        "--config.eval.top_k=3", "--config.eval.tasks_per_batch=2",
+                        "--config.eval.report_rollouts_per_task=1",
+                        "--config.eval.max_total_tokens=2048", "--noprogress")
     assert done.returncode == 0, done.stderr[-3000:]
     assert call == {"checkpoint": "/ckpt", "data": "/data.jsonl", "out": "/out",
                     "kwargs": {"k": 32, "max_tool_calls": 7, "progress": False},
-                    "temperature": 0.5, "max_batch": 3}
+                    "temperature": 0.5, "max_batch": 3, "max_total_tokens": 2048,
+                    "settings": {"k": 4, "seed": 5, "temperature": 0.5, "top_p": 1.0, "top_k": 3,
+                                 "tasks_per_batch": 2, "report": True,
+                                 "report_rollouts_per_task": 1, "progress": False}}
     assert json.loads(done.stdout[:done.stdout.index("}") + 1])["wall_time_s"] == 1.5
     assert "report:  /out/report.html" in done.stdout
 

@@ -22,3 +22,14 @@ def test_paper_recipe(module):
     assert c.train.mesh_data * c.train.mesh_fsdp * c.train.mesh_tensor == 8
     assert c.train.micro_batch % (c.train.mesh_data * c.train.mesh_fsdp) == 0
     assert flat_keys(c) == flat_keys(tiny_cpu.get_config())
+
+
+@pytest.mark.parametrize("module", [tiny_cpu, pyvision_image_7b, pyvision_video_7b])
+def test_eval_and_worker_keys_have_the_documented_defaults(module):
+    c = module.get_config()
+    assert (c.eval.max_new_tokens_per_turn, c.eval.max_total_tokens) == (
+        c.episode.max_new_tokens_per_turn, c.episode.max_total_tokens)
+    assert (c.eval.seed, c.eval.top_p, c.eval.top_k) == (c.seed, c.rollout.top_p, c.rollout.top_k)
+    assert (c.eval.tasks_per_batch, c.eval.report_rollouts_per_task) == (0, 0)
+    assert (c.rollout.script_file, c.rollout.max_epochs, c.rollout.poll_s,
+            c.rollout.queue_namespace) == ("", 0, 0.5, "pyvision")
