@@ -55,15 +55,51 @@ def mrope_cos_sin(positions: jax.Array, head_dim: int, theta: float,
     return jnp.cos(emb), jnp.sin(emb)
 
 
-def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
-    """q [B, T, H, d], k/v [B, S, KVH, d], mask [B, T, S] -> [B, T, H, d]; fp32 softmax."""
-    b, t, h, d = q.shape
-    kvh = k.shape[2]
-    qg = q.reshape(b, t, kvh, h // kvh, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+CAUSAL_QUERY_BLOCK = 256
+"""Queries per block of `causal_gqa_attention`: block i only reads keys up to its own end."""
+
+
+def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+    """Heads-major q [B, KVH, G, T, d], k/v [B, KVH, S, d], mask [B, T, S] -> [B, KVH, G, T, d]."""
+    scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
     scores = jnp.where(mask[:, None, None], scores, MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, h, d)
+    return jnp.einsum("bkgts,bksd->bkgtd", probs, v)
+
+
+def _heads_major(q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    b, t, h, d = q.shape
+    kvh = k.shape[2]
+    qg = q.reshape(b, t, kvh, h // kvh, d).transpose(0, 2, 3, 1, 4)
+    return qg, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+
+
+def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+    """q [B, T, H, d], k/v [B, S, KVH, d], mask [B, T, S] -> [B, T, H, d]; fp32 softmax.
+
+    Heads-major inside: the batched matmuls and their gradients then need no transposes of
+    the [.., T, S] scores.
+    """
+    b, t, h, d = q.shape
+    out = _attend(*_heads_major(q, k, v), mask, scale)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+
+
+def causal_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
+                         query_block: int = CAUSAL_QUERY_BLOCK) -> jax.Array:
+    """`gqa_attention` for self-attention under a mask that is causal (mask[:, t, s] false
+    for s > t): each block of queries skips the keys after its last query, which the mask
+    hides anyway, so about half of the score work is not done. A query whose keys are all
+    masked averages the values up to its block's end instead of all of them."""
+    b, t, h, d = q.shape
+    qg, kh, vh = _heads_major(q, k, v)
+    outs = []
+    for start in range(0, t, query_block):
+        end = min(start + query_block, t)
+        outs.append(_attend(qg[:, :, :, start:end], kh[:, :, :end], vh[:, :, :end],
+                            mask[:, start:end, :end], scale))
+    out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=3)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
 class TextAttention(nnx.Module):
@@ -89,7 +125,8 @@ class TextAttention(nnx.Module):
             v = jax.lax.dynamic_update_slice(cached[1], v.astype(cached[1].dtype), start)
             cached = (k, v)
             k, v = k.astype(q.dtype), v.astype(q.dtype)
-        out = gqa_attention(q, k, v, mask, self.head_dim**-0.5)
+        attend = gqa_attention if cached is not None else causal_gqa_attention
+        out = attend(q, k, v, mask, self.head_dim**-0.5)
         return self.o_proj(out.reshape(b, t, -1)), cached
 
 
