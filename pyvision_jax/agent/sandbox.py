@@ -362,8 +362,13 @@ def _bwrap_command(bwrap: str, config: SandboxConfig, mode: str, media_dir: str,
         args += ["--seccomp", str(seccomp_fd)]
     for name, value in _runtime_environment(_SANDBOX_WORKDIR).items():
         args += ["--setenv", name, value]
+    # The private /tmp comes before the binds: a Python installation that lives under /tmp
+    # (a checkout there) is then bound on top of it instead of being hidden by it.
+    args += ["--proc", "/proc", "--dev", "/dev",
+             "--perms", "1777", "--size", str(config.tmpfs_bytes // 4), "--tmpfs", "/dev/shm",
+             "--perms", "1777", "--size", str(config.tmpfs_bytes), "--tmpfs", _SANDBOX_WORKDIR]
     args += ["--ro-bind", "/usr", "/usr"]
-    made: set[str] = {"/usr"}
+    made: set[str] = {"/usr", "/dev", "/proc", _SANDBOX_WORKDIR}
     for path in _SYSTEM_LINKS:
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
@@ -378,10 +383,7 @@ def _bwrap_command(bwrap: str, config: SandboxConfig, mode: str, media_dir: str,
     _bind_with_parents(args, media_dir, _SANDBOX_MEDIA, made)
     if font_cache is not None:
         _bind_with_parents(args, font_cache, _SANDBOX_FONT_CACHE, made)
-    args += ["--proc", "/proc", "--dev", "/dev",
-             "--perms", "1777", "--size", str(config.tmpfs_bytes // 4), "--tmpfs", "/dev/shm",
-             "--perms", "1777", "--size", str(config.tmpfs_bytes), "--tmpfs", _SANDBOX_WORKDIR,
-             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", _SANDBOX_WORKDIR]
+    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", _SANDBOX_WORKDIR]
     return args
 
 
