@@ -48,6 +48,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.publish_every = 1
     c.rollout.weights_dir = ""       # a directory the rollout nodes can read (default WORKDIR/weights)
     c.rollout.length_buckets = "4096,8192,16384,32768"
+    c.rollout.vllm_kv_cache_mb = 0   # vLLM sizes its KV cache from GPU memory
+    c.rollout.vllm_enforce_eager = False
 
     c.rl.batch_groups = 16           # B
     c.rl.oversample = 2.0            # 32 prompts per round

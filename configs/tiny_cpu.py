@@ -65,6 +65,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.script_file = ""       # engine "scripted": JSON {task id or "*": [turn texts]}
     c.rollout.max_epochs = 0         # rollout worker: passes over its task shard (0: until stopped)
     c.rollout.poll_s = 0.5           # rollout worker: seconds between queue/backlog polls
+    c.rollout.vllm_kv_cache_mb = 256  # engine "vllm": KV cache size (0: vLLM's own sizing, GPUs)
+    c.rollout.vllm_enforce_eager = True  # engine "vllm": no CUDA graphs / torch.compile
 
     c.rl = ml_collections.ConfigDict()
     c.rl.batch_groups = 2            # B: groups trained on per step

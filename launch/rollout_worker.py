@@ -5,9 +5,12 @@
         --worker-index 0 --num-workers 4 --workdir /shared/rollout
 
 Worker I of N takes its shard of the training tasks (see pyvision_jax.rollout.worker), runs
-rl.group_size episodes per task with rollout.engine ("jax", or "scripted" with
-rollout.script_file, a JSON {task id or "*": [turn texts]} for dry runs and tests) and loads
-the weights the trainer announces on the queue. Its cursor is kept in
+rl.group_size episodes per task with rollout.engine ("jax"; "vllm", run with
+.venv-vllm/bin/python; or "scripted" with rollout.script_file, a JSON {task id or "*": [turn
+texts]} for dry runs and tests) and loads the weights the trainer announces on the queue.
+vLLM starts from model.hf_dir, else from the newest complete version the trainer published
+(rollout.weights_dir, else the one announced on the queue), and takes each new version's
+safetensors as they are. Its cursor is kept in
 WORKDIR/worker-I-of-N.json, so a restarted worker continues where it stopped. SIGTERM
 finishes the current group and exits; a second SIGTERM abandons it.
 
@@ -65,6 +68,33 @@ def _model_config(config: Any) -> Any:
     return ModelConfig.preset(config.model.preset)
 
 
+def _vllm_engine(config: Any, queue: Any, local_dir: Path) -> tuple[Any, Any]:
+    """(ModelConfig, VllmEngine) on model.hf_dir, else on the newest published weights."""
+    from pyvision_jax.models import ModelConfig
+    from pyvision_jax.rollout.setup import tokenizer_dir, vllm_engine, vllm_model_dir
+    from pyvision_jax.rollout.weights import check_complete, latest_complete
+
+    if config.model.hf_dir:
+        source, version = Path(config.model.hf_dir), 0
+    else:
+        weights_dir = config.rollout.weights_dir
+        latest = latest_complete(weights_dir) if weights_dir else None
+        announced = queue.latest_weights()
+        if latest is not None:
+            source, version = latest.path, latest.version
+        elif announced is not None:
+            source, version = Path(announced.location), check_complete(announced.location)
+        else:
+            raise app.UsageError("rollout.engine='vllm' needs model.hf_dir or weights published by "
+                                 "the trainer (rollout.weights_dir, or announced on the queue)")
+    model_config = ModelConfig.from_hf_dir(source)
+    e = config.episode
+    model_dir = vllm_model_dir(source, local_dir, model_config, tokenizer_dir(config),
+                               min_pixels=e.image_min_pixels, max_pixels=e.image_max_pixels)
+    logging.info("vLLM engine on %s (version %d)", model_dir, version)
+    return model_config, vllm_engine(config, model_dir, version=version, max_total_tokens=e.max_total_tokens)
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -86,12 +116,15 @@ def main(argv: list[str]) -> None:
     from pyvision_jax.agent.sandbox import SandboxConfig, SandboxPool
     from pyvision_jax.rollout.engine import SamplingParams
     from pyvision_jax.rollout.queue import QueueConfig, make_queue
+    from pyvision_jax.rollout.setup import episode_config, load_tokenizer, training_tasks
     from pyvision_jax.rollout.weights import WeightsWatcher
-    from pyvision_jax.rollout.worker import CursorFile, RolloutWorker, WorkerConfig, cursor_path
-    from pyvision_jax.train.trainer import episode_config, load_tokenizer, training_tasks
+    from pyvision_jax.rollout.worker import CursorFile, HfTensorsWatcher, RolloutWorker, WorkerConfig, cursor_path
 
     c = _CONFIG.value
     r = c.rollout
+    if r.engine == "vllm":
+        from pyvision_jax.rollout.setup import require_vllm
+        require_vllm()
     workdir = Path(_WORKDIR.value).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     worker_config = WorkerConfig(
@@ -105,16 +138,20 @@ def main(argv: list[str]) -> None:
     queue = make_queue(QueueConfig(backend=r.queue, max_backlog=r.max_backlog, max_staleness=None,
                                    redis_url=r.redis_url,
                                    namespace=r.queue_namespace))
+    watcher = WeightsWatcher
     if r.engine == "scripted":
         from pyvision_jax.rollout.scripted_engine import ScriptedEngine
         engine = ScriptedEngine(tokenizer, _script(r.script_file),
                                 merge_size=model_config.vision.spatial_merge_size)
     elif r.engine == "jax":
-        from pyvision_jax.train.trainer import build_engine, load_model
+        from pyvision_jax.rollout.setup import build_engine, load_model
         model_config, params = load_model(c)
         engine = build_engine(c, model_config, params, tokenizer, version=0)
+    elif r.engine == "vllm":
+        model_config, engine = _vllm_engine(c, queue, workdir / f"vllm-model-{_INDEX.value}")
+        watcher = HfTensorsWatcher
     else:
-        raise app.UsageError(f"rollout.engine={r.engine!r}: this worker runs 'jax' or 'scripted'")
+        raise app.UsageError(f"rollout.engine={r.engine!r}: this worker runs 'jax', 'vllm' or 'scripted'")
     sandboxes = SandboxPool(SandboxConfig(timeout_s=c.sandbox.timeout_s,
                                           allow_unisolated=c.sandbox.allow_unisolated),
                             size=c.sandbox.pool_size)
@@ -123,7 +160,7 @@ def main(argv: list[str]) -> None:
             worker_config, tasks=tasks, engine=engine, tokenizer=tokenizer, sandboxes=sandboxes,
             queue=queue, episode=episode_config(c, model_config),
             sampling=SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k),
-            weights=WeightsWatcher(queue, engine, dtype=c.model.param_dtype),
+            weights=watcher(queue, engine, dtype=c.model.param_dtype),
             cursor=CursorFile(cursor_path(workdir, _INDEX.value, _COUNT.value)),
             log=lambda line: logging.info("%s", line))
         worker_holder["worker"] = worker

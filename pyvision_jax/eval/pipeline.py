@@ -12,6 +12,7 @@ report.html).
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,14 +24,9 @@ from pyvision_jax.eval.checkpoints import LoadedPolicy, load_policy
 from pyvision_jax.eval.evaluate import EvalSettings, Evaluator
 from pyvision_jax.models import ModelConfig
 from pyvision_jax.rollout.engine import Engine
+from pyvision_jax.rollout.setup import parse_buckets, vllm_engine, vllm_model_dir
 
 EngineFactory = Callable[[ml_collections.ConfigDict, LoadedPolicy, Any], Engine]
-
-
-def _buckets(value: Any) -> tuple[int, ...]:
-    if isinstance(value, str):
-        return tuple(int(part) for part in value.split(",") if part.strip())
-    return tuple(int(x) for x in value)
 
 
 def eval_episode_config(config: ml_collections.ConfigDict, model_config: ModelConfig,
@@ -58,20 +54,28 @@ def eval_settings(config: ml_collections.ConfigDict, k: int | None = None,
         report_rollouts_per_task=int(v.report_rollouts_per_task), progress=progress)
 
 
-def load_eval_tokenizer(config: ml_collections.ConfigDict, policy: LoadedPolicy) -> Any:
-    """``model.tokenizer``: "tiny" (the packaged one) unless the checkpoint carries its own
-    tokenizer files, a tokenizer directory, or "" (the checkpoint's, else model.hf_dir)."""
+def tokenizer_source(config: ml_collections.ConfigDict, policy: LoadedPolicy) -> Path:
+    """The directory of the tokenizer ``load_eval_tokenizer`` loads."""
     name = config.model.tokenizer
     if name == "tiny" and policy.tokenizer_dir is None:
-        from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
-        return load_tiny_tokenizer()
+        from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR
+        return TINY_TOKENIZER_DIR
     source = (name if name not in ("", "tiny") else None) or policy.tokenizer_dir \
         or config.model.hf_dir
     if not source:
         raise ValueError(f"no tokenizer for {policy.path}: it carries no tokenizer files; set "
                          f"--config.model.tokenizer=DIR (or 'tiny')")
+    return Path(source)
+
+
+def load_eval_tokenizer(config: ml_collections.ConfigDict, policy: LoadedPolicy) -> Any:
+    """``model.tokenizer``: "tiny" (the packaged one) unless the checkpoint carries its own
+    tokenizer files, a tokenizer directory, or "" (the checkpoint's, else model.hf_dir)."""
+    if config.model.tokenizer == "tiny" and policy.tokenizer_dir is None:
+        from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
+        return load_tiny_tokenizer()
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(source)
+    return AutoTokenizer.from_pretrained(tokenizer_source(config, policy))
 
 
 def jax_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, tokenizer: Any) -> Engine:
@@ -80,19 +84,41 @@ def jax_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, tokenize
     r = config.rollout
     max_total = int(config.eval.max_total_tokens)
     return JaxEngine(policy.model_config, policy.params, tokenizer, max_batch=r.max_batch,
-                     length_buckets=_buckets(r.length_buckets), decode_chunk=r.decode_chunk,
+                     length_buckets=parse_buckets(r.length_buckets), decode_chunk=r.decode_chunk,
                      min_cache_length=max_total, compute_dtype=config.model.compute_dtype,
                      version=policy.version)
 
 
-def build_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, tokenizer: Any) -> Engine:
+def vllm_eval_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, work_dir: Path) -> Engine:
+    """vLLM on the policy: an HF checkpoint directory as it is (with a preprocessor config and
+    tokenizer added beside links to its files when it lacks them); params and training
+    checkpoints are first exported with ``save_hf`` into a temporary directory in ``work_dir``."""
+    from pyvision_jax.rollout.setup import require_vllm
+
+    require_vllm()
+    e = config.episode
+    work_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".vllm-model-", dir=work_dir))
+    source = Path(policy.path)
+    if policy.kind != "hf":
+        from pyvision_jax.convert import save_hf
+        source = save_hf(policy.model_config, policy.params, staging / "export", progress=False)
+    model_dir = vllm_model_dir(source, staging / "model", policy.model_config,
+                               tokenizer_source(config, policy), min_pixels=e.image_min_pixels,
+                               max_pixels=e.image_max_pixels)
+    return vllm_engine(config, model_dir, version=policy.version,
+                       max_total_tokens=int(config.eval.max_total_tokens))
+
+
+def build_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, tokenizer: Any,
+                 work_dir: str | os.PathLike | None = None) -> Engine:
+    """The engine of ``rollout.engine`` ("jax" or "vllm"; vLLM exports go under ``work_dir``,
+    default a new temporary directory)."""
     kind = config.rollout.engine
     if kind == "jax":
         return jax_engine(config, policy, tokenizer)
     if kind == "vllm":
-        raise ValueError("rollout.engine='vllm' is not wired into evaluation yet (no "
-                         "pyvision_jax.rollout.vllm_engine in this checkout); use "
-                         "--config.rollout.engine=jax or pass engine_factory")
+        return vllm_eval_engine(config, policy, Path(work_dir or tempfile.mkdtemp(prefix="pyvision-eval-")))
     raise ValueError(f"rollout.engine={kind!r}: expected 'jax' or 'vllm'")
 
 
@@ -108,7 +134,8 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | os.
         raise ValueError(f"{data}: no tasks")
     policy = load_policy(checkpoint, config, progress=progress)
     tokenizer = load_eval_tokenizer(config, policy)
-    engine = (engine_factory or build_engine)(config, policy, tokenizer)
+    engine = (engine_factory(config, policy, tokenizer) if engine_factory
+              else build_engine(config, policy, tokenizer, work_dir=out_dir))
     episode = eval_episode_config(config, policy.model_config, max_tool_calls)
     settings = eval_settings(config, k, progress)
     run_info = {"checkpoint": policy.path, "checkpoint_kind": policy.kind,
@@ -130,4 +157,5 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | os.
 
 
 __all__ = ["EngineFactory", "build_engine", "eval_episode_config", "eval_settings",
-           "evaluate_checkpoint", "jax_engine", "load_eval_tokenizer"]
+           "evaluate_checkpoint", "jax_engine", "load_eval_tokenizer", "tokenizer_source",
+           "vllm_eval_engine"]

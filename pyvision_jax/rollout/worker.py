@@ -23,8 +23,8 @@ or weights are announced before the trainer version), it waits (polling) instead
 producing; nothing is dropped. How far the produced data may run ahead of the trainer is
 bounded by the queue's `max_backlog` (put blocks).
 
-Scoring. Groups are scored by the trainer's own `score_groups` (the one place that maps a
-trajectory to score, correctness and reward); the worker reports the scores and rewards of
+Scoring. Groups are scored by the trainer's own `score_groups` (per trajectory
+`rl.trajectory_scoring.score_trajectory`, the one rule shared with evaluation); the worker reports the scores and rewards of
 each group it produced (`ProducedGroup`), the payload on the queue is the `TrajectoryGroup`.
 
 Stopping. `request_stop()` (SIGTERM in the launcher) lets the current group finish and be
@@ -39,7 +39,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +50,48 @@ from pyvision_jax.agent.tasks import Task
 from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.rollout.engine import Engine, SamplingParams
 from pyvision_jax.rollout.queue import QueueFullError, TrajectoryQueue
-from pyvision_jax.rollout.weights import WeightsWatcher
+from pyvision_jax.rollout.weights import IncompleteWeightsError, WeightsWatcher, check_complete
 from pyvision_jax.train.groups import score_groups
 
 logger = logging.getLogger(__name__)
+
+
+def open_hf_tensors(path: str | os.PathLike) -> tuple[int, Iterator[tuple[str, Any]]]:
+    """(version, (tensor name, torch tensor) pairs) of the complete published version at `path`.
+
+    Every safetensors file is opened (memory-mapped) before the version is checked complete a
+    second time, so a version pruned while its tensors stream out still yields all of them.
+    """
+    from safetensors import safe_open
+
+    version = check_complete(path)
+    try:
+        handles = [safe_open(str(f), framework="pt") for f in sorted(Path(path).glob("*.safetensors"))]
+    except OSError as error:
+        raise IncompleteWeightsError(f"{path}: vanished while opening: {error}") from error
+    check_complete(path)
+    if not handles:
+        raise IncompleteWeightsError(f"{path}: no *.safetensors files")
+    return version, ((name, handle.get_tensor(name)) for handle in handles for name in handle.keys())
+
+
+class HfTensorsWatcher(WeightsWatcher):
+    """A `WeightsWatcher` for engines that take HF-layout (name, tensor) pairs (vLLM): the
+    announced version's safetensors go to `engine.update_weights` as stored, with no Flax
+    params in between."""
+
+    def poll(self) -> int | None:
+        announced = self.queue.latest_weights()
+        if announced is None or announced.version == self.engine.version:
+            return None
+        try:
+            version, tensors = open_hf_tensors(announced.location)
+        except IncompleteWeightsError as error:
+            logger.warning("announced weights version %d not loadable yet: %s", announced.version, error)
+            return None
+        self.engine.update_weights(tensors, version)
+        logger.info("pushed weights version %d from %s", version, announced.location)
+        return version
 
 
 @dataclasses.dataclass(frozen=True)

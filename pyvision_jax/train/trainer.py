@@ -36,12 +36,13 @@ import numpy as np
 from tqdm import tqdm
 
 from pyvision_jax.agent.episode import EpisodeConfig, EpisodeRunner
-from pyvision_jax.agent.tasks import Task, load_tasks
+from pyvision_jax.agent.tasks import Task
 from pyvision_jax.agent.trajectory import TrajectoryGroup
-from pyvision_jax.models import ModelConfig, init_params, param_logical_axes
+from pyvision_jax.models import ModelConfig, param_logical_axes
 from pyvision_jax.rl.losses import PPOLossConfig
 from pyvision_jax.rollout.engine import Engine, SamplingParams
 from pyvision_jax.rollout.queue import QueueConfig, QueueFullError, TrajectoryQueue, make_queue
+from pyvision_jax.rollout.setup import build_engine, episode_config, load_model, load_tokenizer, training_tasks
 from pyvision_jax.train import metrics as names
 from pyvision_jax.train.batching import BatchingConfig, pack_batch, parse_buckets
 from pyvision_jax.train.checkpoint import TrainCheckpoints
@@ -52,7 +53,7 @@ from pyvision_jax.train.state import OptimizerConfig, TrainState, init_train_sta
 from pyvision_jax.train.step import StepConfig, make_train_step, shard_batch
 
 MODES = ("sync", "async", "external")
-CHECKPOINT_DIR, TB_DIR, TASKS_DIR = "checkpoints", "tb", "tasks"
+CHECKPOINT_DIR, TB_DIR = "checkpoints", "tb"
 TRAJECTORY_SAMPLE, RESOLVED_CONFIG = "trajectories.jsonl", "config.json"
 
 
@@ -91,71 +92,6 @@ class TaskStream:
 def rollout_seed(seed: int, step: int, round_index: int) -> int:
     """The sampling seed of one generation round."""
     return int(np.random.SeedSequence([seed, step, round_index]).generate_state(1)[0] % (2**31))
-
-
-def episode_config(config: ml_collections.ConfigDict, model_config: ModelConfig) -> EpisodeConfig:
-    e = config.episode
-    reasons = e.broken_end_reasons
-    reasons = [r.strip() for r in reasons.split(",") if r.strip()] if isinstance(reasons, str) else list(reasons)
-    return EpisodeConfig(
-        max_tool_calls=e.max_tool_calls, max_images=e.max_images, max_new_tokens_per_turn=e.max_new_tokens_per_turn,
-        max_total_tokens=e.max_total_tokens, on_error=e.on_error, broken_end_reasons=frozenset(reasons),
-        image_min_pixels=e.image_min_pixels, image_max_pixels=e.image_max_pixels,
-        patch_size=model_config.vision.patch_size, merge_size=model_config.vision.spatial_merge_size,
-        max_concurrent=e.max_concurrent)
-
-
-def load_tokenizer(config: ml_collections.ConfigDict) -> Any:
-    name = config.model.tokenizer
-    if name == "tiny":
-        from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
-        return load_tiny_tokenizer()
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(name or config.model.hf_dir)
-
-
-def load_model(config: ml_collections.ConfigDict) -> tuple[ModelConfig, Any]:
-    """(ModelConfig, params) from model.hf_dir, or a random init of model.preset."""
-    if config.model.hf_dir:
-        from pyvision_jax.convert import load_hf
-        return load_hf(config.model.hf_dir, dtype=config.model.param_dtype)
-    model_config = ModelConfig.preset(config.model.preset)
-    return model_config, init_params(model_config, config.seed, config.model.param_dtype)
-
-
-def training_tasks(config: ml_collections.ConfigDict, workdir: Path) -> list[Task]:
-    """Tasks of data.train_files, or synthetic tasks generated on first use under workdir/tasks."""
-    files = [f.strip() for f in config.data.train_files.split(",") if f.strip()]
-    if not files:
-        from pyvision_jax.agent import synthetic
-        generators = {"visual_search": synthetic.generate_visual_search, "counting": synthetic.generate_counting,
-                      "video": synthetic.generate_videos}
-        kinds = [k.strip() for k in config.data.synthetic_kinds.split(",") if k.strip()]
-        unknown = sorted(set(kinds) - set(generators))
-        if unknown:
-            raise ValueError(f"data.synthetic_kinds: unknown kinds {unknown}; known: {sorted(generators)}")
-        out_dir = workdir / TASKS_DIR
-        for kind in kinds:
-            path = out_dir / f"{kind}.jsonl"
-            if not path.is_file():
-                generators[kind](out_dir, config.data.synthetic_per_kind, config.data.synthetic_seed)
-            files.append(str(path))
-    tasks: list[Task] = []
-    for path in files:
-        tasks.extend(load_tasks(path, skip_bad_rows=config.data.skip_bad_rows).tasks)
-    return tasks
-
-
-def build_engine(config: ml_collections.ConfigDict, model_config: ModelConfig, params: Any, tokenizer: Any,
-                 version: int) -> Engine:
-    if config.rollout.engine != "jax":
-        raise ValueError(f"rollout.engine={config.rollout.engine!r} cannot run inside the trainer; use "
-                         f"rollout.mode='external' with a fleet, or rollout.engine='jax'")
-    from pyvision_jax.rollout.jax_engine import JaxEngine
-    buckets = parse_buckets(config.rollout.length_buckets)
-    return JaxEngine(model_config, params, tokenizer, max_batch=config.rollout.max_batch, length_buckets=buckets,
-                     decode_chunk=config.rollout.decode_chunk, min_cache_length=config.episode.max_total_tokens,
-                     compute_dtype=config.model.compute_dtype, version=version)
 
 
 class _RolloutThread(threading.Thread):

@@ -222,3 +222,32 @@ def test_collapse_image_pads_keeps_one_pad_per_image(model, tokenizer):
     collapsed = collapse_image_pads(request, config)
     assert collapsed.count(config.image_token_id) == 2
     assert len(collapsed) == len(request.prompt_token_ids) - (6 - 1) - (1 - 1)
+
+
+def test_evaluation_builds_vllm_from_the_config_on_a_params_checkpoint(model, tokenizer, jax_engine,
+                                                                       tmp_path):
+    from configs.tiny_cpu import get_config
+    from pyvision_jax.eval.checkpoints import LoadedPolicy
+    from pyvision_jax.eval.pipeline import build_engine
+
+    config, params = model
+    run = get_config()
+    run.rollout.engine = "vllm"
+    run.rollout.max_batch = 4
+    run.rollout.vllm_kv_cache_mb = 32
+    run.eval.max_total_tokens = 512
+    policy = LoadedPolicy(kind="params", path=str(tmp_path / "params"), model_config=config,
+                          params=params, version=5, tokenizer_dir=None)
+    engine = build_engine(run, policy, tokenizer, work_dir=tmp_path / "out")
+    assert isinstance(engine, VllmEngine) and engine.version == 5
+    assert engine.max_model_len == 512
+    (export,) = (tmp_path / "out").glob(".vllm-model-*/model")
+    assert (export / "preprocessor_config.json").is_file() and (export / "tokenizer.json").is_file()
+    requests = requests_for(config, tokenizer)
+    got = engine.generate(requests, GREEDY)
+    expected = jax_engine.generate(requests, GREEDY)
+    for result, reference in zip(got, expected, strict=True):
+        assert result.policy_version == 5
+        # the config's engine ends turns at the tokenizer's end-of-turn ids; the reference never
+        assert result.token_ids == reference.token_ids[:len(result.token_ids)]
+        assert len(result.token_ids) == 12 or result.finish_reason == "eos"

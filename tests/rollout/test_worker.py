@@ -208,3 +208,39 @@ def test_delivered_groups_in_redis_are_shared_by_consumers(tokenizer, tasks, red
     first, restarted = DeliveredGroups(redis_url), DeliveredGroups(redis_url)
     assert first.first(group) and not restarted.first(group)
     assert DeliveredGroups(redis_url, namespace="other").first(group)
+
+
+def test_hf_tensors_watcher_pushes_the_published_safetensors_even_when_pruned(tmp_path):
+    import shutil
+
+    import jax
+
+    from pyvision_jax.models import ModelConfig, init_params
+    from pyvision_jax.rollout.vllm_engine import hf_tensors
+    from pyvision_jax.rollout.weights import WeightsPublisher
+    from pyvision_jax.rollout.worker import HfTensorsWatcher, open_hf_tensors
+
+    class PairsEngine:
+        version, pushed = 0, None
+
+        def update_weights(self, weights, version):
+            self.pushed = {name: np.asarray(tensor) for name, tensor in weights}
+            self.version = version
+
+    config = ModelConfig.preset("tiny")
+    params = jax.tree.map(np.asarray, init_params(config, seed=1))
+    queue = LocalTrajectoryQueue()
+    engine = PairsEngine()
+    watcher = HfTensorsWatcher(queue, engine)
+    queue.publish_weights(2, str(tmp_path / "v000002"))  # announced, never written
+    assert watcher.poll() is None and engine.pushed is None
+    path = WeightsPublisher(tmp_path, config, queue=queue).publish(3, params)
+    assert watcher.poll() == 3 and engine.version == 3
+    expected = dict(hf_tensors(config, params))
+    assert sorted(engine.pushed) == sorted(expected)
+    for name, array in expected.items():
+        np.testing.assert_array_equal(engine.pushed[name], array)
+    assert watcher.poll() is None
+    version, tensors = open_hf_tensors(path)
+    shutil.rmtree(path)  # pruned after opening: the open files still stream every tensor
+    assert version == 3 and len(dict(tensors)) == len(expected)
