@@ -24,7 +24,7 @@ from pyvision_jax.eval.checkpoints import LoadedPolicy, load_policy
 from pyvision_jax.eval.evaluate import EvalSettings, Evaluator
 from pyvision_jax.models import ModelConfig
 from pyvision_jax.rollout.engine import Engine
-from pyvision_jax.rollout.setup import parse_buckets, vllm_engine, vllm_model_dir
+from pyvision_jax.rollout import setup
 
 EngineFactory = Callable[[ml_collections.ConfigDict, LoadedPolicy, Any], Engine]
 
@@ -79,23 +79,16 @@ def load_eval_tokenizer(config: ml_collections.ConfigDict, policy: LoadedPolicy)
 
 
 def jax_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, tokenizer: Any) -> Engine:
-    """The in-process JAX sampler with the config's rollout shapes."""
-    from pyvision_jax.rollout.jax_engine import JaxEngine
-    r = config.rollout
-    max_total = int(config.eval.max_total_tokens)
-    return JaxEngine(policy.model_config, policy.params, tokenizer, max_batch=r.max_batch,
-                     length_buckets=parse_buckets(r.length_buckets), decode_chunk=r.decode_chunk,
-                     min_cache_length=max_total, compute_dtype=config.model.compute_dtype,
-                     version=policy.version)
+    """The in-process JAX sampler with the config's rollout shapes and eval budget."""
+    return setup.jax_engine(config, policy.model_config, policy.params, tokenizer,
+                            version=policy.version, max_total_tokens=int(config.eval.max_total_tokens))
 
 
 def vllm_eval_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, work_dir: Path) -> Engine:
     """vLLM on the policy: an HF checkpoint directory as it is (with a preprocessor config and
     tokenizer added beside links to its files when it lacks them); params and training
     checkpoints are first exported with ``save_hf`` into a temporary directory in ``work_dir``."""
-    from pyvision_jax.rollout.setup import require_vllm
-
-    require_vllm()
+    setup.require_vllm()
     e = config.episode
     work_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".vllm-model-", dir=work_dir))
@@ -103,11 +96,11 @@ def vllm_eval_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, wo
     if policy.kind != "hf":
         from pyvision_jax.convert import save_hf
         source = save_hf(policy.model_config, policy.params, staging / "export", progress=False)
-    model_dir = vllm_model_dir(source, staging / "model", policy.model_config,
-                               tokenizer_source(config, policy), min_pixels=e.image_min_pixels,
-                               max_pixels=e.image_max_pixels)
-    return vllm_engine(config, model_dir, version=policy.version,
-                       max_total_tokens=int(config.eval.max_total_tokens))
+    model_dir = setup.vllm_model_dir(source, staging / "model", policy.model_config,
+                                     tokenizer_source(config, policy), min_pixels=e.image_min_pixels,
+                                     max_pixels=e.image_max_pixels)
+    return setup.vllm_engine(config, model_dir, version=policy.version,
+                             max_total_tokens=int(config.eval.max_total_tokens))
 
 
 def build_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, tokenizer: Any,

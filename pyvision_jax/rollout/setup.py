@@ -100,18 +100,25 @@ def training_tasks(config: ml_collections.ConfigDict, workdir: Path) -> list[Tas
     return tasks
 
 
-def build_engine(config: ml_collections.ConfigDict, model_config: ModelConfig, params: Any, tokenizer: Any,
-                 version: int, max_total_tokens: int | None = None) -> Engine:
-    """The in-process JAX sampler with the config's rollout shapes (``rollout.engine="jax"``)."""
-    if config.rollout.engine != "jax":
-        raise ValueError(f"rollout.engine={config.rollout.engine!r} cannot run inside the trainer; use "
-                         f"rollout.mode='external' with a fleet, or rollout.engine='jax'")
+def jax_engine(config: ml_collections.ConfigDict, model_config: ModelConfig, params: Any, tokenizer: Any, *,
+               version: int, max_total_tokens: int) -> Engine:
+    """The in-process JAX sampler with the config's rollout shapes, its KV cache long enough
+    for ``max_total_tokens``."""
     from pyvision_jax.rollout.jax_engine import JaxEngine
     r = config.rollout
     return JaxEngine(model_config, params, tokenizer, max_batch=r.max_batch, length_buckets=parse_buckets(r.length_buckets),
-                     decode_chunk=r.decode_chunk,
-                     min_cache_length=max_total_tokens or config.episode.max_total_tokens,
+                     decode_chunk=r.decode_chunk, min_cache_length=int(max_total_tokens),
                      compute_dtype=config.model.compute_dtype, version=version)
+
+
+def build_engine(config: ml_collections.ConfigDict, model_config: ModelConfig, params: Any, tokenizer: Any,
+                 version: int) -> Engine:
+    """The trainer's in-process engine (``rollout.engine="jax"``, episode budgets)."""
+    if config.rollout.engine != "jax":
+        raise ValueError(f"rollout.engine={config.rollout.engine!r} cannot run inside the trainer; use "
+                         f"rollout.mode='external' with a fleet, or rollout.engine='jax'")
+    return jax_engine(config, model_config, params, tokenizer, version=version,
+                      max_total_tokens=config.episode.max_total_tokens)
 
 
 def require_vllm() -> None:

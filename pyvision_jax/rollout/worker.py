@@ -38,7 +38,6 @@ import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any

@@ -35,7 +35,7 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from pyvision_jax.agent.episode import EpisodeConfig, EpisodeRunner
+from pyvision_jax.agent.episode import EpisodeRunner
 from pyvision_jax.agent.tasks import Task
 from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.models import ModelConfig, param_logical_axes
