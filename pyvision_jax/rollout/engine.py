@@ -25,6 +25,15 @@ import numpy as np
 from PIL import Image
 
 FinishReason = Literal["stop", "length", "eos"]
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
+
+def end_of_turn_ids(tokenizer: Any) -> set[int]:
+    """The ids that end a turn unless a request says otherwise: Qwen's end-of-turn tokens
+    and the tokenizer's eos (unknown tokens left out)."""
+    ids = {tokenizer.convert_tokens_to_ids(t) for t in END_OF_TURN_TOKENS}
+    ids.add(tokenizer.eos_token_id)
+    return {int(i) for i in ids if i is not None and i != tokenizer.unk_token_id}
 
 
 @dataclass(frozen=True)

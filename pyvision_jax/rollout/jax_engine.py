@@ -48,11 +48,10 @@ from pyvision_jax.convert.names import TensorKind, flax_path, tensor_kind, hub_n
 from pyvision_jax.models import KVCache, ModelConfig, ModelInputs, forward, prepare_inputs
 from pyvision_jax.models.rope_index import decode_position_ids
 from pyvision_jax.processing.image import preprocess_images
-from pyvision_jax.rollout.engine import GenerationRequest, GenerationResult, SamplingParams
+from pyvision_jax.rollout.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
 from pyvision_jax.rollout.sampling import SamplingArrays, sample_tokens
 
 DEFAULT_LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
 def _bucket(value: int, buckets: Sequence[int]) -> int | None:
@@ -149,7 +148,7 @@ class JaxEngine:
         self.decode_chunk = decode_chunk
         self.compute_dtype = jnp.dtype(compute_dtype).name
         self.cache_dtype = jnp.dtype(cache_dtype or compute_dtype)
-        self.eos_token_ids = frozenset(self._default_eos(tokenizer) if eos_token_ids is None
+        self.eos_token_ids = frozenset(end_of_turn_ids(tokenizer) if eos_token_ids is None
                                        else (int(t) for t in eos_token_ids))
         if prefill_batch_sizes is None:
             prefill_batch_sizes = [min(1 << k, max_batch) for k in range(max_batch.bit_length() + 1)]
@@ -170,12 +169,6 @@ class JaxEngine:
         self._decode = jax.jit(self._decode_impl, donate_argnums=(1,))
         self._shift = jax.jit(self._shift_impl, donate_argnums=(0,))
         self._grow = jax.jit(self._grow_impl, static_argnums=(1,))
-
-    @staticmethod
-    def _default_eos(tokenizer: Any) -> set[int]:
-        ids = {tokenizer.convert_tokens_to_ids(t) for t in END_OF_TURN_TOKENS}
-        ids.add(tokenizer.eos_token_id)
-        return {int(i) for i in ids if i is not None and i != tokenizer.unk_token_id}
 
     # ------------------------------------------------------------------ Engine protocol
 

@@ -49,9 +49,8 @@ from pyvision_jax.convert.names import checkpoint_shapes, flax_path, tensor_kind
 from pyvision_jax.convert.tree import flatten_params
 from pyvision_jax.models import ModelConfig
 from pyvision_jax.processing.image import CLIP_MEAN, CLIP_STD, IMAGE_MIN_PIXELS, to_rgb
-from pyvision_jax.rollout.engine import GenerationRequest, GenerationResult, SamplingParams
+from pyvision_jax.rollout.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
 
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>")
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 _QWEN_ARCHITECTURE = "Qwen2_5_VLForConditionalGeneration"
 _torchvision_free_lock = threading.Lock()
@@ -263,17 +262,11 @@ class VllmEngine:
         options.update(llm_kwargs or {})
         self.llm = vllm.LLM(**options)
         self.tokenizer = self.llm.get_tokenizer()
-        self.eos_token_ids = frozenset(self._default_eos() if eos_token_ids is None
+        self.eos_token_ids = frozenset(end_of_turn_ids(self.tokenizer) if eos_token_ids is None
                                        else (int(t) for t in eos_token_ids))
         self._version = int(version)
         self._lock = threading.Lock()
         self._seed_source = np.random.default_rng()
-
-    def _default_eos(self) -> set[int]:
-        tokenizer = self.tokenizer
-        ids = {tokenizer.convert_tokens_to_ids(t) for t in END_OF_TURN_TOKENS}
-        ids.add(tokenizer.eos_token_id)
-        return {int(i) for i in ids if i is not None and i != tokenizer.unk_token_id}
 
     # ------------------------------------------------------------------ Engine protocol
 
