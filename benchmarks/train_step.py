@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import sys
 import tempfile
@@ -150,6 +151,7 @@ def main() -> None:
           f"vision depth {config.vision.depth} (frozen); batch {stats.rows} x {stats.length}, "
           f"{stats.real_tokens} real tokens, {stats.loss_tokens} loss tokens, {stats.images} images; "
           f"torch threads {torch.get_num_threads()}, jax devices {jax.devices()}")
+    print("load average (1, 5, 15 min) before: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     jax_times = jax_side(config, params, batch, args.warmup, args.steps)
     torch_times = torch_side(model, config, batch, args.warmup, args.steps)
     jax_tps = stats.real_tokens / statistics.median(jax_times)
@@ -157,6 +159,7 @@ def main() -> None:
     print(f"JAX     step: median {statistics.median(jax_times):.3f} s  -> {jax_tps:,.0f} tokens/s")
     print(f"PyTorch step: median {statistics.median(torch_times):.3f} s  -> {torch_tps:,.0f} tokens/s")
     print(f"ratio JAX / PyTorch: {jax_tps / torch_tps:.2f}x")
+    print("load average (1, 5, 15 min) after: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 
 if __name__ == "__main__":
