@@ -236,6 +236,20 @@ def _config_dtype(specs: list[tuple[TensorSpec, Any]]) -> str:
     return max(bytes_by_dtype, key=bytes_by_dtype.__getitem__)
 
 
+def check_destination(out_dir: str | os.PathLike, extra_files: Iterable[str | os.PathLike],
+                      overwrite: bool) -> tuple[Path, list[Path]]:
+    """The absolute output directory and the extra files to copy, after checking that the
+    directory may be written and that every extra file exists."""
+    out_dir = Path(out_dir).absolute()
+    if out_dir.exists() and not overwrite:
+        raise FileExistsError(f"{out_dir} already exists (pass overwrite=True to replace it)")
+    extra = [Path(f) for f in extra_files]
+    absent = [str(f) for f in extra if not f.is_file()]
+    if absent:
+        raise FileNotFoundError(f"extra files to copy do not exist: {', '.join(absent)}")
+    return out_dir, extra
+
+
 def save_hf(
     config: ModelConfig,
     params: Mapping,
@@ -254,13 +268,7 @@ def save_hf(
     written into a temporary sibling directory that is renamed into place at the end, so a
     crash never leaves a half-written ``out_dir``. ``dtype`` casts on export.
     """
-    out_dir = Path(out_dir).absolute()
-    if out_dir.exists() and not overwrite:
-        raise FileExistsError(f"{out_dir} already exists (pass overwrite=True to replace it)")
-    extra = [Path(f) for f in extra_files]
-    absent = [str(f) for f in extra if not f.is_file()]
-    if absent:
-        raise FileNotFoundError(f"extra files to copy do not exist: {', '.join(absent)}")
+    out_dir, extra = check_destination(out_dir, extra_files, overwrite)
     target = None if dtype is None else np.dtype(jnp.dtype(dtype))
     hf_config, specs = _export_specs(config, params, target)
     hf_config["torch_dtype"] = _config_dtype(specs)

@@ -25,7 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from pyvision_jax.convert import names
-from pyvision_jax.convert.hf import CONFIG_FILE
+from pyvision_jax.convert.hf import CONFIG_FILE, check_destination
 from pyvision_jax.convert.tree import Params, ShardingSpec, leaf_sharding, set_leaf
 from pyvision_jax.models.config import ModelConfig
 
@@ -41,13 +41,7 @@ def save_params(
     overwrite: bool = False,
 ) -> Path:
     """Writes ``params`` (orbax) and ``config`` into ``out_dir`` atomically; returns its path."""
-    out_dir = Path(out_dir).absolute()
-    if out_dir.exists() and not overwrite:
-        raise FileExistsError(f"{out_dir} already exists (pass overwrite=True to replace it)")
-    extra = [Path(f) for f in extra_files]
-    absent = [str(f) for f in extra if not f.is_file()]
-    if absent:
-        raise FileNotFoundError(f"extra files to copy do not exist: {', '.join(absent)}")
+    out_dir, extra = check_destination(out_dir, extra_files, overwrite)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = out_dir.with_name(f".{out_dir.name}.partial-{uuid.uuid4().hex[:8]}")
     staging.mkdir()
