@@ -22,7 +22,10 @@ from pyvision_jax.models.vision import MASK_VALUE, RMSNorm, apply_rotary
 
 @struct.dataclass
 class KVCache:
-    """Per-layer keys/values [B, S, kv_heads, head_dim], slot validity [B, S], next write slot."""
+    """Per-layer keys/values [B, kv_heads, S, head_dim], slot validity [B, S], next write slot.
+
+    Heads-major, as attention reads them: a decode step then attends to the cache as it is,
+    with no per-step transpose of every layer's keys and values."""
 
     keys: tuple[jax.Array, ...]
     values: tuple[jax.Array, ...]
@@ -31,7 +34,7 @@ class KVCache:
 
     @classmethod
     def init(cls, config: ModelConfig, batch: int, max_length: int, dtype: Any = jnp.float32) -> "KVCache":
-        shape = (batch, max_length, config.num_key_value_heads, config.head_dim)
+        shape = (batch, config.num_key_value_heads, max_length, config.head_dim)
         zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_hidden_layers))
         return cls(keys=zeros, values=tuple(jnp.zeros(shape, dtype) for _ in zeros),
                    valid=jnp.zeros((batch, max_length), bool), index=jnp.zeros((), jnp.int32))
@@ -102,23 +105,26 @@ def _heads_major(q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, j
     return qg, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
 
-def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
-    """q [B, T, H, d], k/v [B, S, KVH, d], mask [B, T, S] -> [B, T, H, d]; fp32 softmax.
-
-    Heads-major inside: the batched matmuls and their gradients then need no transposes of
-    the [.., T, S] scores.
-    """
+def cached_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                         scale: float) -> jax.Array:
+    """q [B, T, H, d], heads-major cached k/v [B, KVH, S, d], mask [B, T, S] -> [B, T, H, d];
+    fp32 softmax."""
     b, t, h, d = q.shape
-    out = _attend(*_heads_major(q, k, v), mask, scale)
+    kvh = k.shape[1]
+    qg = q.reshape(b, t, kvh, h // kvh, d).transpose(0, 2, 3, 1, 4)
+    out = _attend(qg, k, v, mask, scale)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
 def causal_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
                          query_block: int = CAUSAL_QUERY_BLOCK) -> jax.Array:
-    """`gqa_attention` for self-attention under a mask that is causal (mask[:, t, s] false
-    for s > t): each block of queries skips the keys after its last query, which the mask
-    hides anyway, so about half of the score work is not done. A query whose keys are all
-    masked averages the values up to its block's end instead of all of them."""
+    """Grouped-query attention, q [B, T, H, d], k/v [B, T, KVH, d] -> [B, T, H, d] with an
+    fp32 softmax, for self-attention under a causal mask (mask[:, t, s] false for s > t).
+
+    Heads-major inside, so the batched matmuls and their gradients need no transposes of the
+    [.., T, S] scores. Each block of queries skips the keys after its last query, which the
+    mask hides anyway, so about half of the score work is not done. A query whose keys are
+    all masked averages the values up to its block's end instead of all of them."""
     b, t, h, d = q.shape
     qg, kh, vh = _heads_major(q, k, v)
     outs = []
@@ -147,14 +153,16 @@ class TextAttention(nnx.Module):
         q = apply_rotary(self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim), cos, sin)
         k = apply_rotary(self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim), cos, sin)
         v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
-        if cached is not None:
-            start = (0, index, 0, 0)
-            k = jax.lax.dynamic_update_slice(cached[0], k.astype(cached[0].dtype), start)
-            v = jax.lax.dynamic_update_slice(cached[1], v.astype(cached[1].dtype), start)
-            cached = (k, v)
-            k, v = k.astype(q.dtype), v.astype(q.dtype)
-        attend = gqa_attention if cached is not None else causal_gqa_attention
-        out = attend(q, k, v, mask, self.head_dim**-0.5)
+        scale = self.head_dim**-0.5
+        if cached is None:
+            out = causal_gqa_attention(q, k, v, mask, scale)
+        else:
+            start = (0, 0, index, 0)
+            write = lambda cache, new: jax.lax.dynamic_update_slice(
+                cache, new.transpose(0, 2, 1, 3).astype(cache.dtype), start)
+            cached = (write(cached[0], k), write(cached[1], v))
+            out = cached_gqa_attention(q, cached[0].astype(q.dtype), cached[1].astype(q.dtype),
+                                       mask, scale)
         return self.o_proj(out.reshape(b, t, -1)), cached
 
 

@@ -468,12 +468,15 @@ class JaxEngine:
         columns = (start + jnp.arange(length)[None, :]) % cache.max_length
 
         def place(big: jax.Array, small: jax.Array) -> jax.Array:
-            return big.at[rows, columns].set(small.astype(big.dtype), mode="drop")
+            """Heads-major [B, KVH, S, d] rows: indexing puts (row, column) first."""
+            small = small.transpose(0, 2, 1, 3).astype(big.dtype)
+            return big.at[rows, :, columns].set(small, mode="drop")
 
         valid = cache.valid.at[targets].set(False, mode="drop")
+        valid = valid.at[rows, columns].set(fresh.valid, mode="drop")
         cache = KVCache(keys=tuple(map(place, cache.keys, fresh.keys)),
                         values=tuple(map(place, cache.values, fresh.values)),
-                        valid=place(valid, fresh.valid), index=cache.index)
+                        valid=valid, index=cache.index)
         return cache, tokens, logprobs
 
     def _decode_impl(self, params: Any, cache: KVCache, tokens: jax.Array, positions: jax.Array,
@@ -501,8 +504,8 @@ class JaxEngine:
         """Moves every row's columns by (index - cache.index); columns >= index are invalid."""
         self.trace_counts["shift"] += 1
         offset = index - cache.index
-        roll = lambda x: jnp.roll(x, offset, axis=1)
-        valid = roll(cache.valid) & (jnp.arange(cache.max_length) < index)[None, :]
+        roll = lambda x: jnp.roll(x, offset, axis=2)
+        valid = jnp.roll(cache.valid, offset, axis=1) & (jnp.arange(cache.max_length) < index)[None, :]
         return KVCache(keys=tuple(map(roll, cache.keys)), values=tuple(map(roll, cache.values)),
                        valid=valid, index=index)
 
@@ -510,6 +513,7 @@ class JaxEngine:
         """The same cache with `length` columns (new ones empty and invalid)."""
         self.trace_counts["grow"] += 1
         extra = length - cache.max_length
-        pad = lambda x: jnp.pad(x, [(0, 0), (0, extra)] + [(0, 0)] * (x.ndim - 2))
-        return KVCache(keys=tuple(map(pad, cache.keys)), values=tuple(map(pad, cache.values)),
-                       valid=pad(cache.valid), index=cache.index)
+        pad = lambda x, axis: jnp.pad(x, [(0, extra) if a == axis else (0, 0) for a in range(x.ndim)])
+        kv = lambda x: pad(x, 2)
+        return KVCache(keys=tuple(map(kv, cache.keys)), values=tuple(map(kv, cache.values)),
+                       valid=pad(cache.valid, 1), index=cache.index)

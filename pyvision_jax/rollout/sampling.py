@@ -73,7 +73,7 @@ def sample_tokens(logits: jax.Array, keys: jax.Array,
     Returns (token ids [B] int32, their logprobs [B] float32 under the sampling distribution).
     """
     log_probs = sampling_log_probs(logits, settings)
-    drawn = jax.vmap(jax.random.categorical)(keys, log_probs)
-    tokens = jnp.where(settings.temperature <= 0, jnp.argmax(logits, axis=-1), drawn)
-    tokens = tokens.astype(jnp.int32)
+    tokens = jax.lax.cond(settings.temperature <= 0,
+                          lambda: jnp.argmax(logits, axis=-1).astype(jnp.int32),
+                          lambda: jax.vmap(jax.random.categorical)(keys, log_probs).astype(jnp.int32))
     return tokens, jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]
