@@ -4,7 +4,8 @@ Both sides train the same small Qwen2.5-VL (same weights, vision tower frozen) o
 batch of image trajectories with the same loss (PPO clipped surrogate, token-mean, logits
 divided by the rollout temperature, old logprobs = the current ones detached), global-norm
 clipping and AdamW. Reported: real (non-padding) tokens per second of a full optimizer step,
-median over the timed steps, after warm-up (compilation) steps; ratio = JAX / PyTorch.
+median over the timed steps, after warm-up (compilation) steps; ratio = JAX / PyTorch. The
+timed JAX and PyTorch steps alternate, so that a change of machine load hits both alike.
 
     python benchmarks/train_step.py [--rows 8] [--length 512] [--steps 5]
 """
@@ -68,16 +69,22 @@ def trajectories(config: ModelConfig, rows: int, length: int) -> list[Trajectory
     return out
 
 
-def timed(step, count: int) -> list[float]:
-    times = []
+def interleaved_times(steps: dict, warmup: int, count: int) -> dict[str, list[float]]:
+    """Wall times of `count` calls of each step, the steps alternating, after `warmup` each."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    times = {name: [] for name in steps}
     for _ in range(count):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
     return times
 
 
-def jax_side(config, params, batch, warmup, steps) -> list[float]:
+def jax_step(config, params, batch):
+    """One JAX train step (state kept between calls), blocking until it is done."""
     optimizer = make_optimizer(OptimizerConfig(lr=LR, weight_decay=WEIGHT_DECAY, grad_clip=CLIP))
     mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
     state = init_train_state(params, optimizer, 0)
@@ -91,11 +98,11 @@ def jax_side(config, params, batch, warmup, steps) -> list[float]:
         holder["state"], out = step_fn(holder["state"], device_batch)
         jax.block_until_ready(out)
 
-    timed(step, warmup)
-    return timed(step, steps)
+    return step
 
 
-def torch_side(model, config, batch, warmup, steps) -> list[float]:
+def torch_step(model, config, batch):
+    """The same step on the transformers model with torch.optim.AdamW."""
     for name, p in model.named_parameters():
         p.requires_grad_(not name.startswith(("visual.", "model.visual.")))
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -127,8 +134,7 @@ def torch_side(model, config, batch, warmup, steps) -> list[float]:
         torch.nn.utils.clip_grad_norm_(trainable, CLIP)
         optimizer.step()
 
-    timed(step, warmup)
-    return timed(step, steps)
+    return step
 
 
 def main() -> None:
@@ -152,8 +158,9 @@ def main() -> None:
           f"{stats.real_tokens} real tokens, {stats.loss_tokens} loss tokens, {stats.images} images; "
           f"torch threads {torch.get_num_threads()}, jax devices {jax.devices()}")
     print("load average (1, 5, 15 min) before: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
-    jax_times = jax_side(config, params, batch, args.warmup, args.steps)
-    torch_times = torch_side(model, config, batch, args.warmup, args.steps)
+    times = interleaved_times({"jax": jax_step(config, params, batch),
+                               "torch": torch_step(model, config, batch)}, args.warmup, args.steps)
+    jax_times, torch_times = times["jax"], times["torch"]
     jax_tps = stats.real_tokens / statistics.median(jax_times)
     torch_tps = stats.real_tokens / statistics.median(torch_times)
     print(f"JAX     step: median {statistics.median(jax_times):.3f} s  -> {jax_tps:,.0f} tokens/s")
