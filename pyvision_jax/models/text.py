@@ -98,11 +98,14 @@ def _attend_backward(scale, residuals, d_out):
 _attend.defvjp(_attend_forward, _attend_backward)
 
 
-def _heads_major(q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _query_groups(q: jax.Array, kv_heads: int) -> jax.Array:
+    """q [B, T, H, d] -> [B, KVH, G, T, d], the G query heads sharing each kv head."""
     b, t, h, d = q.shape
-    kvh = k.shape[2]
-    qg = q.reshape(b, t, kvh, h // kvh, d).transpose(0, 2, 3, 1, 4)
-    return qg, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    return q.reshape(b, t, kv_heads, h // kv_heads, d).transpose(0, 2, 3, 1, 4)
+
+
+def _heads_major(q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    return _query_groups(q, k.shape[2]), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
 
 def cached_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
@@ -110,9 +113,7 @@ def cached_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Arr
     """q [B, T, H, d], heads-major cached k/v [B, KVH, S, d], mask [B, T, S] -> [B, T, H, d];
     fp32 softmax."""
     b, t, h, d = q.shape
-    kvh = k.shape[1]
-    qg = q.reshape(b, t, kvh, h // kvh, d).transpose(0, 2, 3, 1, 4)
-    out = _attend(qg, k, v, mask, scale)
+    out = _attend(_query_groups(q, k.shape[1]), k, v, mask, scale)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
@@ -211,8 +212,8 @@ class TextMLP(nnx.Module):
         self.down_proj = linear(f, d, ("mlp", "embed"), use_bias=False, **kw)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        kernel = lambda proj: proj.kernel[...].astype(proj.dtype or x.dtype)
-        dtype = self.down_proj.dtype or x.dtype
+        dtype = self.gate_proj.dtype or x.dtype
+        kernel = lambda proj: proj.kernel[...].astype(dtype)
         return swiglu_mlp(x.astype(dtype), kernel(self.gate_proj), kernel(self.up_proj),
                           kernel(self.down_proj))
 
