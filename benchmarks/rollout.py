@@ -47,12 +47,12 @@ from pyvision_jax.agent.episode import (  # noqa: E402
     _Episode,
     _PromptCache,
 )
-from pyvision_jax.agent.tasks import Task  # noqa: E402
+from pyvision_jax.data.tasks import Task  # noqa: E402
 from pyvision_jax.agent.trajectory import EndReason  # noqa: E402
 from pyvision_jax.convert import save_hf  # noqa: E402
 from pyvision_jax.models import ModelConfig, param_shapes  # noqa: E402
 from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR, load_tiny_tokenizer  # noqa: E402
-from pyvision_jax.rollout.engine import GenerationRequest, SamplingParams  # noqa: E402
+from pyvision_jax.agent.engine import GenerationRequest, SamplingParams  # noqa: E402
 from pyvision_jax.rollout.jax_engine import JaxEngine  # noqa: E402
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine  # noqa: E402
 

@@ -114,7 +114,7 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, on_sigterm)  # before the sandbox pool installs its own
 
     from pyvision_jax.agent.sandbox import SandboxConfig, SandboxPool
-    from pyvision_jax.rollout.engine import SamplingParams
+    from pyvision_jax.agent.engine import SamplingParams
     from pyvision_jax.rollout.queue import QueueConfig, make_queue
     from pyvision_jax.rollout.setup import episode_config, load_tokenizer, training_tasks
     from pyvision_jax.rollout.weights import WeightsWatcher

@@ -61,7 +61,7 @@ from pyvision_jax.agent.prompts import (
     observation_content,
     video_prompt_messages,
 )
-from pyvision_jax.agent.tasks import Task, read_video_info
+from pyvision_jax.data.tasks import Task, read_video_info
 from pyvision_jax.agent.trajectory import (
     ContextImage,
     EndReason,
@@ -77,7 +77,7 @@ from pyvision_jax.processing.image import (
     to_rgb,
 )
 from pyvision_jax.processing.tokens import num_visual_tokens
-from pyvision_jax.rollout.engine import Engine, GenerationRequest, GenerationResult, SamplingParams
+from pyvision_jax.agent.engine import Engine, GenerationRequest, GenerationResult, SamplingParams
 
 CODE_STOP = "</code>"
 

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pyvision_jax.agent.tasks import Task, VideoInfo
+from pyvision_jax.data.tasks import Task, VideoInfo
 from pyvision_jax.processing.chat import VisionTokenIds, expand_vision_pads
 
 _PROTOCOL = """\

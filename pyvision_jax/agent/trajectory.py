@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import msgpack
 import numpy as np
 
-from pyvision_jax.agent.tasks import Task
+from pyvision_jax.data.tasks import Task
 
 _FORMAT_VERSION = 1
 

@@ -36,13 +36,13 @@ from tqdm import tqdm
 
 from pyvision_jax.agent.episode import EpisodeConfig, EpisodeRunner, SandboxSource
 from pyvision_jax.agent.parse import parse_action
-from pyvision_jax.agent.tasks import Task, read_video_info
+from pyvision_jax.data.tasks import Task, read_video_info
 from pyvision_jax.agent.trajectory import Trajectory
 from pyvision_jax.eval import metrics
 from pyvision_jax.processing.tokens import video_token_count
-from pyvision_jax.rl.scoring import GroundTruthError, Score
-from pyvision_jax.rl.trajectory_scoring import score_task_response, score_trajectory
-from pyvision_jax.rollout.engine import Engine, SamplingParams
+from pyvision_jax.grading.scoring import GroundTruthError, Score
+from pyvision_jax.grading.trajectory import score_task_response, score_trajectory
+from pyvision_jax.agent.engine import Engine, SamplingParams
 
 TRAJECTORIES_FILE = "trajectories.jsonl"
 RESULTS_FILE = "results.json"

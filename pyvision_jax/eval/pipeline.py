@@ -19,11 +19,11 @@ from typing import Any, Callable
 import ml_collections
 
 from pyvision_jax.agent.episode import EpisodeConfig
-from pyvision_jax.agent.tasks import load_tasks
+from pyvision_jax.data.tasks import load_tasks
 from pyvision_jax.eval.checkpoints import LoadedPolicy, load_policy
 from pyvision_jax.eval.evaluate import EvalSettings, Evaluator
 from pyvision_jax.models import ModelConfig
-from pyvision_jax.rollout.engine import Engine
+from pyvision_jax.agent.engine import Engine
 from pyvision_jax.rollout import setup
 
 EngineFactory = Callable[[ml_collections.ConfigDict, LoadedPolicy, Any], Engine]

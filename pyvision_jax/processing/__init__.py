@@ -3,7 +3,7 @@
 Modules: image (smart resize, patchify; identical to transformers' Qwen2VLImageProcessorPil),
 video (qwen-vl-utils frame sampling and budgets), tokens (visual token counts), chat
 (placeholder expansion and model inputs for any Qwen2.5-VL tokenizer), tokenizer (the packaged
-tiny tokenizer), build_tiny_tokenizer (regenerates it).
+tiny tokenizer; scripts/build_tiny_tokenizer.py regenerates it).
 """
 
 from pyvision_jax.processing.chat import (

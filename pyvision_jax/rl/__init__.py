@@ -1,7 +1,7 @@
-"""The PyVision-RL math: answer scoring, rewards, group selection, advantages, losses."""
+"""The PyVision-RL math as pure, jittable functions over [P, G] arrays: rewards, group
+statistics, selection, advantages, losses. Host-side answer checking lives in `grading`."""
 from pyvision_jax.rl.advantages import group_advantages
 from pyvision_jax.rl.group_stats import GroupStatistics, group_statistics, usable_mask
-from pyvision_jax.rl.judge import JudgeConfig, JudgeUnavailableError, LLMJudge, parse_verdict
 from pyvision_jax.rl.losses import (
     PPOLossConfig,
     PPOLossOutput,
@@ -11,58 +11,20 @@ from pyvision_jax.rl.losses import (
     summarize_metrics,
 )
 from pyvision_jax.rl.rewards import accumulative_tool_reward
-from pyvision_jax.rl.scoring import (
-    SCORERS,
-    GroundTruthError,
-    Score,
-    ScorerUnavailableError,
-    extract_answer,
-    get_scorer,
-    math_equivalent,
-    mean_relative_accuracy,
-    normalize_text,
-    parse_choice,
-    parse_number,
-    register_scorer,
-    score_math,
-    score_multiple_choice,
-    score_numeric,
-    score_response,
-)
 from pyvision_jax.rl.selection import Selection, SelectionCounts, select_rollouts, take_selected
 
 __all__ = [
-    "SCORERS",
-    "GroundTruthError",
     "GroupStatistics",
-    "JudgeConfig",
-    "JudgeUnavailableError",
-    "LLMJudge",
     "PPOLossConfig",
     "PPOLossOutput",
     "PPOMetrics",
-    "Score",
-    "ScorerUnavailableError",
     "Selection",
     "SelectionCounts",
     "accumulative_tool_reward",
     "combine_metrics",
-    "extract_answer",
-    "get_scorer",
     "group_advantages",
     "group_statistics",
-    "math_equivalent",
-    "mean_relative_accuracy",
-    "normalize_text",
-    "parse_choice",
-    "parse_number",
-    "parse_verdict",
     "ppo_loss",
-    "register_scorer",
-    "score_math",
-    "score_multiple_choice",
-    "score_numeric",
-    "score_response",
     "select_rollouts",
     "summarize_metrics",
     "take_selected",

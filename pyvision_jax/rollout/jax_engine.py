@@ -48,7 +48,7 @@ from pyvision_jax.convert.names import TensorKind, flax_path, tensor_kind, hub_n
 from pyvision_jax.models import KVCache, ModelConfig, ModelInputs, forward, prepare_inputs
 from pyvision_jax.models.rope_index import decode_position_ids
 from pyvision_jax.processing.image import preprocess_images
-from pyvision_jax.rollout.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
+from pyvision_jax.agent.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
 from pyvision_jax.rollout.sampling import SamplingArrays, sample_tokens
 
 DEFAULT_LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -118,7 +118,7 @@ class _Slot:
 
 
 class JaxEngine:
-    """In-process Qwen2.5-VL sampler implementing ``pyvision_jax.rollout.engine.Engine``.
+    """In-process Qwen2.5-VL sampler implementing ``pyvision_jax.agent.engine.Engine``.
 
     ``params`` is the model's pure params dict (``init_params``, ``load_hf``, the trainer's
     state); ``tokenizer`` is used for the end-of-turn ids and to detect stop strings.

@@ -17,7 +17,7 @@ from collections import defaultdict
 from typing import Any, Callable, Mapping, Sequence
 
 from pyvision_jax.processing.tokens import num_visual_tokens
-from pyvision_jax.rollout.engine import GenerationRequest, GenerationResult, SamplingParams
+from pyvision_jax.agent.engine import GenerationRequest, GenerationResult, SamplingParams
 
 Script = Mapping[str, Sequence[str]] | Callable[[GenerationRequest, int], str]
 

@@ -16,9 +16,9 @@ from typing import Any
 import ml_collections
 
 from pyvision_jax.agent.episode import EpisodeConfig
-from pyvision_jax.agent.tasks import Task, load_tasks
+from pyvision_jax.data.tasks import Task, load_tasks
 from pyvision_jax.models import ModelConfig, init_params
-from pyvision_jax.rollout.engine import Engine
+from pyvision_jax.agent.engine import Engine
 
 TASKS_DIR = "tasks"
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
@@ -81,7 +81,7 @@ def training_tasks(config: ml_collections.ConfigDict, workdir: Path) -> list[Tas
     """Tasks of data.train_files, or synthetic tasks generated on first use under workdir/tasks."""
     files = [f.strip() for f in config.data.train_files.split(",") if f.strip()]
     if not files:
-        from pyvision_jax.agent import synthetic
+        from pyvision_jax.data import synthetic
         generators = {"visual_search": synthetic.generate_visual_search, "counting": synthetic.generate_counting,
                       "video": synthetic.generate_videos}
         kinds = [k.strip() for k in config.data.synthetic_kinds.split(",") if k.strip()]

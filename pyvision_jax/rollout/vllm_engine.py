@@ -49,7 +49,7 @@ from pyvision_jax.convert.names import checkpoint_shapes, flax_path, tensor_kind
 from pyvision_jax.convert.tree import flatten_params
 from pyvision_jax.models import ModelConfig
 from pyvision_jax.processing.image import CLIP_MEAN, CLIP_STD, IMAGE_MIN_PIXELS, to_rgb
-from pyvision_jax.rollout.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
+from pyvision_jax.agent.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 _QWEN_ARCHITECTURE = "Qwen2_5_VLForConditionalGeneration"
@@ -220,7 +220,7 @@ def collapse_image_pads(request: GenerationRequest, config: ModelConfig) -> list
 
 
 class VllmEngine:
-    """``pyvision_jax.rollout.engine.Engine`` on an in-process ``vllm.LLM``.
+    """``pyvision_jax.agent.engine.Engine`` on an in-process ``vllm.LLM``.
 
     ``model_dir`` is a Hugging Face Qwen2.5-VL directory (weights, config.json, tokenizer and
     preprocessor_config.json; see ``write_preprocessor_config`` for ``save_hf`` exports).

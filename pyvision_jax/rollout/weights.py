@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pyvision_jax.rollout.engine import Engine
+from pyvision_jax.agent.engine import Engine
 from pyvision_jax.rollout.queue import TrajectoryQueue, checked_version
 
 logger = logging.getLogger(__name__)

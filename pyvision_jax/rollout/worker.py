@@ -45,9 +45,9 @@ from typing import Any
 import numpy as np
 
 from pyvision_jax.agent.episode import EpisodeConfig, EpisodeRunner, SandboxSource
-from pyvision_jax.agent.tasks import Task
+from pyvision_jax.data.tasks import Task
 from pyvision_jax.agent.trajectory import TrajectoryGroup
-from pyvision_jax.rollout.engine import Engine, SamplingParams
+from pyvision_jax.agent.engine import Engine, SamplingParams
 from pyvision_jax.rollout.queue import QueueFullError, TrajectoryQueue
 from pyvision_jax.rollout.weights import IncompleteWeightsError, WeightsWatcher, check_complete
 from pyvision_jax.train.groups import score_groups

@@ -17,7 +17,7 @@ import numpy as np
 from pyvision_jax.agent.trajectory import EndReason, Trajectory, TrajectoryGroup
 from pyvision_jax.rl import accumulative_tool_reward, group_advantages, select_rollouts
 from pyvision_jax.rl.selection import SelectionCounts
-from pyvision_jax.rl.trajectory_scoring import score_trajectory
+from pyvision_jax.grading.trajectory import score_trajectory
 from pyvision_jax.train import metrics as names
 
 

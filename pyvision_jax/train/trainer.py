@@ -36,11 +36,11 @@ import numpy as np
 from tqdm import tqdm
 
 from pyvision_jax.agent.episode import EpisodeRunner
-from pyvision_jax.agent.tasks import Task
+from pyvision_jax.data.tasks import Task
 from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.models import ModelConfig, param_logical_axes
 from pyvision_jax.rl.losses import PPOLossConfig
-from pyvision_jax.rollout.engine import Engine, SamplingParams
+from pyvision_jax.agent.engine import Engine, SamplingParams
 from pyvision_jax.rollout.queue import QueueConfig, QueueFullError, TrajectoryQueue, make_queue
 from pyvision_jax.rollout.setup import build_engine, episode_config, load_model, load_tokenizer, training_tasks
 from pyvision_jax.train import metrics as names

@@ -1,7 +1,7 @@
 import pytest
 from PIL import Image
 
-from pyvision_jax.agent.tasks import Task
+from pyvision_jax.data.tasks import Task
 from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
 
 

@@ -7,8 +7,8 @@ import re
 
 from pyvision_jax.agent.episode import EpisodeConfig, EpisodeRunner
 from pyvision_jax.agent.sandbox import SandboxConfig, SandboxPool
-from pyvision_jax.agent.synthetic import COLOURS, generate_videos, generate_visual_search
-from pyvision_jax.agent.tasks import load_tasks
+from pyvision_jax.data.synthetic import COLOURS, generate_videos, generate_visual_search
+from pyvision_jax.data.tasks import load_tasks
 from pyvision_jax.agent.trajectory import EndReason
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from pyvision_jax.agent.episode import EpisodeConfig, EpisodeRunner
-from pyvision_jax.agent.synthetic import write_mp4
-from pyvision_jax.agent.tasks import Task
+from pyvision_jax.data.synthetic import write_mp4
+from pyvision_jax.data.tasks import Task
 from pyvision_jax.agent.trajectory import EndReason
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 from tests.agent.fake_sandbox import FakePool

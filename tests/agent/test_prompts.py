@@ -7,7 +7,7 @@ from pyvision_jax.agent.prompts import (
     observation_content,
     video_prompt_messages,
 )
-from pyvision_jax.agent.tasks import Task, VideoInfo
+from pyvision_jax.data.tasks import Task, VideoInfo
 
 PAD = 2012
 

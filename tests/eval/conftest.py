@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pyvision_jax.agent.synthetic import write_mp4
-from pyvision_jax.agent.tasks import Task
+from pyvision_jax.data.synthetic import write_mp4
+from pyvision_jax.data.tasks import Task
 from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
 
 HOSTILE = ("<script>document.body.setAttribute('data-pwned','1')</script>"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from configs.tiny_cpu import get_config
-from pyvision_jax.agent.tasks import write_tasks_jsonl
+from pyvision_jax.data.tasks import write_tasks_jsonl
 from pyvision_jax.convert import save_hf, save_params
 from pyvision_jax.eval.checkpoints import detect_checkpoint_kind, load_policy
 from pyvision_jax.eval.evaluate import REPORT_FILE, RESULTS_FILE, TRAJECTORIES_FILE

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pyvision_jax.agent.episode import EpisodeConfig, EpisodeRunner
-from pyvision_jax.agent.tasks import read_video_info
+from pyvision_jax.data.tasks import read_video_info
 from pyvision_jax.eval.evaluate import (
     RESULTS_FILE,
     TRAJECTORIES_FILE,
@@ -15,7 +15,7 @@ from pyvision_jax.eval.evaluate import (
     Evaluator,
 )
 from pyvision_jax.processing.tokens import video_token_count
-from pyvision_jax.rl.trajectory_scoring import score_trajectory
+from pyvision_jax.grading.trajectory import score_trajectory
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 from tests.agent.fake_sandbox import FakePool
 from tests.eval.conftest import HOSTILE, SCRIPT

@@ -1,5 +1,7 @@
 """The packaged tiny tokenizer: loading, special ids, round trips, chat template, rebuild."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -7,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from pyvision_jax.processing import build_tiny_tokenizer
 from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR, load_tiny_tokenizer
 
 QWEN_SPECIAL_IDS = {
@@ -96,7 +97,9 @@ def test_chat_template_is_qwen2_5_vl(tokenizer):
 
 
 def test_rebuilding_gives_identical_files(tmp_path: Path):
-    written = build_tiny_tokenizer.write_tokenizer_files(tmp_path)
+    script = Path(__file__).resolve().parents[2] / "scripts" / "build_tiny_tokenizer.py"
+    subprocess.run([sys.executable, str(script), "--out", str(tmp_path)], check=True, capture_output=True)
+    written = sorted(tmp_path.iterdir())
     assert sorted(path.name for path in written) == sorted(
         path.name for path in TINY_TOKENIZER_DIR.iterdir())
     for path in written:

@@ -15,13 +15,13 @@ from PIL import Image
 from safetensors import safe_open
 
 from pyvision_jax.agent.episode import EpisodeConfig, EpisodeRunner
-from pyvision_jax.agent.tasks import Task
+from pyvision_jax.data.tasks import Task
 from pyvision_jax.agent.trajectory import EndReason
 from pyvision_jax.convert import save_hf
 from pyvision_jax.models import ModelConfig, logits, param_shapes
 from pyvision_jax.processing import preprocess_images
 from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
-from pyvision_jax.rollout.engine import Engine, GenerationRequest, SamplingParams
+from pyvision_jax.agent.engine import Engine, GenerationRequest, SamplingParams
 from pyvision_jax.rollout.jax_engine import IncrementalText, JaxEngine
 from pyvision_jax.rollout.sampling import SamplingArrays, sampling_log_probs
 from tests.agent.fake_sandbox import FakePool

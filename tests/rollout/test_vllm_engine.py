@@ -18,7 +18,7 @@ from pyvision_jax.convert import save_hf  # noqa: E402
 from pyvision_jax.models import ModelConfig, init_params, logits  # noqa: E402
 from pyvision_jax.processing import preprocess_images  # noqa: E402
 from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR, load_tiny_tokenizer  # noqa: E402
-from pyvision_jax.rollout.engine import Engine, GenerationRequest, SamplingParams  # noqa: E402
+from pyvision_jax.agent.engine import Engine, GenerationRequest, SamplingParams  # noqa: E402
 from pyvision_jax.rollout.jax_engine import JaxEngine  # noqa: E402
 from pyvision_jax.rollout.vllm_engine import (  # noqa: E402
     VllmEngine, collapse_image_pads, hf_tensors, write_preprocessor_config)

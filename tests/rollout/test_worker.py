@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from pyvision_jax.agent.episode import EpisodeConfig
-from pyvision_jax.agent.tasks import Task
+from pyvision_jax.data.tasks import Task
 from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
 from pyvision_jax.rollout.queue import LocalTrajectoryQueue

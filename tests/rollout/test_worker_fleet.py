@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from PIL import Image
 
-from pyvision_jax.agent.tasks import Task, write_tasks_jsonl
+from pyvision_jax.data.tasks import Task, write_tasks_jsonl
 from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.models import ModelConfig, init_params
 from pyvision_jax.rollout.redis_queue import RedisTrajectoryQueue

@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from configs.tiny_cpu import get_config
-from pyvision_jax.agent.tasks import Task
+from pyvision_jax.data.tasks import Task
 from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 from pyvision_jax.train import metrics as names

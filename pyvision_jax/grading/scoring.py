@@ -305,7 +305,6 @@ SCORERS: dict[str, Callable[..., Score]] = {
     "multiple_choice": score_multiple_choice,
     "numeric": score_numeric,
     "math": score_math,
-    "free_form": score_math,
 }
 
 

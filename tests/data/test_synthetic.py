@@ -4,7 +4,7 @@ import pytest
 from PIL import Image
 from scipy import ndimage
 
-from pyvision_jax.agent.synthetic import (
+from pyvision_jax.data.synthetic import (
     COLOURS,
     generate_counting,
     generate_synthetic_suite,
@@ -12,7 +12,7 @@ from pyvision_jax.agent.synthetic import (
     generate_visual_search,
     write_mp4,
 )
-from pyvision_jax.agent.tasks import load_tasks
+from pyvision_jax.data.tasks import load_tasks
 
 
 def files(directory):

@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-from pyvision_jax.agent.tasks import Task, write_tasks_jsonl
+from pyvision_jax.data.tasks import Task, write_tasks_jsonl
 
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30), "green": (30, 170, 50), "blue": (30, 70, 220),

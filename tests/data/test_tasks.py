@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pyvision_jax.agent.synthetic import write_mp4
-from pyvision_jax.agent.tasks import TaskFormatError, load_tasks, write_tasks_jsonl
+from pyvision_jax.data.synthetic import write_mp4
+from pyvision_jax.data.tasks import TaskFormatError, load_tasks, write_tasks_jsonl
 
 
 @pytest.fixture

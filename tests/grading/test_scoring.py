@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pyvision_jax.rl import (
+from pyvision_jax.grading import (
     GroundTruthError,
     Score,
     extract_answer,
@@ -14,7 +14,7 @@ from pyvision_jax.rl import (
     score_numeric,
     score_response,
 )
-from pyvision_jax.rl.scoring import SCORERS
+from pyvision_jax.grading.scoring import SCORERS
 
 
 def final(answer: str) -> str:
@@ -123,9 +123,9 @@ def test_numeric_scores_boxed_answer_only():
      ("x = 3", "3", True), ("\\{1,2\\}", "\\{2,1\\}", True), ("0.333", "1/3", False), ("3", "4", False),
      ("Red", "red", True), ("\\text{the dog}", "The dog", True), ("cat", "dog", False)],
 )
-def test_math_and_free_form(answer, truth, correct):
+def test_math_and_free_text(answer, truth, correct):
     assert score_math(final(answer), truth).correct is correct
-    assert score_response(final(answer), truth, "free_form").correct is correct
+    assert score_response(final(answer), truth, "math").correct is correct
 
 
 def test_registry():

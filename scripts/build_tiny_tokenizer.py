@@ -4,7 +4,7 @@ The corpus is generated here from a fixed seed: the PyVision protocol (code bloc
 interpreter observations, image labels), Python snippets over PIL/numpy/matplotlib/decord and
 questions of the synthetic tasks. Training is deterministic, so rerunning
 
-    python -m pyvision_jax.processing.build_tiny_tokenizer [--out DIR]
+    python scripts/build_tiny_tokenizer.py [--out DIR]
 
 reproduces the shipped files byte for byte.
 

@@ -5,7 +5,7 @@ import pytest
 from PIL import Image
 
 from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
-from pyvision_jax.rollout.engine import (
+from pyvision_jax.agent.engine import (
     Engine,
     GenerationRequest,
     GenerationResult,

@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from pyvision_jax.rl import JudgeConfig, JudgeUnavailableError, LLMJudge, Score, parse_verdict, register_scorer, score_response
-from pyvision_jax.rl.scoring import SCORERS
+from pyvision_jax.grading import Score, register_scorer, score_response
+from pyvision_jax.grading.judge import JudgeConfig, JudgeUnavailableError, LLMJudge, parse_verdict
+from pyvision_jax.grading.scoring import SCORERS
 
 
 class StubChatServer(http.server.ThreadingHTTPServer):

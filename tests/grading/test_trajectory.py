@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from pyvision_jax.agent.tasks import Task
+from pyvision_jax.data.tasks import Task
 from pyvision_jax.agent.trajectory import EndReason, Trajectory, TurnRecord
-from pyvision_jax.rl.trajectory_scoring import final_turn_text, score_trajectory, task_scorer
+from pyvision_jax.grading.trajectory import final_turn_text, score_trajectory, task_scorer
 
 
 class CharTokenizer:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyvision_jax.agent.tasks import Task
+from pyvision_jax.data.tasks import Task
 from pyvision_jax.agent.trajectory import Trajectory
-from pyvision_jax.rl.scoring import SCORERS, ZERO_SCORE, Score, score_response
+from pyvision_jax.grading.scoring import SCORERS, ZERO_SCORE, Score, score_response
 
-SCORER_OF_ANSWER_TYPE = {"multiple_choice": "multiple_choice", "numeric": "numeric", "text": "free_form"}
+# A free-text answer goes to the math scorer: math_verify proves symbolic equivalence and falls
+# back to literal comparison of the normalised strings.
+SCORER_OF_ANSWER_TYPE = {"multiple_choice": "multiple_choice", "numeric": "numeric", "text": "math"}
 
 
 def task_scorer(task: Task) -> tuple[str, dict[str, Any]]:

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from typing import Sequence
 
-from pyvision_jax.rl.scoring import ZERO_SCORE, Score, ScorerUnavailableError, extract_answer
+from pyvision_jax.grading.scoring import ZERO_SCORE, Score, ScorerUnavailableError, extract_answer
 
 DEFAULT_JUDGE_PROMPT = (
     "You are grading an answer to a question.\n"
