@@ -1,0 +1,132 @@
+"""The house rules, checked on the source: package layering (no upward imports, no circles),
+no function-local imports of the project's own modules, and no module over 500 lines."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "pyvision_jax"
+MAX_LINES = 500
+
+# Lower layers first; a package may import only from packages listed before it (and itself).
+LAYERS = ("models", "processing", "convert", "data", "agent", "grading", "rl", "rollout", "wiring", "train",
+          "eval")
+
+# Heavy optional dependencies that are imported where used, with a clear error when missing.
+OPTIONAL_LOCAL_IMPORTS = ("vllm", "torch", "redis", "safetensors", "transformers", "math_verify",
+                          "pyvision_jax.rollout.vllm_engine")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".")[: -node.level] if node.level else []
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(module: str, path: Path) -> list[tuple[str, int, bool]]:
+    """(imported module, line, at module level) for every project import of `module`."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    top_level = {id(node) for node in tree.body}
+    for node in tree.body:  # `if TYPE_CHECKING:` blocks count as module level
+        if isinstance(node, ast.If):
+            top_level.update(id(child) for child in ast.walk(node))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, node)
+            names = [target] + [f"{target}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            if name.startswith("pyvision_jax") or name.split(".")[0] in OPTIONAL_LOCAL_IMPORTS:
+                found.append((name, node.lineno, id(node) in top_level))
+    return found
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+MODULES = _modules()
+
+
+def _edges() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {name: set() for name in MODULES}
+    for module, path in MODULES.items():
+        for name, _, _ in _imports(module, path):
+            while name and name not in MODULES:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                graph[module].add(name)
+    return graph
+
+
+def test_layers_known():
+    packages = {_package(m) for m in MODULES} - {""}
+    assert packages <= set(LAYERS), f"packages missing from LAYERS: {sorted(packages - set(LAYERS))}"
+
+
+def test_no_upward_imports_between_packages():
+    upward = []
+    for module, targets in _edges().items():
+        here = _package(module)
+        for target in targets:
+            there = _package(target)
+            if here and there and LAYERS.index(there) > LAYERS.index(here):
+                upward.append(f"{module} -> {target}")
+    assert not upward, "upward imports:\n" + "\n".join(sorted(upward))
+
+
+def test_no_import_cycles():
+    graph = _edges()
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    # A package __init__ that re-exports its submodules is not a cycle of concern.
+    real = [c for c in cycles if not all(part == c.split(" -> ")[0] or part.startswith(c.split(" -> ")[0] + ".")
+                                         for part in c.split(" -> "))]
+    assert not real, "import cycles:\n" + "\n".join(real)
+
+
+def test_no_function_local_project_imports():
+    local = [f"{path.relative_to(ROOT)}:{line}: {name}"
+             for module, path in MODULES.items()
+             for name, line, top in _imports(module, path)
+             if not top and name.startswith("pyvision_jax") and not name.startswith(OPTIONAL_LOCAL_IMPORTS)]
+    assert not local, "function-local imports of the project's own modules:\n" + "\n".join(sorted(set(local)))
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_module_size(module):
+    lines = len(MODULES[module].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{MODULES[module].relative_to(ROOT)} has {lines} lines (limit {MAX_LINES})"
