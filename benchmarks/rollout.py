@@ -41,12 +41,9 @@ from PIL import Image
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pyvision_jax.agent.episode import (  # noqa: E402
-    EpisodeConfig,
-    EpisodeRunner,
-    _Episode,
-    _PromptCache,
-)
+from pyvision_jax.agent.episode import EpisodeConfig  # noqa: E402
+from pyvision_jax.agent.runner import EpisodeRunner, _PromptCache  # noqa: E402
+from pyvision_jax.agent.runner import _SandboxedEpisode as _Episode  # noqa: E402
 from pyvision_jax.data.tasks import Task  # noqa: E402
 from pyvision_jax.agent.trajectory import EndReason  # noqa: E402
 from pyvision_jax.convert import save_hf  # noqa: E402

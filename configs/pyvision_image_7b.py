@@ -13,18 +13,18 @@ grad clip 1, vision tower frozen, 700 steps, on an 8-device mesh (fsdp).
 """
 import ml_collections
 
-from configs.tiny_cpu import get_config as embedded_default
+from configs.base import get_config as base_config
 
 
 def get_config() -> ml_collections.ConfigDict:
-    c = embedded_default()
+    c = base_config()
     c.model.preset = "7b"
     c.model.hf_dir = ""              # required: --config.model.hf_dir=/path/to/Qwen2.5-VL-7B-Instruct
     c.model.tokenizer = ""           # empty: the tokenizer of model.hf_dir
     c.model.param_dtype = "float32"
     c.model.compute_dtype = "bfloat16"
 
-    c.data.train_files = ""          # required: the image RL training set (JSON/JSONL task rows)
+    c.data.train_files = ()          # required: the image RL training set (JSON/JSONL task rows)
     c.data.skip_bad_rows = True
 
     c.episode.max_tool_calls = 4
@@ -47,7 +47,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.temperature = 1.0
     c.rollout.publish_every = 1
     c.rollout.weights_dir = ""       # a directory the rollout nodes can read (default WORKDIR/weights)
-    c.rollout.length_buckets = "4096,8192,16384,32768"
+    c.rollout.length_buckets = (4096, 8192, 16384, 32768)
     c.rollout.vllm_kv_cache_mb = 0   # vLLM sizes its KV cache from GPU memory
     c.rollout.vllm_enforce_eager = False
 
@@ -68,7 +68,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.grad_clip = 1.0
     c.train.freeze_vision = True
     c.train.micro_batch = 8          # rows per micro-batch (a multiple of mesh data * fsdp)
-    c.train.length_buckets = "4096,8192,16384,32768"
+    c.train.length_buckets = (4096, 8192, 16384, 32768)
     c.train.logprob_chunk = 512
     c.train.mesh_data = 1
     c.train.mesh_fsdp = 8

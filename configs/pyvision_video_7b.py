@@ -16,7 +16,7 @@ from configs.pyvision_image_7b import get_config as image_config
 
 def get_config() -> ml_collections.ConfigDict:
     c = image_config()
-    c.data.train_files = ""          # required: the video RL training set (rows with video_path)
+    c.data.train_files = ()          # required: the video RL training set (rows with video_path)
     c.episode.max_images = 32        # frames the model may show itself per trajectory
     c.episode.image_max_pixels = 2_000_000
     return c

@@ -1,6 +1,6 @@
-"""The multi-turn episode: generate -> parse -> run code -> observe, for many trajectories.
+"""The multi-turn episode of one trajectory: generate -> parse -> run code -> observe.
 
-State machine of one trajectory (``_Episode``)::
+State machine of one trajectory (``EpisodeState``, moved by ``EpisodeMachine``)::
 
     START --(render prompt)--> GENERATE --answer--------------------------------> DONE
                                   |  --length cut, no answer------------------> OVER_LENGTH
@@ -21,39 +21,20 @@ user turn and the next assistant header are rendered with the chat template on t
 appended (loss_mask 0). Nothing already in the context is decoded and re-encoded, so the ids
 after turn k are a prefix of the ids after turn k + 1.
 
-Concurrency (``EpisodeRunner.run``). One driver thread owns the engine; a thread pool owns all
-per-trajectory host work (loading media and rendering the prompt, sandbox acquisition and
-runs, rendering observations, releasing sandboxes). The driver loops:
-
-1. admit queued trajectories up to ``max_concurrent`` (their START job goes to the pool);
-2. collect every pool job that has finished, without waiting, moving its trajectory to the
-   ready list (or retiring it);
-3. if any trajectory is ready, call ``engine.generate`` once on ALL ready trajectories, parse
-   the results and hand each trajectory's next step (tool run or finalization) to the pool;
-4. only when nothing is ready, block until the first pool job finishes.
-
-So generation is batched over whatever is ready, sandbox work of other trajectories proceeds
-meanwhile, and no trajectory waits for a slow sandbox of another: there is no per-turn
-barrier. Each trajectory has at most one pool job at a time and the pool has
-``max_concurrent`` threads, so jobs never queue behind each other; a START or TOOL job may
-block on ``SandboxPool.acquire`` only while other trajectories hold sandboxes, and those
-release them from their own threads, so the pool cannot deadlock.
+The machine does no engine or sandbox calls itself: the driver
+(``pyvision_jax.agent.runner.EpisodeRunner``) makes them and hands their results in.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as futures
 import dataclasses
 import io
-import threading
-import time
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Protocol, Sequence
+from typing import Any, Literal, Sequence
 
 from PIL import Image
-from tqdm import tqdm
 
+from pyvision_jax.agent.engine import GenerationRequest, GenerationResult
 from pyvision_jax.agent.parse import Action, ActionKind, parse_action
 from pyvision_jax.agent.prompts import (
     ChatRenderer,
@@ -61,14 +42,8 @@ from pyvision_jax.agent.prompts import (
     observation_content,
     video_prompt_messages,
 )
+from pyvision_jax.agent.trajectory import ContextImage, EndReason, Trajectory, TurnRecord
 from pyvision_jax.data.tasks import Task, read_video_info
-from pyvision_jax.agent.trajectory import (
-    ContextImage,
-    EndReason,
-    Trajectory,
-    TrajectoryGroup,
-    TurnRecord,
-)
 from pyvision_jax.processing.image import (
     IMAGE_MAX_PIXELS,
     IMAGE_MIN_PIXELS,
@@ -77,27 +52,8 @@ from pyvision_jax.processing.image import (
     to_rgb,
 )
 from pyvision_jax.processing.tokens import num_visual_tokens
-from pyvision_jax.agent.engine import Engine, GenerationRequest, GenerationResult, SamplingParams
 
 CODE_STOP = "</code>"
-
-
-class SandboxLike(Protocol):
-    """What the episode uses of ``pyvision_jax.agent.sandbox.Sandbox``."""
-
-    def run(self, code: str) -> Any: ...
-
-    def preload_image(self, name: str, image: Image.Image) -> None: ...
-
-    def preload_video(self, name: str, path: str) -> None: ...
-
-
-class SandboxSource(Protocol):
-    """What the episode uses of ``pyvision_jax.agent.sandbox.SandboxPool``."""
-
-    def acquire(self, timeout_s: float | None = None) -> SandboxLike: ...
-
-    def release(self, sandbox: SandboxLike) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -182,7 +138,7 @@ def context_image(image: Image.Image, label: int, source: str,
 
 
 @dataclass
-class _Episode:
+class EpisodeState:
     """Mutable state of one trajectory; touched by one thread at a time."""
 
     task: Task
@@ -198,7 +154,6 @@ class _Episode:
     turns: list[TurnRecord] = field(default_factory=list)
     num_tool_calls: int = 0
     num_successful_tool_calls: int = 0
-    sandbox: SandboxLike | None = None
     end_reason: EndReason | None = None
     final_answer: str | None = None
     started_at: float = 0.0
@@ -218,9 +173,14 @@ class _Episode:
             self.loss_mask.extend([1] * len(ids))
             self.logprobs.extend(logprobs)
 
+    def end(self, record: TurnRecord, reason: EndReason) -> None:
+        """Records the last turn and ends the trajectory."""
+        self.turns.append(record)
+        self.end_reason = reason
+
 
 @dataclass(frozen=True)
-class _Prompt:
+class TaskPrompt:
     """The rendered first prompt of a task, shared by its rollouts (images are read-only)."""
 
     token_ids: tuple[int, ...]
@@ -229,165 +189,40 @@ class _Prompt:
     runtime_images: dict[str, Image.Image]
 
 
-class _PromptCache:
-    """Renders each task's prompt once per run, whichever rollout asks first."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._entries: dict[str, tuple[threading.Lock, list[_Prompt]]] = {}
-
-    def get(self, task: Task, render: Callable[[Task], _Prompt]) -> _Prompt:
-        with self._lock:
-            lock, slot = self._entries.setdefault(task.id, (threading.Lock(), []))
-        with lock:
-            if not slot:
-                slot.append(render(task))
-            return slot[0]
-
-
 @dataclass(frozen=True)
-class _Pending:
-    """A turn that ended with an action needing the pool (code to run or feedback)."""
+class PendingAction:
+    """A turn that ended with an action needing the tool step (code to run or feedback)."""
 
     action: Action
     result: GenerationResult
     generated_start: int
 
 
-class EpisodeRunner:
-    """Runs episodes of tasks with one engine, one tokenizer and a sandbox pool."""
+class EpisodeMachine:
+    """The transitions of one episode under ``config``; each call moves one
+    ``EpisodeState`` (see the module docstring). The driver calls ``begin`` once, then
+    ``request``/``after_generation`` per turn and, for a pending action, ``show_feedback``
+    (malformed action) or the outcome of its sandbox run (``after_run``, ``fail_run``,
+    ``fail_preload``), and finally ``trajectory``."""
 
-    def __init__(self, engine: Engine, tokenizer: Any, sandboxes: SandboxSource,
-                 config: EpisodeConfig = EpisodeConfig(),
-                 sampling: SamplingParams = SamplingParams()):
-        self.engine = engine
-        self.sandboxes = sandboxes
+    def __init__(self, config: EpisodeConfig, renderer: ChatRenderer):
         self.config = config
-        self.renderer = ChatRenderer(tokenizer, merge_size=config.merge_size)
-        self.sampling = dataclasses.replace(
-            sampling, stop=tuple(dict.fromkeys((*sampling.stop, CODE_STOP))),
-            max_new_tokens=config.max_new_tokens_per_turn)
+        self.renderer = renderer
 
-    def run(self, tasks: Sequence[Task], group_size: int = 1,
-            progress: bool = False) -> list[TrajectoryGroup]:
-        """``group_size`` rollouts of every task, grouped per task in task order."""
-        if group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {group_size}")
-        jobs = [(task, k) for task in tasks for k in range(group_size)]
-        trajectories = self.run_trajectories(jobs, progress=progress)
-        return [TrajectoryGroup(task, tuple(trajectories[i * group_size:(i + 1) * group_size]))
-                for i, task in enumerate(tasks)]
+    def render_prompt(self, task: Task) -> TaskPrompt:
+        """The task's first prompt (reads its image or the video's metadata)."""
+        if task.is_video:
+            messages = video_prompt_messages(task, read_video_info(task.video_path))
+            return TaskPrompt(tuple(self.renderer.prompt_ids(messages)), (), (), {})
+        with Image.open(task.image_path) as opened:
+            original = to_rgb(opened)
+        record, resized = context_image(original, 0, "task", self.config)
+        messages = image_prompt_messages(task, original.width, original.height)
+        return TaskPrompt(tuple(self.renderer.prompt_ids(messages, [record.grid_thw])),
+                          (record,), (resized,), {"image_clue_0": original})
 
-    def run_trajectories(self, jobs: Sequence[tuple[Task, int]],
-                         progress: bool = False) -> list[Trajectory]:
-        """One trajectory per (task, rollout index), in input order."""
-        episodes = [_Episode(task, k) for task, k in jobs]
-        queued = deque(episodes)
-        order = {id(e): i for i, e in enumerate(episodes)}
-        results: list[Trajectory | None] = [None] * len(queued)
-        prompts = _PromptCache()
-        ready: list[_Episode] = []
-        running: dict[futures.Future, tuple[str, _Episode]] = {}
-        pool = futures.ThreadPoolExecutor(self.config.max_concurrent,
-                                          thread_name_prefix="episode")
-        bar = tqdm(total=len(queued), desc="episodes", disable=not progress)
-        try:
-            while queued or running:
-                while queued and len(running) < self.config.max_concurrent:
-                    episode = queued.popleft()
-                    running[pool.submit(self._start, episode, prompts)] = ("start", episode)
-                self._wait_for_work(running)
-                for future in [f for f in running if f.done()]:
-                    stage, episode = running.pop(future)
-                    outcome = future.result()
-                    if stage == "finish":
-                        results[order[id(episode)]] = outcome
-                        bar.update(1)
-                    elif episode.end_reason is None:
-                        ready.append(episode)
-                    else:
-                        running[pool.submit(self._finish, episode)] = ("finish", episode)
-                if ready:
-                    batch, ready = ready, []
-                    for episode, step in zip(batch, self._generate(batch)):
-                        if step is None:
-                            running[pool.submit(self._finish, episode)] = ("finish", episode)
-                        else:
-                            running[pool.submit(self._tool, episode, step)] = ("tool", episode)
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            for episode in episodes:
-                if episode.sandbox is not None:
-                    self.sandboxes.release(episode.sandbox)
-                    episode.sandbox = None
-            raise
-        finally:
-            pool.shutdown(wait=True)
-            bar.close()
-        return [t for t in results if t is not None]
-
-    # -- driver-thread steps -------------------------------------------------------------
-
-    def _wait_for_work(self, running: dict[futures.Future, Any]) -> None:
-        """Blocks until a pool job is done, then briefly lets near-simultaneous ones finish
-        too (at most ``gather_s``) so they share one generation batch."""
-        futures.wait(list(running), return_when=futures.FIRST_COMPLETED)
-        if self.config.gather_s > 0:
-            futures.wait([f for f in running if not f.done()], timeout=self.config.gather_s,
-                         return_when=futures.ALL_COMPLETED)
-
-    def _generate(self, batch: list[_Episode]) -> list[_Pending | None]:
-        requests = [self._request(e) for e in batch]
-        start = time.perf_counter()
-        outputs = self.engine.generate(requests, self.sampling)
-        elapsed = time.perf_counter() - start
-        if len(outputs) != len(batch):
-            raise RuntimeError(f"engine returned {len(outputs)} results for "
-                               f"{len(batch)} requests")
-        steps = []
-        for episode, output in zip(batch, outputs):
-            episode.generate_s += elapsed
-            steps.append(self._after_generation(episode, output))
-        return steps
-
-    def _request(self, episode: _Episode) -> GenerationRequest:
-        room = self.config.max_total_tokens - len(episode.token_ids)
-        return GenerationRequest(
-            request_id=episode.request_id, prompt_token_ids=tuple(episode.token_ids),
-            images=tuple(episode.engine_images),
-            image_grid_thw=[im.grid_thw for im in episode.images],
-            max_new_tokens=min(room, self.config.max_new_tokens_per_turn))
-
-    def _after_generation(self, episode: _Episode, output: GenerationResult) -> _Pending | None:
-        """Appends the generated ids and decides the next step; returns the pool work, or
-        None after setting the end reason."""
-        start = len(episode.token_ids)
-        episode.append(output.token_ids, output.logprobs)
-        action = parse_action(self.renderer.decode(output.token_ids))
-        record = TurnRecord(start, len(episode.token_ids), len(episode.token_ids),
-                            output.finish_reason, action.kind.value, output.policy_version)
-        if action.kind is ActionKind.ANSWER:
-            episode.final_answer = action.answer
-            return self._end(episode, record, EndReason.DONE)
-        if output.finish_reason == "length":
-            return self._end(episode, record, EndReason.OVER_LENGTH)
-        if action.kind.malformed and self.config.on_error == "terminate":
-            return self._end(episode, record, EndReason.ERROR_IN_ACTION)
-        if episode.num_tool_calls >= self.config.max_tool_calls:
-            return self._end(episode, record, EndReason.EXCEED_MAX_TURNS)
-        return _Pending(action, output, start)
-
-    @staticmethod
-    def _end(episode: _Episode, record: TurnRecord, reason: EndReason) -> None:
-        episode.turns.append(record)
-        episode.end_reason = reason
-        return None
-
-    # -- pool-thread steps ---------------------------------------------------------------
-
-    def _start(self, episode: _Episode, prompts: _PromptCache) -> None:
-        episode.started_at = time.perf_counter()
-        prompt = prompts.get(episode.task, self._render_prompt)
+    def begin(self, episode: EpisodeState, prompt: TaskPrompt) -> None:
+        """START: puts the prompt in the context (OVER_LENGTH when it leaves no room)."""
         episode.append(prompt.token_ids)
         episode.prompt_length = len(prompt.token_ids)
         episode.images.extend(prompt.images)
@@ -397,110 +232,75 @@ class EpisodeRunner:
         if episode.prompt_length >= self.config.max_total_tokens:
             episode.end_reason = EndReason.OVER_LENGTH
 
-    def _render_prompt(self, task: Task) -> _Prompt:
-        if task.is_video:
-            messages = video_prompt_messages(task, read_video_info(task.video_path))
-            return _Prompt(tuple(self.renderer.prompt_ids(messages)), (), (), {})
-        with Image.open(task.image_path) as opened:
-            original = to_rgb(opened)
-        record, resized = context_image(original, 0, "task", self.config)
-        messages = image_prompt_messages(task, original.width, original.height)
-        return _Prompt(tuple(self.renderer.prompt_ids(messages, [record.grid_thw])), (record,),
-                       (resized,), {"image_clue_0": original})
+    def request(self, episode: EpisodeState) -> GenerationRequest:
+        """The generation request continuing the episode's context."""
+        room = self.config.max_total_tokens - len(episode.token_ids)
+        return GenerationRequest(
+            request_id=episode.request_id, prompt_token_ids=tuple(episode.token_ids),
+            images=tuple(episode.engine_images),
+            image_grid_thw=[im.grid_thw for im in episode.images],
+            max_new_tokens=min(room, self.config.max_new_tokens_per_turn))
 
-    def _tool(self, episode: _Episode, pending: _Pending) -> None:
-        """Runs the action's code (or prepares its format feedback) and appends the
-        observation, or sets an end reason."""
-        action, output = pending.action, pending.result
-        end = len(episode.token_ids)
-        turn = dict(generated_start=pending.generated_start, generated_end=end,
-                    observation_end=end, finish_reason=output.finish_reason,
-                    action=action.kind.value, policy_version=output.policy_version)
-        if action.kind.malformed:
-            self._observe(episode, turn, action.feedback, [], error=action.feedback)
-            return
-        try:
-            result = self._sandbox(episode).run(action.code)
-        except Exception as err:  # the sandbox's infrastructure, not the model's code
-            self._end(episode, TurnRecord(**turn, tool_error=f"sandbox failure: {err!r}"),
-                      EndReason.SANDBOX_FAILURE)
-            return
+    def after_generation(self, episode: EpisodeState,
+                         output: GenerationResult) -> PendingAction | None:
+        """Appends the generated ids and decides the next step; returns the pending action,
+        or None after setting the end reason."""
+        start = len(episode.token_ids)
+        episode.append(output.token_ids, output.logprobs)
+        action = parse_action(self.renderer.decode(output.token_ids))
+        record = TurnRecord(start, len(episode.token_ids), len(episode.token_ids),
+                            output.finish_reason, action.kind.value, output.policy_version)
+        if action.kind is ActionKind.ANSWER:
+            episode.final_answer = action.answer
+            episode.end(record, EndReason.DONE)
+        elif output.finish_reason == "length":
+            episode.end(record, EndReason.OVER_LENGTH)
+        elif action.kind.malformed and self.config.on_error == "terminate":
+            episode.end(record, EndReason.ERROR_IN_ACTION)
+        elif episode.num_tool_calls >= self.config.max_tool_calls:
+            episode.end(record, EndReason.EXCEED_MAX_TURNS)
+        else:
+            return PendingAction(action, output, start)
+        return None
+
+    def show_feedback(self, episode: EpisodeState, pending: PendingAction) -> None:
+        """TOOL for a malformed action: its format error is the observation."""
+        feedback = pending.action.feedback
+        self._observe(episode, _turn_fields(episode, pending), feedback, [], error=feedback)
+
+    def fail_run(self, episode: EpisodeState, pending: PendingAction, err: Exception) -> None:
+        """TOOL when the sandbox's infrastructure (not the model's code) raised."""
+        episode.end(TurnRecord(**_turn_fields(episode, pending),
+                               tool_error=f"sandbox failure: {err!r}"),
+                    EndReason.SANDBOX_FAILURE)
+
+    def after_run(self, episode: EpisodeState, pending: PendingAction,
+                  result: Any) -> list[tuple[str, Image.Image]]:
+        """TOOL with the sandbox's ``RunResult`` of the action's code: appends the
+        observation or sets an end reason. Returns the (runtime name, image) bindings of the
+        new images, which the driver preloads into the sandbox."""
         episode.tool_s += result.wall_time_s
-        turn["tool_wall_s"] = result.wall_time_s
+        turn = _turn_fields(episode, pending) | {"tool_wall_s": result.wall_time_s}
         error = _run_error(result)
-        if error is not None:
-            if self.config.on_error == "terminate":
-                self._end(episode, TurnRecord(**turn, tool_error=error),
-                          EndReason.ERROR_IN_ACTION)
-                return
-            self._observe(episode, turn, _text_result(result.stdout, error), [], error=error)
-            return
-        self._observe(episode, turn, _text_result(result.stdout, None), list(result.images),
-                      error=None)
-
-    def _observe(self, episode: _Episode, turn: dict[str, Any], text: str,
-                 images: list[Image.Image], error: str | None) -> None:
-        """Checks the budgets, then appends turn end + observation + assistant header and
-        binds the new images in the runtime."""
-        if len(episode.images) + len(images) > self.config.max_images:
-            self._end(episode, TurnRecord(**turn, tool_error=error),
-                      EndReason.EXCEED_MAX_IMAGES)
-            return
-        try:
-            rendered = [context_image(im, episode.next_label + i, "code", self.config)
-                        for i, im in enumerate(images)]
-        except ValueError as err:  # e.g. an aspect ratio Qwen2.5-VL cannot take
-            if self.config.on_error == "terminate":
-                self._end(episode, TurnRecord(**turn, tool_error=str(err)),
-                          EndReason.ERROR_IN_ACTION)
-                return
-            error = f"Error: an image could not be shown: {err}"
-            text, images, rendered = _text_result(text, error), [], []
-        records = [r for r, _ in rendered]
-        labels = [r.label for r in records]
-        closing = self.renderer.turn_closing_ids
-        if turn["finish_reason"] == "eos" and episode.token_ids[-1] == closing[0]:
-            closing = closing[1:]  # the model already ended its turn itself
-        observation = closing + self.renderer.observation_ids(
-            observation_content(text, labels), [r.grid_thw for r in records])
-        if len(episode.token_ids) + len(observation) >= self.config.max_total_tokens:
-            self._end(episode, TurnRecord(**turn, tool_error=error), EndReason.OVER_LENGTH)
-            return
-        episode.append(observation)
-        episode.images.extend(records)
-        episode.engine_images.extend(resized for _, resized in rendered)
-        episode.next_label += len(records)
-        episode.num_tool_calls += 1
         if error is None:
-            episode.num_successful_tool_calls += 1
-        episode.turns.append(TurnRecord(**(turn | {"observation_end": len(episode.token_ids)}),
-                                        tool_error=error, num_new_images=len(records)))
-        for record, image in zip(records, images):
-            episode.runtime_images[f"image_clue_{record.label}"] = image
-            if episode.sandbox is not None:
-                try:
-                    episode.sandbox.preload_image(f"image_clue_{record.label}", image)
-                except Exception as err:
-                    episode.end_reason = EndReason.SANDBOX_FAILURE
-                    episode.turns[-1] = dataclasses.replace(
-                        episode.turns[-1], tool_error=f"sandbox failure: {err!r}")
-                    return
+            return self._observe(episode, turn, _text_result(result.stdout, None),
+                                 list(result.images), error=None)
+        if self.config.on_error == "terminate":
+            episode.end(TurnRecord(**turn, tool_error=error), EndReason.ERROR_IN_ACTION)
+            return []
+        return self._observe(episode, turn, _text_result(result.stdout, error), [], error=error)
 
-    def _sandbox(self, episode: _Episode) -> SandboxLike:
-        """The episode's sandbox, acquired on first use with the clues preloaded."""
-        if episode.sandbox is None:
-            sandbox = self.sandboxes.acquire(timeout_s=self.config.sandbox_acquire_timeout_s)
-            episode.sandbox = sandbox
-            if episode.task.is_video:
-                sandbox.preload_video("video_clue_0", episode.task.video_path)
-            for name, image in episode.runtime_images.items():
-                sandbox.preload_image(name, image)
-        return episode.sandbox
+    @staticmethod
+    def fail_preload(episode: EpisodeState, err: Exception) -> None:
+        """Ends the episode when a new image could not be preloaded into the sandbox."""
+        episode.end_reason = EndReason.SANDBOX_FAILURE
+        episode.turns[-1] = dataclasses.replace(episode.turns[-1],
+                                                tool_error=f"sandbox failure: {err!r}")
 
-    def _finish(self, episode: _Episode) -> Trajectory:
-        if episode.sandbox is not None:
-            sandbox, episode.sandbox = episode.sandbox, None
-            self.sandboxes.release(sandbox)
+    def trajectory(self, episode: EpisodeState, default_version: int,
+                   wall_s: float) -> Trajectory:
+        """The finished episode as a Trajectory; ``default_version`` is its policy version
+        when it has no generated turn."""
         reason = episode.end_reason
         versions = [t.policy_version for t in episode.turns]
         return Trajectory(
@@ -512,9 +312,57 @@ class EpisodeRunner:
             num_successful_tool_calls=episode.num_successful_tool_calls,
             end_reason=reason, broken=reason in self.config.broken_end_reasons,
             final_answer=episode.final_answer,
-            policy_version=min(versions) if versions else self.engine.version,
+            policy_version=min(versions) if versions else default_version,
             timings={"generate_s": episode.generate_s, "tool_s": episode.tool_s,
-                     "wall_s": time.perf_counter() - episode.started_at})
+                     "wall_s": wall_s})
+
+    def _observe(self, episode: EpisodeState, turn: dict[str, Any], text: str,
+                 images: list[Image.Image], error: str | None) -> list[tuple[str, Image.Image]]:
+        """Checks the budgets, then appends turn end + observation + assistant header and
+        binds the new images in the runtime; returns those bindings."""
+        if len(episode.images) + len(images) > self.config.max_images:
+            episode.end(TurnRecord(**turn, tool_error=error), EndReason.EXCEED_MAX_IMAGES)
+            return []
+        try:
+            rendered = [context_image(im, episode.next_label + i, "code", self.config)
+                        for i, im in enumerate(images)]
+        except ValueError as err:  # e.g. an aspect ratio Qwen2.5-VL cannot take
+            if self.config.on_error == "terminate":
+                episode.end(TurnRecord(**turn, tool_error=str(err)), EndReason.ERROR_IN_ACTION)
+                return []
+            error = f"Error: an image could not be shown: {err}"
+            text, images, rendered = _text_result(text, error), [], []
+        records = [r for r, _ in rendered]
+        labels = [r.label for r in records]
+        closing = self.renderer.turn_closing_ids
+        if turn["finish_reason"] == "eos" and episode.token_ids[-1] == closing[0]:
+            closing = closing[1:]  # the model already ended its turn itself
+        observation = closing + self.renderer.observation_ids(
+            observation_content(text, labels), [r.grid_thw for r in records])
+        if len(episode.token_ids) + len(observation) >= self.config.max_total_tokens:
+            episode.end(TurnRecord(**turn, tool_error=error), EndReason.OVER_LENGTH)
+            return []
+        episode.append(observation)
+        episode.images.extend(records)
+        episode.engine_images.extend(resized for _, resized in rendered)
+        episode.next_label += len(records)
+        episode.num_tool_calls += 1
+        if error is None:
+            episode.num_successful_tool_calls += 1
+        episode.turns.append(TurnRecord(**(turn | {"observation_end": len(episode.token_ids)}),
+                                        tool_error=error, num_new_images=len(records)))
+        bindings = [(f"image_clue_{r.label}", image) for r, image in zip(records, images)]
+        episode.runtime_images.update(bindings)
+        return bindings
+
+
+def _turn_fields(episode: EpisodeState, pending: PendingAction) -> dict[str, Any]:
+    """The TurnRecord fields of the pending action's turn, before its observation."""
+    end = len(episode.token_ids)
+    output = pending.result
+    return dict(generated_start=pending.generated_start, generated_end=end,
+                observation_end=end, finish_reason=output.finish_reason,
+                action=pending.action.kind.value, policy_version=output.policy_version)
 
 
 def _run_error(result: Any) -> str | None:

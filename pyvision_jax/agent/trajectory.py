@@ -173,17 +173,46 @@ class Trajectory:
 
 
 @dataclass(frozen=True)
+class GroupScores:
+    """A group's scores, computed once when the group is produced: per rollout the answer
+    score, whether it counts as correct, the successful tool calls and the reward."""
+
+    scores: tuple[float, ...]
+    correct: tuple[bool, ...]
+    tool_calls: tuple[int, ...]
+    rewards: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        sizes = {len(self.scores), len(self.correct), len(self.tool_calls), len(self.rewards)}
+        if len(sizes) != 1:
+            raise ValueError(f"group scores of unequal lengths {sorted(sizes)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"scores": list(self.scores), "correct": list(self.correct),
+                "tool_calls": list(self.tool_calls), "rewards": list(self.rewards)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "GroupScores":
+        return cls(tuple(float(x) for x in d["scores"]), tuple(bool(x) for x in d["correct"]),
+                   tuple(int(x) for x in d["tool_calls"]), tuple(float(x) for x in d["rewards"]))
+
+
+@dataclass(frozen=True)
 class TrajectoryGroup:
-    """The G rollouts of one task, in rollout order."""
+    """The G rollouts of one task, in rollout order, with their scores once scored."""
 
     task: Task
     trajectories: tuple[Trajectory, ...]
+    scores: GroupScores | None = None
 
     def __post_init__(self) -> None:
         for t in self.trajectories:
             if t.task_id != self.task.id:
                 raise ValueError(f"group of task {self.task.id} holds a trajectory of "
                                  f"task {t.task_id}")
+        if self.scores is not None and len(self.scores.scores) != len(self.trajectories):
+            raise ValueError(f"group of task {self.task.id}: {len(self.scores.scores)} scores for "
+                             f"{len(self.trajectories)} rollouts")
 
     def __len__(self) -> int:
         return len(self.trajectories)
@@ -193,21 +222,34 @@ class TrajectoryGroup:
         """The oldest policy version among the rollouts (what staleness is judged by)."""
         return min(t.policy_version for t in self.trajectories)
 
+    @property
+    def key(self) -> str:
+        """`"{task_id}#{epoch}"` (rollout indices are `epoch * G + k`): the same for a group
+        and its regeneration after a crash."""
+        first = min(t.rollout_index for t in self.trajectories)
+        return f"{self.task.id}#{first // len(self)}"
+
+    def with_scores(self, scores: GroupScores) -> "TrajectoryGroup":
+        return TrajectoryGroup(self.task, self.trajectories, scores)
+
+    def _record(self, trajectories: list[Any]) -> dict[str, Any]:
+        return {"task": self.task.to_row(), "trajectories": trajectories,
+                "scores": None if self.scores is None else self.scores.to_dict()}
+
     def to_bytes(self) -> bytes:
-        return msgpack.packb({"v": _FORMAT_VERSION, "task": self.task.to_row(),
-                              "trajectories": [t.to_dict() for t in self.trajectories]})
+        return msgpack.packb({"v": _FORMAT_VERSION, **self._record([t.to_dict() for t in self.trajectories])})
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "TrajectoryGroup":
         d = _unpack(data)
         row = dict(d["task"])
         row["options"] = tuple(row["options"])
-        return cls(Task(**row), tuple(Trajectory.from_dict(t) for t in d["trajectories"]))
+        scores = d.get("scores")
+        return cls(Task(**row), tuple(Trajectory.from_dict(t) for t in d["trajectories"]),
+                   None if scores is None else GroupScores.from_dict(scores))
 
     def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps({"task": self.task.to_row(),
-                           "trajectories": [json.loads(t.to_json(None))
-                                            for t in self.trajectories]}, indent=indent)
+        return json.dumps(self._record([json.loads(t.to_json(None)) for t in self.trajectories]), indent=indent)
 
 
 def _unpack(data: bytes) -> dict[str, Any]:

@@ -4,8 +4,8 @@
 what it measures is exactly the episode the trainer runs, with the evaluation budgets.
 
 Outputs in ``out_dir``:
-- ``trajectories.jsonl``: one line per rollout (``trajectory_record``), the k lines of a task
-  appended together with one write as soon as the task is done;
+- ``trajectories.jsonl``: one line per rollout (``records.trajectory_record``), the k lines
+  of a task appended together with one write as soon as the task is done;
 - ``results.json``: settings (seeds included), metrics (``metrics.summarize``), progress and
   wall time; rewritten atomically after every task;
 - ``report.html``: the self-contained trajectory viewer (``report.write_report``);
@@ -22,35 +22,38 @@ rollout's samples depend neither on which tasks share its batch nor on resuming.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 import math
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tqdm import tqdm
 
-from pyvision_jax.agent.episode import EpisodeConfig, EpisodeRunner, SandboxSource
-from pyvision_jax.agent.parse import parse_action
-from pyvision_jax.data.tasks import Task, read_video_info
-from pyvision_jax.agent.trajectory import Trajectory
-from pyvision_jax.eval import metrics
-from pyvision_jax.processing.tokens import video_token_count
-from pyvision_jax.grading.scoring import GroundTruthError, Score
-from pyvision_jax.grading.trajectory import score_task_response, score_trajectory
 from pyvision_jax.agent.engine import Engine, SamplingParams
+from pyvision_jax.agent.episode import EpisodeConfig
+from pyvision_jax.agent.runner import EpisodeRunner, SandboxSource
+from pyvision_jax.agent.trajectory import Trajectory
+from pyvision_jax.data.tasks import Task, read_video_info
+from pyvision_jax.eval import metrics
+from pyvision_jax.eval.records import (
+    RESULTS_FILE,
+    SETTINGS_FILE,
+    TRAJECTORIES_FILE,
+    append_jsonl,
+    read_finished,
+    rewrite_jsonl,
+    trajectory_record,
+    write_json_atomic,
+)
+from pyvision_jax.eval.report import write_report
+from pyvision_jax.grading.scoring import GroundTruthError
+from pyvision_jax.grading.trajectory import score_task_response, score_trajectory
+from pyvision_jax.processing.tokens import video_token_count
 
-TRAJECTORIES_FILE = "trajectories.jsonl"
-RESULTS_FILE = "results.json"
-REPORT_FILE = "report.html"
-SETTINGS_FILE = "settings.json"
 _PRESENTATION_SETTINGS = ("report", "report_rollouts_per_task", "progress")
-_IMAGE_PAD = "<|image_pad|>"
-_INTERPRETER_TEXT = re.compile(r"Text Result:\n(.*?)\nImage Result:", re.DOTALL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,114 +111,6 @@ def uniform_video_tokens(task: Task, patch_size: int = 14, merge_size: int = 2,
                              temporal_patch_size=temporal_patch_size)
 
 
-def _decode_collapsed(tokenizer: Any, ids: Sequence[int], image_pad_id: int) -> str:
-    """Decoded text with each run of image-pad tokens shown once as ``<|image_pad|>×N``."""
-    pieces, i = [], 0
-    while i < len(ids):
-        j = i
-        pad = ids[i] == image_pad_id
-        while j < len(ids) and (ids[j] == image_pad_id) == pad:
-            j += 1
-        if pad:
-            pieces.append(f"{_IMAGE_PAD}×{j - i}")
-        else:
-            pieces.append(tokenizer.decode(list(ids[i:j]), skip_special_tokens=False))
-        i = j
-    return "".join(pieces)
-
-
-def trajectory_record(task: Task, trajectory: Trajectory, score: Score, tokenizer: Any,
-                      uniform_tokens: int | None) -> dict[str, Any]:
-    """One line of trajectories.jsonl: the metrics fields of ``metrics.RolloutOutcome``, the
-    task row, and a decoded view for people (prompt, per-turn text / code / interpreter
-    output / images as base64 PNG). Token ids are not kept (see the trainer's samples)."""
-    image_pad_id = tokenizer.convert_tokens_to_ids(_IMAGE_PAD)
-    ids = trajectory.token_ids.tolist()
-    code_images = [im for im in trajectory.images if im.source == "code"]
-    turns, next_image = [], 0
-    for turn in trajectory.turns:
-        text = tokenizer.decode(ids[turn.generated_start:turn.generated_end],
-                                skip_special_tokens=False)
-        observation = _decode_collapsed(tokenizer, ids[turn.generated_end:turn.observation_end],
-                                        image_pad_id)
-        interpreter = _INTERPRETER_TEXT.search(observation)
-        labels = [im.label for im in code_images[next_image:next_image + turn.num_new_images]]
-        next_image += turn.num_new_images
-        turns.append({
-            "text": text, "action": turn.action, "code": parse_action(text).code,
-            "observation": observation,
-            "interpreter_text": interpreter.group(1) if interpreter else None,
-            "image_labels": labels, "tool_error": turn.tool_error,
-            "finish_reason": turn.finish_reason,
-        })
-    return {
-        "task_id": task.id, "data_source": task.data_source,
-        "rollout_index": trajectory.rollout_index,
-        "score": float(score.score), "correct": bool(score.correct), "extracted": score.extracted,
-        "num_tool_calls": trajectory.num_tool_calls,
-        "num_successful_tool_calls": trajectory.num_successful_tool_calls,
-        "end_reason": trajectory.end_reason.value, "broken": trajectory.broken,
-        "visual_tokens": trajectory.num_visual_tokens,
-        "response_tokens": trajectory.num_generated_tokens,
-        "total_tokens": len(ids),
-        "is_video": task.is_video, "uniform_video_tokens": uniform_tokens,
-        "final_answer": trajectory.final_answer, "policy_version": trajectory.policy_version,
-        "timings": dict(trajectory.timings),
-        "task": task.to_row(),
-        "prompt": _decode_collapsed(tokenizer, ids[:trajectory.prompt_length], image_pad_id),
-        "turns": turns,
-        "images": [{"label": im.label, "source": im.source, "grid_thw": list(im.grid_thw),
-                    "num_tokens": im.num_tokens,
-                    "png_base64": base64.b64encode(im.png).decode("ascii")}
-                   for im in trajectory.images],
-    }
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Writes JSON to a temporary file and renames it over ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w") as f:
-        json.dump(data, f, indent=1, sort_keys=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_finished(path: Path, k: int) -> tuple[dict[str, list[dict[str, Any]]], bool]:
-    """Records of the tasks whose k rollouts are all in ``path`` (by task id, rollout order),
-    and whether the file holds anything else (unfinished tasks, a torn last line)."""
-    if not path.is_file():
-        return {}, False
-    by_task: dict[str, dict[int, dict[str, Any]]] = {}
-    dirty = False
-    with path.open() as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-                task_id, index = record["task_id"], int(record["rollout_index"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                dirty = True
-                continue
-            by_task.setdefault(task_id, {})[index] = record
-    finished = {}
-    for task_id, records in by_task.items():
-        if sorted(records) == list(range(k)):
-            finished[task_id] = [records[i] for i in range(k)]
-        else:
-            dirty = True
-    return finished, dirty
-
-
-def _rewrite_jsonl(path: Path, records: Sequence[dict[str, Any]]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w") as f:
-        for record in records:
-            f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class Evaluator:
     """Runs, scores and records an evaluation with an injected engine and sandbox source."""
 
@@ -223,7 +118,7 @@ class Evaluator:
                  episode: EpisodeConfig = EpisodeConfig.evaluation(),
                  settings: EvalSettings = EvalSettings(),
                  run_info: Mapping[str, Any] | None = None,
-                 temporal_patch_size: int = 2):
+                 temporal_patch_size: int = 2) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.episode = episode
@@ -281,7 +176,7 @@ class Evaluator:
         k = self.settings.k
         finished, dirty = read_finished(jsonl, k)
         if dirty:
-            _rewrite_jsonl(jsonl, [r for records in finished.values() for r in records])
+            rewrite_jsonl(jsonl, [r for records in finished.values() for r in records])
         previous_wall = 0.0
         if (out_dir / RESULTS_FILE).is_file():
             previous_wall = float(json.loads((out_dir / RESULTS_FILE).read_text())
@@ -315,10 +210,7 @@ class Evaluator:
                     [(task, i) for task in chunk for i in range(k)])
                 for n, task in enumerate(chunk):
                     task_records = self._score_task(task, trajectories[n * k:(n + 1) * k])
-                    with jsonl.open("a") as f:
-                        f.write("".join(json.dumps(r) + "\n" for r in task_records))
-                        f.flush()
-                        os.fsync(f.fileno())
+                    append_jsonl(jsonl, task_records)
                     outcomes[task.id] = [metrics.RolloutOutcome.from_record(r)
                                          for r in task_records]
                     bar.update(1)
@@ -331,7 +223,6 @@ class Evaluator:
         final = results(complete=True)
         write_json_atomic(out_dir / RESULTS_FILE, final)
         if self.settings.report:
-            from pyvision_jax.eval.report import write_report
             write_report(out_dir, self.settings.report_rollouts_per_task or None)
         return final
 

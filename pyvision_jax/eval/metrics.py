@@ -38,7 +38,7 @@ class RolloutOutcome:
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> "RolloutOutcome":
-        """From one line of trajectories.jsonl (see ``evaluate.trajectory_record``)."""
+        """From one line of trajectories.jsonl (see ``records.trajectory_record``)."""
         return cls(**{name: record[name] for name in cls.__dataclass_fields__ if name in record})
 
 

@@ -18,31 +18,14 @@ from typing import Any, Callable
 
 import ml_collections
 
-from pyvision_jax.agent.episode import EpisodeConfig
-from pyvision_jax.data.tasks import load_tasks
-from pyvision_jax.eval.checkpoints import LoadedPolicy, load_policy
-from pyvision_jax.eval.evaluate import EvalSettings, Evaluator
-from pyvision_jax.models import ModelConfig
+from pyvision_jax import wiring
 from pyvision_jax.agent.engine import Engine
-from pyvision_jax.rollout import setup
+from pyvision_jax.convert import save_hf
+from pyvision_jax.data.tasks import load_tasks
+from pyvision_jax.eval.evaluate import EvalSettings, Evaluator
+from pyvision_jax.eval.policy import LoadedPolicy, load_policy
 
 EngineFactory = Callable[[ml_collections.ConfigDict, LoadedPolicy, Any], Engine]
-
-
-def eval_episode_config(config: ml_collections.ConfigDict, model_config: ModelConfig,
-                        max_tool_calls: int | None = None) -> EpisodeConfig:
-    """The episode budgets of the config with the evaluation overrides."""
-    e, v = config.episode, config.eval
-    return EpisodeConfig.evaluation(
-        max_tool_calls=int(max_tool_calls if max_tool_calls is not None
-                           else v.max_tool_calls),
-        max_images=e.max_images,
-        max_new_tokens_per_turn=int(v.max_new_tokens_per_turn),
-        max_total_tokens=int(v.max_total_tokens),
-        on_error=e.on_error, broken_end_reasons=e.broken_end_reasons,
-        image_min_pixels=e.image_min_pixels, image_max_pixels=e.image_max_pixels,
-        patch_size=model_config.vision.patch_size,
-        merge_size=model_config.vision.spatial_merge_size, max_concurrent=e.max_concurrent)
 
 
 def eval_settings(config: ml_collections.ConfigDict, k: int | None = None,
@@ -54,53 +37,28 @@ def eval_settings(config: ml_collections.ConfigDict, k: int | None = None,
         report_rollouts_per_task=int(v.report_rollouts_per_task), progress=progress)
 
 
-def tokenizer_source(config: ml_collections.ConfigDict, policy: LoadedPolicy) -> Path:
-    """The directory of the tokenizer ``load_eval_tokenizer`` loads."""
-    name = config.model.tokenizer
-    if name == "tiny" and policy.tokenizer_dir is None:
-        from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR
-        return TINY_TOKENIZER_DIR
-    source = (name if name not in ("", "tiny") else None) or policy.tokenizer_dir \
-        or config.model.hf_dir
-    if not source:
-        raise ValueError(f"no tokenizer for {policy.path}: it carries no tokenizer files; set "
-                         f"--config.model.tokenizer=DIR (or 'tiny')")
-    return Path(source)
-
-
-def load_eval_tokenizer(config: ml_collections.ConfigDict, policy: LoadedPolicy) -> Any:
-    """``model.tokenizer``: "tiny" (the packaged one) unless the checkpoint carries its own
-    tokenizer files, a tokenizer directory, or "" (the checkpoint's, else model.hf_dir)."""
-    if config.model.tokenizer == "tiny" and policy.tokenizer_dir is None:
-        from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
-        return load_tiny_tokenizer()
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(tokenizer_source(config, policy))
-
-
 def jax_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, tokenizer: Any) -> Engine:
     """The in-process JAX sampler with the config's rollout shapes and eval budget."""
-    return setup.jax_engine(config, policy.model_config, policy.params, tokenizer,
-                            version=policy.version, max_total_tokens=int(config.eval.max_total_tokens))
+    return wiring.jax_engine(config, policy.model_config, policy.params, tokenizer,
+                             version=policy.version, max_total_tokens=int(config.eval.max_total_tokens))
 
 
 def vllm_eval_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, work_dir: Path) -> Engine:
     """vLLM on the policy: an HF checkpoint directory as it is (with a preprocessor config and
     tokenizer added beside links to its files when it lacks them); params and training
     checkpoints are first exported with ``save_hf`` into a temporary directory in ``work_dir``."""
-    setup.require_vllm()
+    wiring.require_vllm()
     e = config.episode
     work_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".vllm-model-", dir=work_dir))
     source = Path(policy.path)
     if policy.kind != "hf":
-        from pyvision_jax.convert import save_hf
         source = save_hf(policy.model_config, policy.params, staging / "export", progress=False)
-    model_dir = setup.vllm_model_dir(source, staging / "model", policy.model_config,
-                                     tokenizer_source(config, policy), min_pixels=e.image_min_pixels,
-                                     max_pixels=e.image_max_pixels)
-    return setup.vllm_engine(config, model_dir, version=policy.version,
-                             max_total_tokens=int(config.eval.max_total_tokens))
+    model_dir = wiring.vllm_model_dir(source, staging / "model", policy.model_config,
+                                      wiring.tokenizer_dir(config, policy.tokenizer_dir),
+                                      min_pixels=e.image_min_pixels, max_pixels=e.image_max_pixels)
+    return wiring.vllm_engine(config, model_dir, version=policy.version,
+                              max_total_tokens=int(config.eval.max_total_tokens))
 
 
 def build_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, tokenizer: Any,
@@ -126,20 +84,17 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | os.
     if not tasks:
         raise ValueError(f"{data}: no tasks")
     policy = load_policy(checkpoint, config, progress=progress)
-    tokenizer = load_eval_tokenizer(config, policy)
+    tokenizer = wiring.load_tokenizer(config, policy.tokenizer_dir)
     engine = (engine_factory(config, policy, tokenizer) if engine_factory
               else build_engine(config, policy, tokenizer, work_dir=out_dir))
-    episode = eval_episode_config(config, policy.model_config, max_tool_calls)
+    episode = wiring.episode_config(config, policy.model_config, evaluation=True, max_tool_calls=max_tool_calls)
     settings = eval_settings(config, k, progress)
     run_info = {"checkpoint": policy.path, "checkpoint_kind": policy.kind,
                 "policy_version": policy.version, "data": str(Path(data).absolute()),
                 "engine_kind": config.rollout.engine}
     own_pool = sandboxes is None
     if own_pool:
-        from pyvision_jax.agent.sandbox import SandboxConfig, SandboxPool
-        sandboxes = SandboxPool(SandboxConfig(timeout_s=config.sandbox.timeout_s,
-                                              allow_unisolated=config.sandbox.allow_unisolated),
-                                size=config.sandbox.pool_size)
+        sandboxes = wiring.sandbox_pool(config)
     try:
         evaluator = Evaluator(engine, tokenizer, sandboxes, episode, settings, run_info,
                               temporal_patch_size=policy.model_config.vision.temporal_patch_size)
@@ -149,6 +104,5 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | os.
             sandboxes.close()
 
 
-__all__ = ["EngineFactory", "build_engine", "eval_episode_config", "eval_settings",
-           "evaluate_checkpoint", "jax_engine", "load_eval_tokenizer", "tokenizer_source",
+__all__ = ["EngineFactory", "build_engine", "eval_settings", "evaluate_checkpoint", "jax_engine",
            "vllm_eval_engine"]

@@ -21,7 +21,13 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from pyvision_jax.eval.evaluate import REPORT_FILE, RESULTS_FILE, TRAJECTORIES_FILE, read_finished
+from pyvision_jax.eval.records import (
+    REPORT_FILE,
+    RESULTS_FILE,
+    TRAJECTORIES_FILE,
+    read_finished,
+    write_text_atomic,
+)
 
 _BASE64 = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
 _CODE_BLOCK = re.compile(r"<code>.*?</code>", re.DOTALL)
@@ -262,7 +268,5 @@ def write_report(out_dir: str | Path, max_rollouts_per_task: int | None = None) 
         for task_records in finished.values():
             records.extend(task_records[:max_rollouts_per_task])
     path = out_dir / REPORT_FILE
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(render_report(results, records), encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, render_report(results, records))
     return path

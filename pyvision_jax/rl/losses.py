@@ -40,6 +40,12 @@ class PPOLossConfig:
     kl_estimator: Literal["k1", "k3"] = "k3"
     entropy_coef: float = 0.0
 
+    @classmethod
+    def from_config(cls, rl) -> "PPOLossConfig":
+        """From the `rl` config section (dual_clip 0 disables the dual clip)."""
+        return cls(eps_low=rl.eps_low, eps_high=rl.eps_high, dual_clip=rl.dual_clip or None,
+                   aggregation=rl.loss_agg, kl_coef=rl.kl_coef, entropy_coef=rl.entropy_coef)
+
     def __post_init__(self):
         problems = []
         if not 0 <= self.eps_low < 1:

@@ -7,16 +7,10 @@ for ``decode_chunk`` tokens (one ``lax.scan``); the cache length S is one of the
 buckets plus ``decode_chunk``. New prompt lengths, new requests and new weights within those
 shapes never recompile (``trace_counts`` counts the traces of every jitted function).
 
-Cache layout. The model's cache writes every call's tokens at one shared column ``index``.
-Each slot keeps its tokens right-aligned: its valid columns are ``[index - length, index)``.
-A joining request is prefilled into a small cache of its bucket length and copied into its
-slot ending at ``index`` (its leading padding may wrap to the row's free end); a decode
-chunk appends ``decode_chunk`` columns for every slot (inactive slots write masked, invalid
-columns). When the cache runs out of room, all rows
-are shifted left together until the longest active row starts at column 0 (one jitted roll),
-and only if that is not enough the cache grows to the next bucket. Positions never depend on
-columns: every token carries its M-RoPE position (``rope_index`` for the prompt, then
-``n_real_prompt + k + rope_delta``), so moving columns changes no logits.
+Cache layout: see ``pyvision_jax.rollout.slot_cache`` (slots right-aligned at one shared
+write column; rows shift left together, and the cache grows only when that is not enough).
+Positions never depend on columns: every token carries its M-RoPE position (``rope_index``
+for the prompt, then ``n_real_prompt + k + rope_delta``), so moving columns changes no logits.
 
 Continuous batching. ``generate`` queues its requests; whenever a slot is free the next
 queued requests are prefilled into free slots, and after every decode chunk the host checks
@@ -33,7 +27,6 @@ call), so a seeded request gives the same tokens whatever slot, batch or timing 
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import threading
 import zlib
@@ -50,14 +43,9 @@ from pyvision_jax.models.rope_index import decode_position_ids
 from pyvision_jax.processing.image import preprocess_images
 from pyvision_jax.agent.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
 from pyvision_jax.rollout.sampling import SamplingArrays, sample_tokens
+from pyvision_jax.rollout.slot_cache import SlotCache, smallest_bucket
 
 DEFAULT_LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
-
-
-def _bucket(value: int, buckets: Sequence[int]) -> int | None:
-    """Smallest bucket >= value, None when value exceeds the largest."""
-    position = bisect.bisect_left(buckets, value)
-    return buckets[position] if position < len(buckets) else None
 
 
 class IncrementalText:
@@ -156,19 +144,16 @@ class JaxEngine:
         if self.prefill_batches[0] < 1 or self.prefill_batches[-1] != max_batch:
             raise ValueError(f"JaxEngine: prefill_batch_sizes must be positive and end at "
                              f"max_batch={max_batch}, got {prefill_batch_sizes}")
-        self.min_cache_length = self._capacity(min_cache_length)
         self.trace_counts: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()
+        self._kv = SlotCache(config, max_batch, buckets, decode_chunk, self.cache_dtype,
+                             min_cache_length, self.trace_counts, self.calls)
         self._params = jax.tree.map(jnp.asarray, params)
         self._version = int(version)
         self._lock = threading.Lock()
         self._seed_source = np.random.default_rng()
-        self._cache: KVCache | None = None
-        self._index = 0
         self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1,))
         self._decode = jax.jit(self._decode_impl, donate_argnums=(1,))
-        self._shift = jax.jit(self._shift_impl, donate_argnums=(0,))
-        self._grow = jax.jit(self._grow_impl, static_argnums=(1,))
 
     # ------------------------------------------------------------------ Engine protocol
 
@@ -184,9 +169,8 @@ class JaxEngine:
     def compile_counts(self) -> dict[str, int]:
         """Compiled executables held by each jitted function (a retrace or a new argument
         placement adds one; ``trace_counts`` only sees retraces)."""
-        functions = {"prefill": self._prefill, "decode": self._decode, "shift": self._shift,
-                     "grow": self._grow}
-        return {name: fn._cache_size() for name, fn in functions.items()}
+        functions = {"prefill": self._prefill, "decode": self._decode}
+        return {name: fn._cache_size() for name, fn in functions.items()} | self._kv.compile_counts
 
     def update_weights(self, weights: Any, version: int) -> None:
         """Swaps in new weights (same tree, shapes; cast to the current dtypes).
@@ -252,7 +236,7 @@ class JaxEngine:
             settings = SamplingArrays.create(params.temperature, params.top_k, params.top_p)
             version = self._version
             results: list[GenerationResult | None] = [None] * len(jobs)
-            self._reset_cache(max(len(j.request.prompt_token_ids) for j in jobs))
+            self._kv.reset(max(len(j.request.prompt_token_ids) for j in jobs))
             queued = deque(jobs)
             slots: list[_Slot | None] = [None] * self.max_batch
             while queued or any(slots):
@@ -316,46 +300,13 @@ class JaxEngine:
                              f"{got.tolist()}, the request says {grids.tolist()}")
         return patches
 
-    def _capacity(self, needed: int) -> int:
-        """The smallest cache length (bucket + decode_chunk) holding `needed` columns."""
-        bucket = _bucket(max(needed - self.decode_chunk, 1), self.length_buckets)
-        if bucket is None:
-            raise ValueError(f"the KV cache would need {needed} columns, more than the largest "
-                             f"length bucket {self.length_buckets[-1]} + {self.decode_chunk}")
-        return bucket + self.decode_chunk
-
-    def _reset_cache(self, longest_prompt: int) -> None:
-        """Sizes the (all free) cache for the call's longest prompt bucket; a cache of the
-        right size is reused as it is, since joining rows clear their slot."""
-        length = max(self.min_cache_length, self._capacity(
-            _bucket(longest_prompt, self.length_buckets) + self.decode_chunk))
-        if self._cache is None or self._cache.max_length != length:
-            self._cache = KVCache.init(self.config, self.max_batch, length, self.cache_dtype)
-            self._index = 0
-
-    def _make_room(self, slots: list[_Slot | None], index_at_least: int, extra: int) -> None:
-        """Moves all rows so that the shared write index is >= `index_at_least` and `extra`
-        more columns fit after it, growing the cache only if shifting is not enough."""
-        longest = max((s.length for s in slots if s is not None), default=0)
-        target = self._index
-        if target + extra > self._cache.max_length:
-            target = longest  # shift left as far as the longest row allows
-        target = max(target, index_at_least)
-        if target + extra > self._cache.max_length:
-            self._cache = self._grow(self._cache, self._capacity(target + extra))
-            self.calls["grow"] += 1
-        if target != self._index:
-            self._cache = self._shift(self._cache, jnp.asarray(target, jnp.int32))
-            self.calls["shift"] += 1
-            self._index = target
-
     def _admit(self, joining: list[_Prepared], free: list[int], slots: list[_Slot | None],
                settings: SamplingArrays, params: SamplingParams,
                results: list[GenerationResult | None], version: int) -> None:
         """Prefills `joining` into free slots and takes their first tokens."""
         prompts = [j.request.prompt_token_ids for j in joining]
-        length = _bucket(max(map(len, prompts)), self.length_buckets)
-        batch = _bucket(len(joining), self.prefill_batches)
+        length = smallest_bucket(max(map(len, prompts)), self.length_buckets)
+        batch = smallest_bucket(len(joining), self.prefill_batches)
         ids = np.full((batch, length), self.config.pad_token_id, np.int32)
         mask = np.zeros((batch, length), bool)
         for row, prompt in enumerate(prompts):
@@ -372,13 +323,11 @@ class JaxEngine:
         targets[:len(joining)] = free[:len(joining)]
         keys = np.zeros((batch, 2), np.uint32)
         keys[:len(joining)] = [j.key for j in joining]
-        if self._cache.max_length < length:  # the padded block must not overlap itself
-            self._cache = self._grow(self._cache, self._capacity(length + self.decode_chunk))
-            self.calls["grow"] += 1
-        self._make_room(slots, max(map(len, prompts)), 0)
-        self._cache, tokens, logprobs = self._prefill(
-            self._params, self._cache, model_inputs, jnp.asarray(targets),
-            jnp.asarray(self._index - length, jnp.int32), jnp.asarray(keys), settings)
+        self._kv.hold_block(length)
+        self._kv.make_room(_lengths(slots), max(map(len, prompts)), 0)
+        self._kv.cache, tokens, logprobs = self._prefill(
+            self._params, self._kv.cache, model_inputs, jnp.asarray(targets),
+            jnp.asarray(self._kv.index - length, jnp.int32), jnp.asarray(keys), settings)
         self.calls["prefill"] += 1
         tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
         n_real = mask.sum(-1)
@@ -396,16 +345,16 @@ class JaxEngine:
                       version: int) -> None:
         """Runs `decode_chunk` tokens for every slot and hands each active slot its tokens."""
         steps = self.decode_chunk
-        self._make_room(slots, 0, steps)
+        self._kv.make_room(_lengths(slots), 0, steps)
         active = np.array([s is not None for s in slots])
         tokens = np.array([s.last_token if s else 0 for s in slots], np.int32)
         positions = np.array([s.position if s else 0 for s in slots], np.int32)
         counts = np.array([len(s.token_ids) if s else 0 for s in slots], np.int32)
         keys = np.stack([s.job.key if s else np.zeros(2, np.uint32) for s in slots])
-        self._cache, new_tokens, new_logprobs = self._decode(
-            self._params, self._cache, jnp.asarray(tokens), jnp.asarray(positions),
+        self._kv.cache, new_tokens, new_logprobs = self._decode(
+            self._params, self._kv.cache, jnp.asarray(tokens), jnp.asarray(positions),
             jnp.asarray(active), jnp.asarray(counts), jnp.asarray(keys), settings)
-        self._index += steps
+        self._kv.index += steps
         self.calls["decode"] += 1
         new_tokens, new_logprobs = np.asarray(new_tokens), np.asarray(new_logprobs)
         for i, slot in enumerate(slots):
@@ -500,20 +449,7 @@ class JaxEngine:
             step, (cache, tokens), jnp.arange(self.decode_chunk, dtype=jnp.int32))
         return cache, new_tokens.T, logprobs.T
 
-    def _shift_impl(self, cache: KVCache, index: jax.Array) -> KVCache:
-        """Moves every row's columns by (index - cache.index); columns >= index are invalid."""
-        self.trace_counts["shift"] += 1
-        offset = index - cache.index
-        roll = lambda x: jnp.roll(x, offset, axis=2)
-        valid = jnp.roll(cache.valid, offset, axis=1) & (jnp.arange(cache.max_length) < index)[None, :]
-        return KVCache(keys=tuple(map(roll, cache.keys)), values=tuple(map(roll, cache.values)),
-                       valid=valid, index=index)
 
-    def _grow_impl(self, cache: KVCache, length: int) -> KVCache:
-        """The same cache with `length` columns (new ones empty and invalid)."""
-        self.trace_counts["grow"] += 1
-        extra = length - cache.max_length
-        pad = lambda x, axis: jnp.pad(x, [(0, extra) if a == axis else (0, 0) for a in range(x.ndim)])
-        kv = lambda x: pad(x, 2)
-        return KVCache(keys=tuple(map(kv, cache.keys)), values=tuple(map(kv, cache.values)),
-                       valid=pad(cache.valid, 1), index=cache.index)
+def _lengths(slots: list[_Slot | None]) -> list[int]:
+    """Valid cache columns of every occupied slot."""
+    return [s.length for s in slots if s is not None]

@@ -13,7 +13,10 @@ catches visual-token accounting errors in the episode early.
 
 from __future__ import annotations
 
+import json
+import os
 from collections import defaultdict
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from pyvision_jax.processing.tokens import num_visual_tokens
@@ -100,3 +103,20 @@ class ScriptedEngine:
             raise ValueError(
                 f"request {request.request_id}: {found} image-pad tokens in the prompt but "
                 f"the image grids account for {expected}")
+
+
+def script_from_file(path: str | os.PathLike) -> Callable[[GenerationRequest, int], str]:
+    """A script from a JSON file `{task id or "*": [turn texts]}` ("*" answers any task)."""
+    script = json.loads(Path(path).read_text())
+    if not isinstance(script, dict) or not all(
+            isinstance(turns, list) and all(isinstance(t, str) for t in turns) for turns in script.values()):
+        raise ValueError(f"{path}: expected a JSON object of task id -> list of turn texts")
+
+    def respond(request: GenerationRequest, turn: int) -> str:
+        task_id = request.request_id.rsplit("/", 1)[0]
+        turns = script.get(task_id, script.get("*"))
+        if turns is None:
+            raise KeyError(f"{path}: no script for task {task_id!r} and no '*' entry")
+        return turns[min(turn, len(turns) - 1)]
+
+    return respond

@@ -1,7 +1,8 @@
 """New weights from the trainer to the engines.
 
-In process (the trainer and the engine share a process): `update_engines` hands the params
-pytree to each engine's `update_weights(weights, version)`; nothing touches the disk.
+In process (the trainer and the engine share a process): the trainer hands the params pytree
+to the engine's `update_weights(weights, version)` directly, or through a `WeightsInbox` that a
+background rollout thread polls between batches; nothing touches the disk.
 
 Across processes (a rollout fleet): the trainer's `WeightsPublisher` writes each version as a
 Hugging Face safetensors directory (`save_hf`) under one shared directory and announces it
@@ -30,12 +31,16 @@ import logging
 import os
 import re
 import shutil
+import threading
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+from safetensors import safe_open
 
 from pyvision_jax.agent.engine import Engine
+from pyvision_jax.convert import load_hf, save_hf
 from pyvision_jax.rollout.queue import TrajectoryQueue, checked_version
 
 logger = logging.getLogger(__name__)
@@ -154,8 +159,6 @@ def load_weights(path: str | os.PathLike, dtype: Any = None) -> tuple[int, Any, 
     Raises IncompleteWeightsError when `path` is not complete before the load or stopped
     being so during it (pruned), so a caller never gets weights from a partial version.
     """
-    from pyvision_jax.convert import load_hf
-
     version = check_complete(path)
     try:
         config, params = load_hf(path, dtype=dtype, progress=False)
@@ -205,8 +208,6 @@ class WeightsPublisher:
     def publish(self, version: int, params: Any) -> Path:
         """Writes `params` as version `version` (skipped when that version is already
         complete, e.g. after a trainer restart), announces it, prunes old versions."""
-        from pyvision_jax.convert import save_hf
-
         version = checked_version(version, "weights version")
         target = self.directory / version_dir_name(version)
         try:
@@ -273,3 +274,61 @@ class WeightsWatcher:
         self.engine.update_weights(params, version)
         logger.info("loaded weights version %d from %s", version, announced.location)
         return version
+
+
+def open_hf_tensors(path: str | os.PathLike) -> tuple[int, Iterator[tuple[str, Any]]]:
+    """(version, (tensor name, torch tensor) pairs) of the complete published version at `path`.
+
+    Every safetensors file is opened (memory-mapped) before the version is checked complete a
+    second time, so a version pruned while its tensors stream out still yields all of them.
+    """
+    version = check_complete(path)
+    try:
+        handles = [safe_open(str(f), framework="pt") for f in sorted(Path(path).glob("*.safetensors"))]
+    except OSError as error:
+        raise IncompleteWeightsError(f"{path}: vanished while opening: {error}") from error
+    check_complete(path)
+    if not handles:
+        raise IncompleteWeightsError(f"{path}: no *.safetensors files")
+    return version, ((name, handle.get_tensor(name)) for handle in handles for name in handle.keys())
+
+
+class HfTensorsWatcher(WeightsWatcher):
+    """A `WeightsWatcher` for engines that take HF-layout (name, tensor) pairs (vLLM): the
+    announced version's safetensors go to `engine.update_weights` as stored, with no Flax
+    params in between."""
+
+    def poll(self) -> int | None:
+        announced = self.queue.latest_weights()
+        if announced is None or announced.version == self.engine.version:
+            return None
+        try:
+            version, tensors = open_hf_tensors(announced.location)
+        except IncompleteWeightsError as error:
+            logger.warning("announced weights version %d not loadable yet: %s", announced.version, error)
+            return None
+        self.engine.update_weights(tensors, version)
+        logger.info("pushed weights version %d from %s", version, announced.location)
+        return version
+
+
+class WeightsInbox:
+    """In-process hand-over to a background rollout thread: the trainer `offer`s params, the
+    thread's loop `poll`s between batches and loads the newest offer into its engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._offer: tuple[Any, int] | None = None
+
+    def offer(self, params: Any, version: int) -> None:
+        with self._lock:
+            self._offer = (params, checked_version(version, "weights version"))
+
+    def poll(self) -> int | None:
+        with self._lock:
+            offer, self._offer = self._offer, None
+        if offer is None:
+            return None
+        self.engine.update_weights(*offer)
+        return offer[1]

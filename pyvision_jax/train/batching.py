@@ -49,13 +49,6 @@ class BatchStats:
     images: int
 
 
-def parse_buckets(text: str | Sequence[int]) -> tuple[int, ...]:
-    """"512,1024" (or a sequence) -> (512, 1024)."""
-    if isinstance(text, str):
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    return tuple(int(x) for x in text)
-
-
 def choose_length(lengths: Sequence[int], buckets: Sequence[int]) -> int:
     """The smallest bucket >= max(lengths); a clear error when none is long enough."""
     longest = max(lengths, default=1)

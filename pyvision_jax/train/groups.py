@@ -1,39 +1,43 @@
-"""From trajectory groups to the rows of a train batch: score, reward, select, advantages.
+"""From scored trajectory groups to the rows of a train batch: pool, select, advantages.
 
-Groups become padded [P, G] arrays (the RL kernels' contract); `select_rollouts` (jitted,
-static P and G) drops zero-variance and broken groups, ranks the rest by reward std and
-keeps B; advantages are r - mean(group). Rows that are not selected come back as None
-(padding: trained on with no loss).
+The groups of one step's pool become padded [P, G] arrays of the scores stored on them when
+they were produced (the RL kernels' contract; G is the groups' size, P the pool's static
+capacity); `select_rollouts` (jitted) drops zero-variance and broken groups, ranks the rest
+by reward std and keeps B; advantages are r - mean(group). Rows that are not selected come
+back as None (padding: trained on with no loss). Nothing here scores an answer.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import numpy as np
 
 from pyvision_jax.agent.trajectory import EndReason, Trajectory, TrajectoryGroup
-from pyvision_jax.rl import accumulative_tool_reward, group_advantages, select_rollouts
+from pyvision_jax.rl import group_advantages, select_rollouts
 from pyvision_jax.rl.selection import SelectionCounts
-from pyvision_jax.grading.trajectory import score_trajectory
-from pyvision_jax.train import metrics as names
+from pyvision_jax.train import metric_names as tags
 
 
 @dataclasses.dataclass(frozen=True)
-class ScoredGroups:
-    """Groups and their [P, G] arrays; rows past len(groups) (or past a group's size) are padding."""
+class GroupPool:
+    """Groups and their [capacity, G] arrays; rows past len(groups) (or past a group's size)
+    are padding."""
 
     groups: tuple[TrajectoryGroup, ...]
     rewards: np.ndarray
-    scores: np.ndarray
     correct: np.ndarray
     valid: np.ndarray
     broken: np.ndarray
 
-    def trajectory(self, flat_index: int, group_size: int) -> Trajectory | None:
-        p, g = divmod(int(flat_index), group_size)
+    @property
+    def group_size(self) -> int:
+        return int(self.rewards.shape[1])
+
+    def trajectory(self, flat_index: int) -> Trajectory | None:
+        p, g = divmod(int(flat_index), self.group_size)
         if p >= len(self.groups) or g >= len(self.groups[p].trajectories):
             return None
         return self.groups[p].trajectories[g]
@@ -46,27 +50,25 @@ class SelectedRows:
     counts: SelectionCounts
 
 
-def score_groups(groups: Sequence[TrajectoryGroup], group_size: int, capacity: int, tokenizer: Any,
-                 tool_reward_coef: float) -> ScoredGroups:
-    """[capacity, group_size] arrays for `groups` (capacity >= len(groups) keeps shapes static)."""
+def pool_arrays(groups: Sequence[TrajectoryGroup], capacity: int, group_size: int) -> GroupPool:
+    """[capacity, group_size] arrays of the stored rewards (capacity >= len(groups) and a fixed
+    group size keep the kernels' shapes static from step to step)."""
     if len(groups) > capacity:
-        raise ValueError(f"{len(groups)} groups exceed the capacity {capacity}")
+        raise ValueError(f"{len(groups)} groups exceed the pool capacity {capacity}")
     shape = (capacity, group_size)
-    scores, correct = np.zeros(shape, np.float32), np.zeros(shape, bool)
+    rewards, correct = np.zeros(shape, np.float32), np.zeros(shape, bool)
     valid, broken = np.zeros(shape, bool), np.zeros(shape, bool)
-    tool_calls = np.zeros(shape, np.float32)
     for p, group in enumerate(groups):
-        if len(group.trajectories) > group_size:
-            raise ValueError(f"group of task {group.task.id} has {len(group.trajectories)} rollouts, "
-                             f"more than rl.group_size={group_size}")
-        for g, trajectory in enumerate(group.trajectories):
-            score = score_trajectory(trajectory, group.task, tokenizer)
-            scores[p, g], correct[p, g] = score.score, score.correct
-            valid[p, g] = True
-            broken[p, g] = trajectory.broken
-            tool_calls[p, g] = trajectory.num_successful_tool_calls
-    rewards = np.asarray(accumulative_tool_reward(scores, correct, tool_calls, valid, tool_reward_coef))
-    return ScoredGroups(tuple(groups), rewards, scores, correct, valid, broken)
+        if group.scores is None:
+            raise ValueError(f"group {group.key} arrived unscored: groups are scored once, by their producer")
+        if len(group) > group_size:
+            raise ValueError(f"group {group.key} has {len(group)} rollouts, more than rl.group_size={group_size}")
+        size = len(group)
+        rewards[p, :size] = group.scores.rewards
+        correct[p, :size] = group.scores.correct
+        valid[p, :size] = True
+        broken[p, :size] = [t.broken for t in group.trajectories]
+    return GroupPool(tuple(groups), rewards, correct, valid, broken)
 
 
 @functools.partial(jax.jit, static_argnames=("num_select", "mode", "min_members", "drop_groups_with_broken",
@@ -79,42 +81,57 @@ def _select(rewards, valid, broken, *, num_select, mode, min_members, drop_group
     return selection, flat
 
 
-def select_rows(scored: ScoredGroups, num_groups: int, group_size: int, *, mode: str = "group",
-                min_members: int = 2, drop_groups_with_broken: bool = False,
-                normalize_std: bool = False) -> SelectedRows:
-    """The top `num_groups` groups (or `num_groups * group_size` trajectories in trajectory
-    mode) as batch rows with their advantages; unselected slots are None with advantage 0."""
-    num_select = num_groups if mode == "group" else num_groups * group_size
-    selection, advantages = _select(scored.rewards, scored.valid, scored.broken, num_select=num_select,
-                                    mode=mode, min_members=min_members,
-                                    drop_groups_with_broken=drop_groups_with_broken, normalize_std=normalize_std)
+@dataclasses.dataclass(frozen=True)
+class SelectionConfig:
+    """How a pool becomes a batch: the top `batch_groups` groups (or `batch_groups * G`
+    trajectories in "trajectory" mode)."""
+
+    batch_groups: int = 2
+    mode: str = "group"
+    min_members: int = 2
+    drop_groups_with_broken: bool = False
+    normalize_std: bool = False
+
+    @classmethod
+    def from_config(cls, rl) -> "SelectionConfig":
+        return cls(batch_groups=int(rl.batch_groups), mode=rl.selection_mode, min_members=int(rl.min_members),
+                   drop_groups_with_broken=bool(rl.drop_groups_with_broken), normalize_std=bool(rl.normalize_std))
+
+
+def select_rows(pool: GroupPool, config: SelectionConfig) -> SelectedRows:
+    """The selected trajectories as batch rows with their advantages; unselected slots are
+    None with advantage 0."""
+    num_select = config.batch_groups if config.mode == "group" else config.batch_groups * pool.group_size
+    selection, advantages = _select(pool.rewards, pool.valid, pool.broken, num_select=num_select,
+                                    mode=config.mode, min_members=config.min_members,
+                                    drop_groups_with_broken=config.drop_groups_with_broken,
+                                    normalize_std=config.normalize_std)
     indices = np.asarray(selection.rollout_indices)
     real = np.asarray(selection.rollout_real)
     advantages = np.where(real, np.asarray(advantages), 0.0).astype(np.float32)
-    rows = [scored.trajectory(i, group_size) if r else None for i, r in zip(indices, real)]
+    rows = [pool.trajectory(i) if r else None for i, r in zip(indices, real)]
     counts = SelectionCounts(*(int(x) for x in selection.counts))
     return SelectedRows(rows, advantages, counts)
 
 
-def rollout_scalars(scored: ScoredGroups, counts: SelectionCounts) -> dict[str, float]:
+def rollout_scalars(pool: GroupPool, counts: SelectionCounts) -> dict[str, float]:
     """Reward, tool, length, visual-token, end-reason and filter scalars over every rollout drawn."""
-    trajectories = [t for g in scored.groups for t in g.trajectories]
-    valid = scored.valid
+    trajectories = [t for g in pool.groups for t in g.trajectories]
     num = max(len(trajectories), 1)
 
     def mean(values: Sequence[float]) -> float:
         return float(np.sum(values)) / num
 
     out = {
-        names.REWARD_TOTAL: float(scored.rewards[valid].sum()) / num,
-        names.REWARD_ACCURACY: float(scored.correct[valid].sum()) / num,
-        names.TOOLS_CALLS_PER_TRAJ: mean([t.num_tool_calls for t in trajectories]),
-        names.RESPONSE_LENGTH: mean([t.num_generated_tokens for t in trajectories]),
-        names.VISUAL_TOKENS_PER_TRAJ: mean([t.num_visual_tokens for t in trajectories]),
-        names.FILTER_ZERO_VARIANCE_FRAC: counts.zero_variance / max(counts.groups, 1),
-        names.FILTER_BROKEN_FRAC: counts.broken_rollouts / num,
-        names.FILTER_GROUPS_KEPT: float(counts.kept),
+        tags.REWARD_TOTAL: float(pool.rewards[pool.valid].sum()) / num,
+        tags.REWARD_ACCURACY: float(pool.correct[pool.valid].sum()) / num,
+        tags.TOOLS_CALLS_PER_TRAJ: mean([t.num_tool_calls for t in trajectories]),
+        tags.RESPONSE_LENGTH: mean([t.num_generated_tokens for t in trajectories]),
+        tags.VISUAL_TOKENS_PER_TRAJ: mean([t.num_visual_tokens for t in trajectories]),
+        tags.FILTER_ZERO_VARIANCE_FRAC: counts.zero_variance / max(counts.groups, 1),
+        tags.FILTER_BROKEN_FRAC: counts.broken_rollouts / num,
+        tags.FILTER_GROUPS_KEPT: float(counts.kept),
     }
     for reason in EndReason:
-        out[names.end_reason_tag(reason.value)] = mean([t.end_reason is reason for t in trajectories])
+        out[tags.end_reason_tag(reason.value)] = mean([t.end_reason is reason for t in trajectories])
     return out

@@ -1,9 +1,6 @@
 """Training metrics: TensorBoard scalars and a one-line console summary per step.
 
-The scalar names the trainer logs are constants here so that the trainer, the launcher and the
-tests share one spelling. `TRAINER_SCALARS` lists the names every training step writes;
-`end_reason_tag(name)` builds the per-end-reason names (`end_reason/<NAME>`), one per episode
-end reason.
+The tags are named in `metric_names`.
 
 Event files are written with `tensorboard.summary.Writer` (no TensorFlow needed); they read
 back with `tensorboard.backend.event_processing.event_accumulator` as tensors of the
@@ -14,52 +11,25 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from tensorboard.summary import Writer
 
-REWARD_TOTAL = "reward/total"
-REWARD_ACCURACY = "reward/accuracy"
-TOOLS_CALLS_PER_TRAJ = "tools/calls_per_traj"
-RESPONSE_LENGTH = "response/length"
-VISUAL_TOKENS_PER_TRAJ = "visual_tokens/per_traj"
-ACTOR_ENTROPY = "actor/entropy"
-ACTOR_GRAD_NORM = "actor/grad_norm"
-ACTOR_CLIPFRAC = "actor/clipfrac"
-ACTOR_APPROX_KL = "actor/approx_kl"
-ACTOR_IS_RATIO_MAX = "actor/is_ratio_max"
-FILTER_ZERO_VARIANCE_FRAC = "filter/zero_variance_frac"
-FILTER_BROKEN_FRAC = "filter/broken_frac"
-FILTER_GROUPS_KEPT = "filter/groups_kept"
-PERF_STEP_TIME = "perf/step_time"
-PERF_ROLLOUT_WAIT = "perf/rollout_wait"
-PERF_TOKENS_PER_SEC = "perf/tokens_per_sec"
-VERSION_STALENESS_MEAN = "version/staleness_mean"
-END_REASON_PREFIX = "end_reason/"
-
-TRAINER_SCALARS: tuple[str, ...] = (
-    REWARD_TOTAL,
-    REWARD_ACCURACY,
-    TOOLS_CALLS_PER_TRAJ,
-    RESPONSE_LENGTH,
-    VISUAL_TOKENS_PER_TRAJ,
-    ACTOR_ENTROPY,
-    ACTOR_GRAD_NORM,
+from pyvision_jax.train.metric_names import (
     ACTOR_CLIPFRAC,
-    ACTOR_APPROX_KL,
-    ACTOR_IS_RATIO_MAX,
-    FILTER_ZERO_VARIANCE_FRAC,
-    FILTER_BROKEN_FRAC,
+    ACTOR_GRAD_NORM,
     FILTER_GROUPS_KEPT,
-    PERF_STEP_TIME,
     PERF_ROLLOUT_WAIT,
+    PERF_STEP_TIME,
     PERF_TOKENS_PER_SEC,
+    RESPONSE_LENGTH,
+    REWARD_ACCURACY,
+    REWARD_TOTAL,
+    TOOLS_CALLS_PER_TRAJ,
     VERSION_STALENESS_MEAN,
 )
-"""Names written at every training step (besides one `end_reason/<NAME>` per end reason)."""
 
 # (tag, short label, format) of the fields in the console line, in order.
 CONSOLE_FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -75,19 +45,6 @@ CONSOLE_FIELDS: tuple[tuple[str, str, str], ...] = (
     (PERF_ROLLOUT_WAIT, "wait_s", ".2f"),
     (PERF_TOKENS_PER_SEC, "tok/s", ".4g"),
 )
-
-_END_REASON_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
-
-
-def end_reason_tag(name: str) -> str:
-    """The scalar name for the fraction of trajectories that ended for reason `name`."""
-    if not isinstance(name, str) or not _END_REASON_NAME.match(name):
-        raise ValueError(
-            f"end reason name must be a non-empty string of letters, digits, '_', '.' or '-'; "
-            f"got {name!r}"
-        )
-    return END_REASON_PREFIX + name
-
 
 def _scalar_value(tag: str, step: int, value: Any) -> float:
     array = np.asarray(value)

@@ -39,6 +39,13 @@ class OptimizerConfig:
     frozen_prefixes: tuple[str, ...] = ("visual",)
     """Top-level parameter groups that are not trained (default: the vision tower)."""
 
+    @classmethod
+    def from_config(cls, train: Any, frozen_prefixes: tuple[str, ...]) -> "OptimizerConfig":
+        """From the `train` config section."""
+        return cls(lr=train.lr, b1=train.b1, b2=train.b2, weight_decay=train.weight_decay, grad_clip=train.grad_clip,
+                   schedule=train.schedule, warmup_steps=train.warmup_steps, total_steps=train.steps,
+                   frozen_prefixes=frozen_prefixes)
+
     def __post_init__(self) -> None:
         problems = []
         if self.lr < 0:

@@ -5,7 +5,8 @@ rendered trajectories."""
 
 import re
 
-from pyvision_jax.agent.episode import EpisodeConfig, EpisodeRunner
+from pyvision_jax.agent.episode import EpisodeConfig
+from pyvision_jax.agent.runner import EpisodeRunner
 from pyvision_jax.agent.sandbox import SandboxConfig, SandboxPool
 from pyvision_jax.data.synthetic import COLOURS, generate_videos, generate_visual_search
 from pyvision_jax.data.tasks import load_tasks

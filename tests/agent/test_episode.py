@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from pyvision_jax.agent.episode import EpisodeConfig, EpisodeRunner
+from pyvision_jax.agent.episode import EpisodeConfig
+from pyvision_jax.agent.runner import EpisodeRunner
 from pyvision_jax.data.synthetic import write_mp4
 from pyvision_jax.data.tasks import Task
 from pyvision_jax.agent.trajectory import EndReason
@@ -315,12 +316,13 @@ def test_an_image_qwen_cannot_take_is_an_error_of_the_action(tokenizer, image_ta
     assert set(pool.acquired[0].preloaded) == {"image_clue_0"}
 
 
-def test_a_group_renders_its_prompt_once_and_shares_it(tokenizer, image_task):
+def test_a_group_renders_its_prompt_once_and_shares_it(tokenizer, image_task, monkeypatch):
     engine = ScriptedEngine(tokenizer, {"img": [answer_turn()]})
     runner = EpisodeRunner(engine, tokenizer, FakePool(), EpisodeConfig())
     rendered = []
-    render = runner._render_prompt
-    runner._render_prompt = lambda task: rendered.append(task.id) or render(task)
+    render = runner.machine.render_prompt
+    monkeypatch.setattr(runner.machine, "render_prompt",
+                        lambda task: rendered.append(task.id) or render(task))
     (group,) = runner.run([image_task], group_size=4)
     assert rendered == ["img"]
     first = group.trajectories[0]

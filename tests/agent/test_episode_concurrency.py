@@ -2,7 +2,8 @@
 
 import pytest
 
-from pyvision_jax.agent.episode import EpisodeConfig, EpisodeRunner
+from pyvision_jax.agent.episode import EpisodeConfig
+from pyvision_jax.agent.runner import EpisodeRunner
 from pyvision_jax.data.tasks import Task
 from pyvision_jax.agent.trajectory import EndReason
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,7 +18,6 @@ import psutil
 import pytest
 from PIL import Image
 
-from pyvision_jax.agent import sandbox as sandbox_module
 from pyvision_jax.agent.sandbox import (
     STATE_LOST_NOTICE,
     RunResult,
@@ -29,65 +27,18 @@ from pyvision_jax.agent.sandbox import (
     SandboxPool,
     SandboxUnavailableError,
 )
+from pyvision_jax.agent.sandbox.host_dirs import sweep_abandoned_host_dirs
+from tests.agent.sandbox_probes import (
+    Footprint,
+    assert_gone,
+    descendants,
+    footprint,
+    process_footprint,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG = SandboxConfig(timeout_s=20.0, max_stdout_bytes=2000, max_images_per_call=4,
                        max_image_pixels=4_000_000)
-
-
-@dataclasses.dataclass
-class Footprint:
-    """The host processes of one sandbox runtime, to prove later that none survived."""
-
-    processes: list[psutil.Process]
-    namespaces: set[str]
-    uid: int | None
-
-
-def _pid_namespace(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/pid")
-    except OSError:
-        return None
-
-
-def footprint(sandbox: Sandbox) -> Footprint:
-    outer = psutil.Process(sandbox.pid)
-    processes = [outer] + outer.children(recursive=True)
-    own = _pid_namespace(os.getpid())
-    namespaces = {ns for ns in (_pid_namespace(p.pid) for p in processes[1:]) if ns != own}
-    assert namespaces or not sandbox.isolated, "an isolated runtime has its own PID namespace"
-    return Footprint(processes, namespaces, sandbox.uid)
-
-
-def surviving(trace: Footprint, exclude: frozenset[int] = frozenset()) -> list[str]:
-    """Processes of the footprint still alive; `exclude` is a later runtime whose new PID
-    namespace may reuse the number of the dead one."""
-    found = [f"pid {p.pid}" for p in trace.processes
-             if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    for entry in os.listdir("/proc"):
-        if (entry.isdigit() and int(entry) not in exclude
-                and _pid_namespace(int(entry)) in trace.namespaces):
-            found.append(f"pid {entry} in the sandbox namespace")
-    if trace.uid is not None:
-        for proc in psutil.process_iter(["uids"]):
-            uids = proc.info["uids"]
-            if uids is not None and trace.uid in (uids.real, uids.effective):
-                found.append(f"pid {proc.pid} running as the sandbox uid")
-    return found
-
-
-def assert_gone(trace: Footprint, grace_s: float = 3.0,
-                exclude: frozenset[int] = frozenset()) -> None:
-    deadline = time.monotonic() + grace_s
-    while surviving(trace, exclude) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert surviving(trace, exclude) == []
-
-
-def current_pids(sandbox: Sandbox) -> frozenset[int]:
-    outer = psutil.Process(sandbox.pid)
-    return frozenset([outer.pid] + [child.pid for child in outer.children(recursive=True)])
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +71,8 @@ def test_error_reports_traceback_tail_and_keeps_state(sandbox):
     result = sandbox.run("kept = 5\ndef f():\n    return 1 / 0\nf()")
     assert "ZeroDivisionError: division by zero" in result.error
     assert "return 1 / 0" in result.error
-    assert "sandbox_runtime" not in result.error
+    frames = [line for line in result.error.splitlines() if line.startswith('  File "')]
+    assert frames and all(line.startswith('  File "<code ') for line in frames)
     assert sandbox.run("print(kept)").stdout == "5\n"
     syntax = sandbox.run("def broken(:\n")
     assert syntax.error.startswith("  File") and "SyntaxError" in syntax.error
@@ -237,18 +189,40 @@ def test_config_validation_names_the_field():
         SandboxConfig(max_aspect_ratio=1)
 
 
-def test_without_bubblewrap_refuses_unless_allowed_then_warns_once(monkeypatch):
-    monkeypatch.setattr(sandbox_module, "_unisolated_warned", False)
+UNISOLATED_SCRIPT = """
+import json, warnings
+from pyvision_jax.agent.sandbox import Sandbox, SandboxConfig
+config = SandboxConfig(timeout_s=20.0, bwrap_path="/nonexistent/bwrap", allow_unisolated=True)
+boxes, caught = [], []
+for _ in range(2):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        boxes.append(Sandbox(config))
+    caught.append([f"{w.category.__name__}: {w.message}" for w in seen
+                   if issubclass(w.category, RuntimeWarning)])
+outputs = [box.run(f"print({index})").stdout for index, box in enumerate(boxes)]
+for box in boxes:
+    box.close()
+print(json.dumps({"warnings": caught, "outputs": outputs}))
+"""
+
+
+def test_without_bubblewrap_refuses_unless_allowed_then_warns_once():
     missing = dataclasses.replace(CONFIG, bwrap_path="/nonexistent/bwrap")
     with pytest.raises(SandboxUnavailableError, match="allow_unisolated"):
         Sandbox(missing)
+    # Once per process: in a fresh one, the first unisolated sandbox warns, the second not.
+    fresh = subprocess.run([sys.executable, "-c", UNISOLATED_SCRIPT], cwd=REPO_ROOT,
+                           capture_output=True, text=True, timeout=300, check=True)
+    assert json.loads(fresh.stdout.splitlines()[-1]) == {
+        "warnings": [["RuntimeWarning: bubblewrap is not installed: sandboxes run "
+                      "model-written code WITHOUT isolation (allow_unisolated=True)"], []],
+        "outputs": ["0\n", "1\n"]}
     allowed = dataclasses.replace(missing, allow_unisolated=True, timeout_s=2.0)
-    with pytest.warns(RuntimeWarning, match="WITHOUT isolation"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # this process may have warned before
         box = Sandbox(allowed)
     with box:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            sandbox_module._isolation_mode(allowed)  # what a second sandbox does: no warning
         assert not box.isolated and box.uid is None
         assert box.run("x = 2\nprint(x * 21)").stdout == "42\n"
         trace = footprint(box)
@@ -257,6 +231,7 @@ def test_without_bubblewrap_refuses_unless_allowed_then_warns_once(monkeypatch):
 
 
 def test_pool_hands_out_fresh_sandboxes_and_replaces_released_ones():
+    earlier = descendants()
     with SandboxPool(CONFIG, size=1) as pool:
         first = pool.acquire(timeout_s=120)
         first.run("leftover = 1")
@@ -272,7 +247,10 @@ def test_pool_hands_out_fresh_sandboxes_and_replaces_released_ones():
         while pool.idle_count() < 1 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert pool.idle_count() == 1
-        prints = [footprint(second), footprint(pool._idle[0])]
+        # Every runtime process the pool started and still has: the leased one and the idle one.
+        started = process_footprint(descendants() - earlier)
+        assert len(started.namespaces) == 2
+        prints = [footprint(second), started]
     for trace in prints:
         assert_gone(trace)
     with pytest.raises(SandboxError, match="closed"):
@@ -344,44 +322,40 @@ def test_cancelled_starts_leave_no_process():
 
 
 OWNER_SCRIPT = """
-import json, os, sys, threading, time
+import json, threading, time
+from pathlib import Path
 import psutil
 from pyvision_jax.agent.sandbox import SandboxConfig, SandboxPool
+from pyvision_jax.agent.sandbox.host_dirs import OWNER_LOCK_NAME
 pool = SandboxPool(SandboxConfig(timeout_s=120), size=1)
 leased = pool.acquire(timeout_s=120)
 threading.Thread(target=leased.run, args=("import time; time.sleep(100)",), daemon=True).start()
 while pool.idle_count() < 1:
     time.sleep(0.05)
-pids, namespaces = [], []
-dirs = [str(box._host_dir) for box in [leased] + list(pool._idle)]
-for box in [leased] + list(pool._idle):
-    outer = psutil.Process(box.pid)
-    for proc in [outer] + outer.children(recursive=True):
-        pids.append(proc.pid)
-        namespaces.append(os.readlink(f"/proc/{proc.pid}/ns/pid"))
-print(json.dumps({"pids": pids, "namespaces": namespaces, "dirs": dirs}), flush=True)
+owner = psutil.Process()
+pids = [proc.pid for proc in owner.children(recursive=True)]
+dirs = [str(Path(file.path).parent) for file in owner.open_files()
+        if Path(file.path).name == OWNER_LOCK_NAME]
+print(json.dumps({"pids": pids, "dirs": dirs}), flush=True)
 time.sleep(300)
 """
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
-def test_owner_termination_leaves_no_process(signum, monkeypatch):
+def test_owner_termination_leaves_no_process(signum):
     owner = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT], stdout=subprocess.PIPE,
                              cwd=REPO_ROOT, text=True)
     try:
         report = json.loads(owner.stdout.readline())
-        processes = [psutil.Process(pid) for pid in report["pids"]]
-        own = _pid_namespace(os.getpid())
-        trace = Footprint(processes, set(report["namespaces"]) - {own}, None)
-        assert len(trace.namespaces) == 2
+        trace = process_footprint(report["pids"])
+        dirs = [Path(path) for path in report["dirs"]]
+        assert len(trace.namespaces) == 2 and len(dirs) == 2  # the leased and the idle sandbox
         owner.send_signal(signum)
         assert owner.wait(timeout=30) == -signum
         assert_gone(trace, grace_s=10)
-        dirs = [Path(path) for path in report["dirs"]]
         if signum == signal.SIGKILL:  # no cleanup was possible: the next owner sweeps
             assert all(path.is_dir() for path in dirs)
-            monkeypatch.setattr(sandbox_module, "_swept", False)
-            sandbox_module._sweep_abandoned_host_dirs()
+            sweep_abandoned_host_dirs()
         assert not any(path.exists() for path in dirs)
     finally:
         owner.kill()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pyvision_jax.agent.sandbox import STATE_LOST_NOTICE, RunResult, Sandbox, SandboxConfig
-from tests.agent.test_sandbox import assert_gone, current_pids, footprint
+from tests.agent.sandbox_probes import assert_gone, current_pids, footprint
 
 KILL_CONFIG = SandboxConfig(timeout_s=2.0, max_stdout_bytes=1000, memory_bytes=1 << 30,
                             max_processes=32, max_file_bytes=16 << 20, tmpfs_bytes=64 << 20,

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pyvision_jax.agent.episode import EpisodeConfig, EpisodeRunner
+from pyvision_jax.agent.episode import EpisodeConfig
+from pyvision_jax.agent.runner import EpisodeRunner
 from pyvision_jax.agent.trajectory import EndReason, Trajectory, TrajectoryGroup
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 from tests.agent.fake_sandbox import FakePool

@@ -6,31 +6,18 @@ import json
 
 import pytest
 
-from pyvision_jax.agent.episode import EpisodeConfig, EpisodeRunner
+from pyvision_jax.agent.runner import EpisodeRunner
 from pyvision_jax.data.tasks import read_video_info
-from pyvision_jax.eval.evaluate import (
-    RESULTS_FILE,
-    TRAJECTORIES_FILE,
-    EvalSettings,
-    Evaluator,
-)
-from pyvision_jax.processing.tokens import video_token_count
+from pyvision_jax.eval.records import RESULTS_FILE, TRAJECTORIES_FILE
 from pyvision_jax.grading.trajectory import score_trajectory
+from pyvision_jax.processing.tokens import video_token_count
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 from tests.agent.fake_sandbox import FakePool
-from tests.eval.conftest import HOSTILE, SCRIPT
+from tests.eval.scripted_benchmark import HOSTILE, K, SCRIPT, run_scripted_evaluation
 
-K = 2
 METRIC_KEYS = ("accuracy", "avg_at_k", "pass_at_k", "num_tasks", "num_rollouts",
                "per_data_source", "tool_calls", "end_reasons", "mean_visual_tokens_per_task",
                "mean_response_tokens", "video_token_efficiency")
-
-
-def evaluate(tokenizer, tasks, out_dir, engine=None, **settings):
-    engine = engine or ScriptedEngine(tokenizer, SCRIPT)
-    settings = EvalSettings(k=K, seed=7, progress=False, **settings)
-    evaluator = Evaluator(engine, tokenizer, FakePool(), EpisodeConfig.evaluation(), settings)
-    return evaluator.run(tasks, out_dir), engine
 
 
 def metrics_of(results):
@@ -38,7 +25,7 @@ def metrics_of(results):
 
 
 def test_scripted_benchmark_gives_the_hand_computed_metrics(tokenizer, benchmark, tmp_path):
-    results, _ = evaluate(tokenizer, benchmark, tmp_path, report=False)
+    results, _ = run_scripted_evaluation(tokenizer, benchmark, tmp_path, report=False)
     assert results["complete"] and results["num_tasks_done"] == 4
     assert results["num_rollouts"] == 8
     assert results["accuracy"] == pytest.approx((0.5 + 1.0 + 0.5 + 0.0) / 4)
@@ -73,7 +60,7 @@ def test_scripted_benchmark_gives_the_hand_computed_metrics(tokenizer, benchmark
 
 
 def test_records_hold_scores_turns_and_images(tokenizer, benchmark, tmp_path):
-    evaluate(tokenizer, benchmark, tmp_path, report=False)
+    run_scripted_evaluation(tokenizer, benchmark, tmp_path, report=False)
     lines = (tmp_path / TRAJECTORIES_FILE).read_text().splitlines()
     records = {(r["task_id"], r["rollout_index"]): r for r in map(json.loads, lines)}
     assert len(lines) == len(records) == 8
@@ -94,32 +81,32 @@ def test_records_hold_scores_turns_and_images(tokenizer, benchmark, tmp_path):
     assert video["is_video"] and video["turns"][0]["image_labels"] == [0, 1]
 
 
-class CrashingEngine(ScriptedEngine):
-    """Fails as soon as it is asked to generate for ``crash_task``."""
+def crash_on(task_id):
+    """An ``on_generate`` hook that fails as soon as the engine is asked for ``task_id``."""
 
-    def __init__(self, *args, crash_task, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.crash_task = crash_task
-
-    def generate(self, requests, params):
-        if any(r.request_id.startswith(self.crash_task + "/") for r in requests):
+    def check(requests):
+        if any(r.request_id.startswith(task_id + "/") for r in requests):
             raise RuntimeError("engine died")
-        return super().generate(requests, params)
+
+    return check
 
 
 def test_resume_after_a_crash_runs_only_unfinished_tasks(tokenizer, benchmark, tmp_path):
-    straight, _ = evaluate(tokenizer, benchmark, tmp_path / "straight", report=False)
+    straight, _ = run_scripted_evaluation(tokenizer, benchmark, tmp_path / "straight",
+                                          report=False)
 
     out = tmp_path / "resumed"
-    crashing = CrashingEngine(tokenizer, SCRIPT, crash_task="vid-1")
+    crashing = ScriptedEngine(tokenizer, SCRIPT, on_generate=crash_on("vid-1"))
     with pytest.raises(RuntimeError, match="engine died"):
-        evaluate(tokenizer, benchmark, out, engine=crashing, tasks_per_batch=1, report=False)
+        run_scripted_evaluation(tokenizer, benchmark, out, engine=crashing, tasks_per_batch=1,
+                                report=False)
     partial = json.loads((out / RESULTS_FILE).read_text())
     assert not partial["complete"] and partial["num_tasks_done"] == 2
     with (out / TRAJECTORIES_FILE).open("a") as f:  # a write torn by the crash
         f.write('{"task_id": "vid-1", "rollout_index": 0, "sco')
 
-    resumed, engine = evaluate(tokenizer, benchmark, out, tasks_per_batch=1, report=False)
+    resumed, engine = run_scripted_evaluation(tokenizer, benchmark, out, tasks_per_batch=1,
+                                              report=False)
     asked = {request_id.split("/")[0] for call in engine.calls for request_id in call}
     assert asked == {"vid-1", "mc-2"}
     assert resumed["num_tasks_skipped_as_finished"] == 2
@@ -127,7 +114,7 @@ def test_resume_after_a_crash_runs_only_unfinished_tasks(tokenizer, benchmark, t
     lines = (out / TRAJECTORIES_FILE).read_text().splitlines()
     assert len(lines) == 8 and all(json.loads(line) for line in lines)
 
-    again, engine = evaluate(tokenizer, benchmark, out, report=False)
+    again, engine = run_scripted_evaluation(tokenizer, benchmark, out, report=False)
     assert engine.calls == []
     assert again["num_tasks_skipped_as_finished"] == 4
     assert metrics_of(again) == metrics_of(straight)
@@ -135,12 +122,9 @@ def test_resume_after_a_crash_runs_only_unfinished_tasks(tokenizer, benchmark, t
 
 
 def test_rerun_with_other_settings_is_refused(tokenizer, benchmark, tmp_path):
-    evaluate(tokenizer, benchmark[:1], tmp_path, report=False)
-    engine = ScriptedEngine(tokenizer, SCRIPT)
-    evaluator = Evaluator(engine, tokenizer, FakePool(), EpisodeConfig.evaluation(),
-                          EvalSettings(k=K, seed=8, progress=False, report=False))
+    run_scripted_evaluation(tokenizer, benchmark[:1], tmp_path, report=False)
     with pytest.raises(ValueError, match="seed"):
-        evaluator.run(benchmark[:1], tmp_path)
+        run_scripted_evaluation(tokenizer, benchmark[:1], tmp_path, seed=8, report=False)
 
 
 def test_unknown_answer_type_is_a_clear_error(tokenizer, benchmark):
@@ -155,8 +139,7 @@ def test_unknown_answer_type_is_a_clear_error(tokenizer, benchmark):
 def test_a_bad_ground_truth_stops_before_any_generation(tokenizer, benchmark, tmp_path):
     bad = dataclasses.replace(benchmark[1], id="num-bad", answer="many")
     engine = ScriptedEngine(tokenizer, SCRIPT)
-    evaluator = Evaluator(engine, tokenizer, FakePool(), EpisodeConfig.evaluation(),
-                          EvalSettings(k=K, progress=False, report=False))
     with pytest.raises(ValueError, match="task num-bad .*'many'"):
-        evaluator.run([benchmark[0], bad], tmp_path)
+        run_scripted_evaluation(tokenizer, [benchmark[0], bad], tmp_path, engine=engine,
+                                seed=0, report=False)
     assert engine.calls == []

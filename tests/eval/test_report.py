@@ -8,12 +8,9 @@ import subprocess
 
 import pytest
 
-from pyvision_jax.agent.episode import EpisodeConfig
-from pyvision_jax.eval.evaluate import REPORT_FILE, EvalSettings, Evaluator
+from pyvision_jax.eval.records import REPORT_FILE, RESULTS_FILE, TRAJECTORIES_FILE
 from pyvision_jax.eval.report import render_report, write_report
-from pyvision_jax.rollout.scripted_engine import ScriptedEngine
-from tests.agent.fake_sandbox import FakePool
-from tests.eval.conftest import HOSTILE, SCRIPT
+from tests.eval.scripted_benchmark import HOSTILE, run_scripted_evaluation
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -21,9 +18,7 @@ CHROMIUM = "/usr/bin/chromium"
 @pytest.fixture(scope="module")
 def report(tokenizer, benchmark, tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
-    evaluator = Evaluator(ScriptedEngine(tokenizer, SCRIPT), tokenizer, FakePool(),
-                          EpisodeConfig.evaluation(), EvalSettings(k=2, progress=False))
-    evaluator.run(benchmark, out)
+    run_scripted_evaluation(tokenizer, benchmark, out, seed=0)
     return out / REPORT_FILE
 
 
@@ -112,7 +107,7 @@ def test_script_errors_would_be_reported(report, tmp_path):
 
 
 def test_report_can_show_fewer_rollouts_per_task(report, tmp_path):
-    for name in ("results.json", "trajectories.jsonl"):
+    for name in (RESULTS_FILE, TRAJECTORIES_FILE):
         (tmp_path / name).write_bytes((report.parent / name).read_bytes())
     page = write_report(tmp_path, max_rollouts_per_task=1).read_text()
     assert re.findall(r"<b>([\w-]+)</b> rollout (\d)<", page) == [

@@ -14,7 +14,8 @@ import pytest
 from PIL import Image
 from safetensors import safe_open
 
-from pyvision_jax.agent.episode import EpisodeConfig, EpisodeRunner
+from pyvision_jax.agent.episode import EpisodeConfig
+from pyvision_jax.agent.runner import EpisodeRunner
 from pyvision_jax.data.tasks import Task
 from pyvision_jax.agent.trajectory import EndReason
 from pyvision_jax.convert import save_hf

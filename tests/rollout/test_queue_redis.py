@@ -11,8 +11,12 @@ import time
 import pytest
 import redis
 
-from pyvision_jax.rollout.queue import PublishedWeights, QueueFullError, make_queue
-from pyvision_jax.rollout.redis_queue import RedisTrajectoryQueue
+from pyvision_jax.rollout.queue import (
+    PublishedWeights,
+    QueueFullError,
+    RedisTrajectoryQueue,
+    make_queue,
+)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -16,9 +17,12 @@ import pytest
 from pyvision_jax.models import ModelConfig, init_params
 from pyvision_jax.rollout import weights as weights_module
 from pyvision_jax.rollout.queue import LocalTrajectoryQueue
+from pyvision_jax.rollout.vllm_engine import hf_tensors
 from pyvision_jax.rollout.weights import (
     COMPLETE_MARKER,
+    HfTensorsWatcher,
     IncompleteWeightsError,
+    WeightsInbox,
     WeightsPublisher,
     WeightsWatcher,
     check_complete,
@@ -26,6 +30,7 @@ from pyvision_jax.rollout.weights import (
     latest_complete,
     load_latest,
     load_weights,
+    open_hf_tensors,
     update_engines,
 )
 
@@ -210,3 +215,49 @@ def test_watcher_swaps_published_weights_into_the_jax_engine(tmp_path, model_con
     WeightsPublisher(tmp_path, model_config, queue=queue).publish(2, filled(shapes, 2))
     assert WeightsWatcher(queue, engine).poll() == 2
     assert engine.version == 2 and versions_in(engine.params) == {2.0}
+
+
+def test_hf_tensors_watcher_pushes_the_published_safetensors_even_when_pruned(tmp_path):
+    class PairsEngine:
+        version, pushed = 0, None
+
+        def update_weights(self, weights, version):
+            self.pushed = {name: np.asarray(tensor) for name, tensor in weights}
+            self.version = version
+
+    config = ModelConfig.preset("tiny")
+    params = jax.tree.map(np.asarray, init_params(config, seed=1))
+    queue = LocalTrajectoryQueue()
+    engine = PairsEngine()
+    watcher = HfTensorsWatcher(queue, engine)
+    queue.publish_weights(2, str(tmp_path / "v000002"))  # announced, never written
+    assert watcher.poll() is None and engine.pushed is None
+    path = WeightsPublisher(tmp_path, config, queue=queue).publish(3, params)
+    assert watcher.poll() == 3 and engine.version == 3
+    expected = dict(hf_tensors(config, params))
+    assert sorted(engine.pushed) == sorted(expected)
+    for name, array in expected.items():
+        np.testing.assert_array_equal(engine.pushed[name], array)
+    assert watcher.poll() is None
+    version, tensors = open_hf_tensors(path)
+    shutil.rmtree(path)  # pruned after opening: the open files still stream every tensor
+    assert version == 3 and len(dict(tensors)) == len(expected)
+
+
+def test_weights_inbox_loads_only_the_newest_offer_once():
+    class Engine:
+        version, loads = 0, []
+
+        def update_weights(self, weights, version):
+            self.loads.append((weights, version))
+            self.version = version
+
+    engine = Engine()
+    inbox = WeightsInbox(engine)
+    assert inbox.poll() is None
+    inbox.offer("params-1", 1)
+    inbox.offer("params-2", 2)
+    assert inbox.poll() == 2 and engine.loads == [("params-2", 2)]
+    assert inbox.poll() is None
+    with pytest.raises(ValueError):
+        inbox.offer("bad", -1)

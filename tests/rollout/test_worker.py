@@ -1,4 +1,4 @@
-"""The rollout worker in process: scripted engine, fake sandbox pool, local queue."""
+"""The rollout loop in process: scripted engine, fake sandbox pool, local queue."""
 
 from __future__ import annotations
 
@@ -9,20 +9,15 @@ import pytest
 from PIL import Image
 
 from pyvision_jax.agent.episode import EpisodeConfig
+from pyvision_jax.agent.trajectory import GroupScores, TrajectoryGroup
+from pyvision_jax.data.task_order import TaskShard
 from pyvision_jax.data.tasks import Task
-from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
-from pyvision_jax.rollout.queue import LocalTrajectoryQueue
+from pyvision_jax.rollout.producer import GroupProducer, ProducerConfig
+from pyvision_jax.rollout.queue import DeliveredGroups, LocalTrajectoryQueue
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
-from pyvision_jax.rollout.worker import (
-    CursorFile,
-    DeliveredGroups,
-    PromptShard,
-    RolloutWorker,
-    WorkerConfig,
-    group_key,
-)
-from pyvision_jax.train.groups import score_groups
+from pyvision_jax.rollout.worker import CursorFile, RolloutWorker, WorkerConfig
+from pyvision_jax.train.groups import pool_arrays
 from tests.agent.fake_sandbox import FakePool
 from tests.agent.turns import answer_turn, code_turn
 
@@ -76,13 +71,18 @@ class VersionedWeights:
             return self.announced
 
 
-def make_worker(tokenizer, tasks, queue, *, index=0, count=1, engine=None, **config):
-    engine = engine or ScriptedEngine(tokenizer, script)
-    settings = dict(worker_index=index, num_workers=count, group_size=GROUP_SIZE, poll_s=0.02)
-    return RolloutWorker(WorkerConfig(**(settings | config)), tasks=tasks, engine=engine,
-                         tokenizer=tokenizer, sandboxes=FakePool(), queue=queue,
+def make_producer(tokenizer, engine):
+    return GroupProducer(ProducerConfig(group_size=GROUP_SIZE), engine=engine, tokenizer=tokenizer,
+                         sandboxes=FakePool(),
                          episode=EpisodeConfig(max_new_tokens_per_turn=64, max_total_tokens=2048,
                                                image_max_pixels=56 * 56 * 4))
+
+
+def make_worker(tokenizer, tasks, queue, *, index=0, count=1, engine=None, weights=None, cursor=None, **config):
+    engine = engine or ScriptedEngine(tokenizer, script)
+    settings = dict(worker_index=index, num_workers=count, poll_s=0.02)
+    return RolloutWorker(WorkerConfig(**(settings | config)), tasks=tasks, producer=make_producer(tokenizer, engine),
+                         queue=queue, weights=weights, cursor=cursor)
 
 
 def drain(queue) -> list[TrajectoryGroup]:
@@ -97,26 +97,44 @@ def test_groups_are_scored_and_versioned(tokenizer, tasks):
     queue.set_trainer_version(3)
     summary = make_worker(tokenizer, tasks, queue, engine=engine).run(max_groups=2)
     groups = drain(queue)
-    assert [group_key(g) for g in groups] == [p.key for p in summary.produced]
+    assert [g.key for g in groups] == [p.key for p in summary.produced]
     for produced, group in zip(summary.produced, groups):
         assert produced.version == group.policy_version == 3
         assert [t.rollout_index for t in group.trajectories] == [0, 1, 2, 3]
-        assert produced.correct == (True, False, True, False)
-        assert produced.scores == (1.0, 0.0, 1.0, 0.0)
+        assert group.scores.correct == (True, False, True, False)
+        assert group.scores.scores == (1.0, 0.0, 1.0, 0.0)
+        assert group.scores.tool_calls == (1, 0, 1, 0)
         np.testing.assert_allclose(produced.rewards, [1.1, 0.0, 1.1, 0.0], rtol=1e-6)
-        rescored = score_groups([group], GROUP_SIZE, 1, tokenizer, 0.1)  # the trainer's view
-        np.testing.assert_allclose(rescored.rewards[0], produced.rewards)
+        np.testing.assert_allclose(group.scores.rewards, produced.rewards)
+        np.testing.assert_allclose(pool_arrays([group], 1, GROUP_SIZE).rewards[0], produced.rewards)  # the trainer's view
+
+
+def test_groups_per_batch_generates_several_groups_in_one_engine_batch(tokenizer, tasks):
+    queue = LocalTrajectoryQueue(max_staleness=None)
+    batches = []
+    engine = ScriptedEngine(tokenizer, script, on_generate=lambda requests: batches.append(len(requests)))
+    summary = make_worker(tokenizer, tasks, queue, engine=engine, groups_per_batch=3).run(max_groups=3)
+    assert len(summary.produced) == 3 and len(drain(queue)) == 3
+    assert batches[0] == 3 * GROUP_SIZE  # every episode of the three groups in the first batch
+
+
+def test_unscored_group_round_trips_its_scores(tokenizer, tasks):
+    queue = LocalTrajectoryQueue(max_staleness=None)
+    make_worker(tokenizer, tasks, queue).run(max_groups=1)
+    [group] = drain(queue)
+    assert isinstance(group.scores, GroupScores)
+    assert TrajectoryGroup.from_bytes(group.to_bytes()).scores == group.scores
 
 
 def test_shards_are_disjoint_complete_and_deterministic(tasks):
-    per_worker = [[PromptShard(tasks, 7, i, 4).at(c) for c in range(2 * len(range(i, 6, 4)))]
+    per_worker = [[TaskShard(tasks, 7, i, 4).at(c) for c in range(2 * len(range(i, 6, 4)))]
                   for i in range(4)]
     for epoch in (0, 1):
         ids = [item.task.id for items in per_worker for item in items if item.epoch == epoch]
         assert sorted(ids) == sorted(t.id for t in tasks)
-    again = [PromptShard(tasks, 7, 1, 4).at(c).task.id for c in range(4)]
+    again = [TaskShard(tasks, 7, 1, 4).at(c).task.id for c in range(4)]
     assert again == [item.task.id for item in per_worker[1]]
-    orders = [[PromptShard(tasks, 7, 0, 1).at(c).task.id for c in range(6 * e, 6 * e + 6)]
+    orders = [[TaskShard(tasks, 7, 0, 1).at(c).task.id for c in range(6 * e, 6 * e + 6)]
               for e in (0, 1)]
     assert orders[0] != orders[1]  # each epoch has its own order
 
@@ -124,17 +142,14 @@ def test_shards_are_disjoint_complete_and_deterministic(tasks):
 def test_workers_cover_every_prompt_once_and_resume_from_cursor(tokenizer, tasks, tmp_path):
     queue = LocalTrajectoryQueue(max_staleness=None)
     cursors = [CursorFile(tmp_path / f"w{i}.json") for i in range(2)]
-    first = make_worker(tokenizer, tasks, queue, index=0, count=2, max_epochs=1)
-    first.cursor_file = cursors[0]
+    first = make_worker(tokenizer, tasks, queue, index=0, count=2, max_epochs=1, cursor=cursors[0])
     assert len(first.run(max_groups=2).produced) == 2
     assert cursors[0].load() == 2
-    resumed = make_worker(tokenizer, tasks, queue, index=0, count=2, max_epochs=1)
-    resumed.cursor_file = cursors[0]
+    resumed = make_worker(tokenizer, tasks, queue, index=0, count=2, max_epochs=1, cursor=cursors[0])
     assert len(resumed.run().produced) == 1  # the rest of its shard of 3, then the epoch ends
-    other = make_worker(tokenizer, tasks, queue, index=1, count=2, max_epochs=1)
-    other.cursor_file = cursors[1]
+    other = make_worker(tokenizer, tasks, queue, index=1, count=2, max_epochs=1, cursor=cursors[1])
     other.run()
-    keys = [group_key(g) for g in drain(queue)]
+    keys = [g.key for g in drain(queue)]
     assert sorted(keys) == sorted(f"{t.id}#0" for t in tasks)
 
 
@@ -142,10 +157,10 @@ def test_second_epoch_has_new_rollout_indices_and_dedup_drops_repeats(tokenizer,
     queue = LocalTrajectoryQueue(max_staleness=None)
     make_worker(tokenizer, tasks[:2], queue, max_epochs=2).run()
     groups = drain(queue)
-    assert sorted(group_key(g) for g in groups) == ["t0#0", "t0#1", "t1#0", "t1#1"]
-    second = [g for g in groups if group_key(g).endswith("#1")]
+    assert sorted(g.key for g in groups) == ["t0#0", "t0#1", "t1#0", "t1#1"]
+    second = [g for g in groups if g.key.endswith("#1")]
     assert all([t.rollout_index for t in g.trajectories] == [4, 5, 6, 7] for g in second)
-    delivered = DeliveredGroups()
+    delivered = DeliveredGroups(None, "test")
     assert [delivered.first(g) for g in groups + groups[:1]] == [True] * 4 + [False]
 
 
@@ -178,11 +193,6 @@ def test_stop_while_paused_puts_nothing(tokenizer, tasks):
 
 def test_new_weights_are_loaded_between_groups(tokenizer, tasks):
     queue = LocalTrajectoryQueue(max_staleness=None)
-    engine = ScriptedEngine(tokenizer, script, version=0)
-    worker = make_worker(tokenizer, tasks, queue, engine=engine)
-    weights = VersionedWeights(engine)
-    worker.weights = weights
-
     batches = []
 
     def announce_after_first(requests):
@@ -191,7 +201,9 @@ def test_new_weights_are_loaded_between_groups(tokenizer, tasks):
             queue.set_trainer_version(1)  # the trainer's step, then its weights
             weights.announce(1)  # mid-group: must not change this group's version
 
-    engine._on_generate = announce_after_first
+    engine = ScriptedEngine(tokenizer, script, version=0, on_generate=announce_after_first)
+    weights = VersionedWeights(engine)
+    worker = make_worker(tokenizer, tasks, queue, engine=engine, weights=weights)
     summary = worker.run(max_groups=2)
     assert [p.version for p in summary.produced] == [0, 1]
     assert summary.versions_loaded == (1,)
@@ -199,48 +211,3 @@ def test_new_weights_are_loaded_between_groups(tokenizer, tasks):
     assert [min(turn.policy_version for t in g.trajectories for turn in t.turns)
             for g in groups] == [0, 1]
     assert all(turn.policy_version == 0 for t in groups[0].trajectories for turn in t.turns)
-
-
-def test_delivered_groups_in_redis_are_shared_by_consumers(tokenizer, tasks, redis_url):
-    queue = LocalTrajectoryQueue(max_staleness=None)
-    make_worker(tokenizer, tasks[:1], queue, max_epochs=1).run()
-    [group] = drain(queue)
-    first, restarted = DeliveredGroups(redis_url), DeliveredGroups(redis_url)
-    assert first.first(group) and not restarted.first(group)
-    assert DeliveredGroups(redis_url, namespace="other").first(group)
-
-
-def test_hf_tensors_watcher_pushes_the_published_safetensors_even_when_pruned(tmp_path):
-    import shutil
-
-    import jax
-
-    from pyvision_jax.models import ModelConfig, init_params
-    from pyvision_jax.rollout.vllm_engine import hf_tensors
-    from pyvision_jax.rollout.weights import WeightsPublisher
-    from pyvision_jax.rollout.worker import HfTensorsWatcher, open_hf_tensors
-
-    class PairsEngine:
-        version, pushed = 0, None
-
-        def update_weights(self, weights, version):
-            self.pushed = {name: np.asarray(tensor) for name, tensor in weights}
-            self.version = version
-
-    config = ModelConfig.preset("tiny")
-    params = jax.tree.map(np.asarray, init_params(config, seed=1))
-    queue = LocalTrajectoryQueue()
-    engine = PairsEngine()
-    watcher = HfTensorsWatcher(queue, engine)
-    queue.publish_weights(2, str(tmp_path / "v000002"))  # announced, never written
-    assert watcher.poll() is None and engine.pushed is None
-    path = WeightsPublisher(tmp_path, config, queue=queue).publish(3, params)
-    assert watcher.poll() == 3 and engine.version == 3
-    expected = dict(hf_tensors(config, params))
-    assert sorted(engine.pushed) == sorted(expected)
-    for name, array in expected.items():
-        np.testing.assert_array_equal(engine.pushed[name], array)
-    assert watcher.poll() is None
-    version, tensors = open_hf_tensors(path)
-    shutil.rmtree(path)  # pruned after opening: the open files still stream every tensor
-    assert version == 3 and len(dict(tensors)) == len(expected)

@@ -26,9 +26,9 @@ from PIL import Image
 from pyvision_jax.data.tasks import Task, write_tasks_jsonl
 from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.models import ModelConfig, init_params
-from pyvision_jax.rollout.redis_queue import RedisTrajectoryQueue
+from pyvision_jax.data.task_order import TaskShard
+from pyvision_jax.rollout.queue import DeliveredGroups, RedisTrajectoryQueue
 from pyvision_jax.rollout.weights import WeightsPublisher
-from pyvision_jax.rollout.worker import DeliveredGroups, PromptShard, group_key
 from tests.agent.turns import answer_turn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ _spec.loader.exec_module(_tiny)
 
 def get_config():
     c = _tiny.get_config()
-    c.data.train_files = {tasks!r}
+    c.data.train_files = ({tasks!r},)
     c.rl.group_size = {group_size}
     c.rollout.engine = "scripted"
     c.rollout.script_file = {script!r}
@@ -86,7 +86,7 @@ def start_worker(config: Path, index: int, workdir: Path, log: Path) -> subproce
 
 def test_two_workers_and_a_consumer_exactly_once_through_kill_and_term(redis_url, tmp_path):
     config, tasks = write_inputs(tmp_path, redis_url)
-    shard_of = {PromptShard(tasks, SEED, i, 2).at(c).task.id: i for i in range(2)
+    shard_of = {TaskShard(tasks, SEED, i, 2).at(c).task.id: i for i in range(2)
                 for c in range(NUM_TASKS // 2)}
     queue = RedisTrajectoryQueue(redis_url, max_backlog=1, max_staleness=None,
                                  claim_idle_ms=2000)
@@ -97,7 +97,7 @@ def test_two_workers_and_a_consumer_exactly_once_through_kill_and_term(redis_url
     publisher = WeightsPublisher(tmp_path / "weights", model_config, queue=queue)
     logs = [tmp_path / "worker0.log", tmp_path / "worker1.log"]
     workers = [start_worker(config, i, tmp_path / "fleet", logs[i]) for i in range(2)]
-    delivered = DeliveredGroups()
+    delivered = DeliveredGroups(None, "pyvision")
     received: dict[str, TrajectoryGroup] = {}
     arrival: list[tuple[int, str, int]] = []  # (worker, key, version) in delivery order
     repeats = 0
@@ -121,8 +121,8 @@ def test_two_workers_and_a_consumer_exactly_once_through_kill_and_term(redis_url
                 if not delivered.first(group):
                     repeats += 1
                     continue
-                received[group_key(group)] = group
-                arrival.append((shard_of[group.task.id], group_key(group), item.version))
+                received[group.key] = group
+                arrival.append((shard_of[group.task.id], group.key, item.version))
             if not killed and arrival:
                 victim = arrival[0][0]  # its first group arrived: at most 2 of its 6 are put
                 other = 1 - victim

@@ -15,8 +15,8 @@ from pyvision_jax.models import ModelConfig, init_params
 from pyvision_jax.train import metrics as names
 from pyvision_jax.train.checkpoint import TrainCheckpoints
 from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer
-from tests.train.conftest import COMPILATION_CACHE
-from tests.train.test_metrics import read_scalars
+from tests.train.compilation_cache import COMPILATION_CACHE
+from tests.train.tensorboard_events import read_scalars
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--config.rl.group_size=2", "--config.rl.batch_groups=1", "--config.rl.max_gen_rounds=1",

@@ -5,27 +5,13 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
-from pyvision_jax.train import metrics
-
-
-def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
-    accumulator = event_accumulator.EventAccumulator(
-        logdir, size_guidance={event_accumulator.TENSORS: 0}
-    )
-    accumulator.Reload()
-    out = {}
-    for tag in accumulator.Tags()["tensors"]:
-        assert accumulator.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"
-        out[tag] = [
-            (event.step, float(tensor_util.make_ndarray(event.tensor_proto)))
-            for event in accumulator.Tensors(tag)
-        ]
-    return out
+from pyvision_jax.train import metric_names, metrics
+from tests.train.tensorboard_events import read_scalars
 
 
 def test_every_trainer_scalar_round_trips_with_steps_and_values(tmp_path):
-    end_reasons = [metrics.end_reason_tag(name) for name in ("answer", "max_turns", "max_tokens")]
-    names = list(metrics.TRAINER_SCALARS) + end_reasons
+    end_reasons = [metric_names.end_reason_tag(name) for name in ("answer", "max_turns", "max_tokens")]
+    names = list(metric_names.TRAINER_SCALARS) + end_reasons
     expected = {name: [] for name in names}
     with metrics.MetricsWriter(tmp_path / "tb") as writer:
         for step in (0, 1, 5):
@@ -64,10 +50,10 @@ def test_bad_values_are_rejected_naming_the_metric_and_nothing_is_written(tmp_pa
 
 
 def test_end_reason_tag_validates_the_name():
-    assert metrics.end_reason_tag("max_turns") == "end_reason/max_turns"
+    assert metric_names.end_reason_tag("max_turns") == "end_reason/max_turns"
     for bad in ("", "a b", "a/b", None):
         with pytest.raises(ValueError, match="end reason name"):
-            metrics.end_reason_tag(bad)
+            metric_names.end_reason_tag(bad)
 
 
 def test_console_line_shows_known_fields_in_order_and_skips_missing():

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.train.conftest import COMPILATION_CACHE
+from tests.train.compilation_cache import COMPILATION_CACHE
 
 ROOT = Path(__file__).resolve().parents[2]
 

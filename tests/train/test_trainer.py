@@ -1,5 +1,8 @@
 """The training loop with a scripted engine and a fake sandbox pool: resuming reproduces the
-run that never stopped bit for bit, and a step with no informative group still steps."""
+run that never stopped bit for bit, a step with no informative group still steps, the three
+rollout topologies go through the same trainer, and every answer is scored exactly once."""
+
+import threading
 
 import jax
 import numpy as np
@@ -7,14 +10,21 @@ import pytest
 from PIL import Image
 
 from configs.tiny_cpu import get_config
+from pyvision_jax.agent.episode import EpisodeConfig
 from pyvision_jax.data.tasks import Task
+from pyvision_jax.grading import trajectory as grading_trajectory
 from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
+from pyvision_jax.rollout.producer import GroupProducer, ProducerConfig
+from pyvision_jax.rollout.queue import DeliveredGroups, LocalTrajectoryQueue
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
-from pyvision_jax.train import metrics as names
+from pyvision_jax.rollout.sources import FleetSource
+from pyvision_jax.rollout.weights import WeightsPublisher, WeightsWatcher, latest_complete
+from pyvision_jax.rollout.worker import RolloutWorker, WorkerConfig
+from pyvision_jax.train import metric_names as names
 from pyvision_jax.train.checkpoint import TrainCheckpoints
 from pyvision_jax.train.trainer import Trainer
 from tests.agent.fake_sandbox import FakePool
-from tests.train.test_metrics import read_scalars
+from tests.train.tensorboard_events import read_scalars
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +59,7 @@ def small_config(steps: int):
     c = get_config()
     c.train.steps = steps
     c.train.lr = 1e-3
-    c.train.length_buckets = "512"
+    c.train.length_buckets = (512,)
     c.train.micro_batch = 2
     c.train.checkpoint_every = 3
     c.train.logprob_chunk = 128
@@ -93,9 +103,9 @@ def test_no_informative_group_still_steps_after_max_gen_rounds(tmp_path, tiny_co
     summary, trainer = run(config, tmp_path, tiny_config, tiny_params, tokenizer, tasks, always_wrong)
     assert summary.last_step == 1
     scalars = {k: v[-1][1] for k, v in read_scalars(str(tmp_path / "tb")).items()}
-    assert scalars["filter/gen_rounds"] == 3 and scalars["filter/groups_drawn"] == 6
+    assert scalars[names.FILTER_GEN_ROUNDS] == 3 and scalars[names.FILTER_GROUPS_DRAWN] == 6
     assert scalars[names.FILTER_GROUPS_KEPT] == 0 and scalars[names.FILTER_ZERO_VARIANCE_FRAC] == 1.0
-    assert scalars["actor/updated"] == 0 and scalars[names.REWARD_TOTAL] == 0
+    assert scalars[names.ACTOR_UPDATED] == 0 and scalars[names.REWARD_TOTAL] == 0
     for x, y in zip(jax.tree.leaves(tiny_params), jax.tree.leaves(jax.device_get(trainer.state.params))):
         assert np.array_equal(x, y)
 
@@ -108,8 +118,55 @@ def test_async_mode_trains_from_a_worker_thread_within_max_staleness(tmp_path, t
     config.rollout.max_backlog = 4
     summary, trainer = run(config, tmp_path, tiny_config, tiny_params, tokenizer, tasks, answers_by_rollout)
     assert summary.last_step == 3 and not summary.interrupted
-    assert not trainer.worker.is_alive() and trainer.worker.error is None
+    assert not trainer.source.alive and trainer.source.error is None
     scalars = read_scalars(str(tmp_path / "tb"))
     assert [s for s, _ in scalars[names.VERSION_STALENESS_MEAN]] == [1, 2, 3]
     assert all(0 <= v <= 1 for _, v in scalars[names.VERSION_STALENESS_MEAN])
     assert all(v == 1.0 for _, v in scalars[names.FILTER_GROUPS_KEPT])
+
+
+def test_external_fleet_trains_through_the_same_trainer(tmp_path, tiny_config, tiny_params, tokenizer, tasks):
+    """A rollout worker (the fleet's loop, in a thread here) fills a queue and loads the weights
+    the trainer publishes; the trainer runs its one code path over a `FleetSource`."""
+    config = small_config(2)
+    config.rollout.mode = "external"
+    queue = LocalTrajectoryQueue(max_backlog=2, max_staleness=0)
+    publisher = WeightsPublisher(tmp_path / "weights", tiny_config, queue=queue)
+    source = FleetSource(queue, publisher, DeliveredGroups(None, "test"), publish_every=1, wait_timeout_s=120)
+    engine = ScriptedEngine(tokenizer, answers_by_rollout)
+    producer = GroupProducer(ProducerConfig(group_size=2), engine=engine, tokenizer=tokenizer, sandboxes=FakePool(),
+                             episode=EpisodeConfig(max_new_tokens_per_turn=32, max_total_tokens=1024,
+                                                   image_max_pixels=56 * 56 * 4))
+    worker = RolloutWorker(WorkerConfig(max_staleness=0, poll_s=0.02), tasks=tasks, producer=producer, queue=queue,
+                           weights=WeightsWatcher(queue, engine))
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        summary = Trainer(config, tmp_path / "run", model=(tiny_config, tiny_params), tokenizer=tokenizer,
+                          source=source, progress=False, log=lambda line: None).run()
+    finally:
+        worker.request_stop()
+        thread.join(timeout=60)
+    assert summary.last_step == 2 and not thread.is_alive()
+    assert latest_complete(tmp_path / "weights").version == 2
+    scalars = read_scalars(str(tmp_path / "run" / "tb"))
+    assert [v for _, v in scalars[names.VERSION_STALENESS_MEAN]] == [0.0, 0.0]
+    assert all(v == 1.0 for _, v in scalars[names.FILTER_GROUPS_KEPT])
+
+
+def test_every_answer_is_scored_exactly_once_between_production_and_training(
+        tmp_path, monkeypatch, tiny_config, tiny_params, tokenizer, tasks):
+    calls = []
+    score_response = grading_trajectory.score_response
+
+    def counting(response, *args, **kwargs):
+        calls.append(response)
+        return score_response(response, *args, **kwargs)
+
+    monkeypatch.setattr(grading_trajectory, "score_response", counting)
+    config = small_config(2)
+    config.rl.max_gen_rounds = 2
+    summary, _ = run(config, tmp_path, tiny_config, tiny_params, tokenizer, tasks, answers_by_rollout)
+    assert summary.last_step == 2
+    drawn = sum(v for _, v in read_scalars(str(tmp_path / "tb"))[names.FILTER_GROUPS_DRAWN])
+    assert drawn >= 4 and len(calls) == drawn * config.rl.group_size

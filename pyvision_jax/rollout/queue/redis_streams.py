@@ -1,5 +1,7 @@
 """The Redis backend of the trajectory queue: a Stream read through one consumer group.
 
+The queue's semantics are those of `base.py`; this module maps them onto Redis.
+
 Keys, all under `namespace`:
   `<ns>:groups`          the Stream; each entry has fields `v` (version) and `p` (payload)
   `<ns>:stats`           a hash of counters shared by every client (put, delivered, ...)
@@ -34,12 +36,12 @@ from typing import Any
 
 import redis
 
-from pyvision_jax.rollout.queue import (
+from pyvision_jax.rollout.queue.base import (
     PublishedWeights,
     QueueStats,
     RawEntry,
     TrajectoryQueue,
-    checked_version,
+    check_claim_idle_ms,
     full_error,
     seconds_left,
 )
@@ -105,17 +107,16 @@ class RedisTrajectoryQueue(TrajectoryQueue):
     ) -> None:
         super().__init__(max_backlog=max_backlog, max_staleness=max_staleness,
                          put_timeout_s=put_timeout_s, decode=decode)
-        if not isinstance(claim_idle_ms, int) or claim_idle_ms < 1:
-            raise ValueError(f"queue.claim_idle_ms must be an integer >= 1, got {claim_idle_ms!r}")
+        check_claim_idle_ms(claim_idle_ms)
         self.url = url
         self.group = group
         self.consumer = consumer or default_consumer_name()
-        self.claim_idle_ms = claim_idle_ms
+        self.claim_idle_ms = int(claim_idle_ms)
         self._stream = f"{namespace}:groups"
         self._stats_key = f"{namespace}:stats"
         self._version_key = f"{namespace}:trainer_version"
         self._weights_key = f"{namespace}:weights"
-        self._poll_s = min(_MAX_POLL_S, claim_idle_ms / 2000)
+        self._poll_s = min(_MAX_POLL_S, self.claim_idle_ms / 2000)
         self._claim_cursor: bytes | str = "0-0"
         # Where to continue reading this consumer's earlier pending entries; None once done.
         self._own_cursor: bytes | str | None = "0"
@@ -222,24 +223,16 @@ class RedisTrajectoryQueue(TrajectoryQueue):
         return int(self._ack_script(keys=[self._stream, self._stats_key],
                                     args=[self.group, counter, *ids]))
 
-    def _discard_stale(self, ids: list[str]) -> None:
-        self._remove_pending(ids, "dropped_stale")
-
-    def ack(self, ids: Iterable[str]) -> int:
-        return self._remove_pending(ids, "acked")
-
-    def set_trainer_version(self, version: int) -> None:
-        self._client.set(self._version_key, checked_version(version, "trainer version"))
+    def _store_trainer_version(self, version: int) -> None:
+        self._client.set(self._version_key, version)
 
     def trainer_version(self) -> int:
         value = self._client.get(self._version_key)
         return 0 if value is None else int(value)
 
-    def publish_weights(self, version: int, location: str) -> None:
-        if not isinstance(location, str) or not location:
-            raise ValueError(f"weights location must be a non-empty string, got {location!r}")
-        version = checked_version(version, "weights version")
-        self._client.hset(self._weights_key, mapping={"version": version, "location": location})
+    def _store_weights(self, weights: PublishedWeights) -> None:
+        self._client.hset(self._weights_key,
+                          mapping={"version": weights.version, "location": weights.location})
 
     def latest_weights(self) -> PublishedWeights | None:
         fields = self._client.hgetall(self._weights_key)
@@ -254,16 +247,10 @@ class RedisTrajectoryQueue(TrajectoryQueue):
             pipe.hgetall(self._stats_key)
             backlog, pending_summary, counters = pipe.execute()
         pending = int(pending_summary["pending"])
-        count = {_text(key): int(value) for key, value in counters.items()}
-        return QueueStats(
+        return QueueStats.from_counters(
             ready=backlog - pending,
             pending=pending,
-            backlog=backlog,
-            put_total=count.get("put", 0),
-            delivered_total=count.get("delivered", 0),
-            acked_total=count.get("acked", 0),
-            dropped_stale_total=count.get("dropped_stale", 0),
-            reclaimed_total=count.get("reclaimed", 0),
+            counters={_text(key): int(value) for key, value in counters.items()},
         )
 
     def close(self) -> None:

@@ -22,7 +22,11 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 import ml_collections
+import orbax.checkpoint as ocp
 
+from pyvision_jax import wiring
+from pyvision_jax.convert import load_hf, load_params
+from pyvision_jax.convert.orbax_io import HF_FILES_DIR
 from pyvision_jax.models import ModelConfig, init_params
 
 CheckpointKind = Literal["hf", "params", "train"]
@@ -78,15 +82,6 @@ def detect_checkpoint_kind(path: str | Path) -> CheckpointKind:
         f"checkpoints/<step>/state, a checkpoints directory, or one <step>/state directory)")
 
 
-def model_config_from(config: ml_collections.ConfigDict) -> ModelConfig:
-    """The architecture a config's ``model`` section names (hf_dir's config.json, else preset)."""
-    if config.model.get("hf_dir"):
-        from pyvision_jax.convert.hf import read_hf_config
-        hf_dir = Path(config.model.hf_dir)
-        return ModelConfig.from_hf_dict(read_hf_config(hf_dir), source=str(hf_dir / "config.json"))
-    return ModelConfig.preset(config.model.preset)
-
-
 def _train_model_config(step_dir: Path, config: ml_collections.ConfigDict) -> ModelConfig:
     """The trainer's resolved config beside its checkpoints wins over the evaluation config."""
     for parent in step_dir.parents:
@@ -94,14 +89,12 @@ def _train_model_config(step_dir: Path, config: ml_collections.ConfigDict) -> Mo
         if resolved.is_file() and (parent / _TRAIN_SUBDIR).is_dir():
             data = json.loads(resolved.read_text())
             if isinstance(data, dict) and isinstance(data.get("model"), dict):
-                return model_config_from(ml_collections.ConfigDict(data))
-    return model_config_from(config)
+                return wiring.model_config(ml_collections.ConfigDict(data))
+    return wiring.model_config(config)
 
 
 def _restore_train_params(step_dir: Path, model_config: ModelConfig, dtype: Any = None) -> Any:
     """The params subtree of a saved TrainState, cast to ``dtype`` (None: as stored)."""
-    import orbax.checkpoint as ocp
-
     expected = jax.eval_shape(lambda: init_params(model_config))
     state_dir = step_dir / _TRAIN_ITEM
     stored = ocp.StandardCheckpointer().metadata(state_dir).item_metadata.tree
@@ -139,6 +132,11 @@ def _int_keys(tree: Any) -> Any:
     return tree
 
 
+def _tokenizer_dir(directory: Path) -> str | None:
+    """``directory`` when it holds tokenizer files, else None."""
+    return str(directory) if any((directory / f).is_file() for f in TOKENIZER_FILES) else None
+
+
 def load_policy(path: str | Path, config: ml_collections.ConfigDict,
                 progress: bool = True) -> LoadedPolicy:
     """Loads the weights at ``path`` (any layout of ``detect_checkpoint_kind``)."""
@@ -146,18 +144,12 @@ def load_policy(path: str | Path, config: ml_collections.ConfigDict,
     kind = detect_checkpoint_kind(path)
     dtype = config.model.get("param_dtype") or None
     if kind == "hf":
-        from pyvision_jax.convert import load_hf
         model_config, params = load_hf(path, dtype=dtype, progress=progress)
-        tokenizer_dir = path if any((path / f).is_file() for f in TOKENIZER_FILES) else None
-        return LoadedPolicy(kind, str(path), model_config, params, 0,
-                            str(tokenizer_dir) if tokenizer_dir else None)
+        return LoadedPolicy(kind, str(path), model_config, params, 0, _tokenizer_dir(path))
     if kind == "params":
-        from pyvision_jax.convert import load_params
         model_config, params = load_params(path, dtype=dtype)
-        side = path / "hf_files"
-        tokenizer_dir = side if any((side / f).is_file() for f in TOKENIZER_FILES) else None
         return LoadedPolicy(kind, str(path), model_config, params, 0,
-                            str(tokenizer_dir) if tokenizer_dir else None)
+                            _tokenizer_dir(path / HF_FILES_DIR))
     step_dir = _train_step_dir(path)
     model_config = _train_model_config(step_dir, config)
     params = _restore_train_params(step_dir, model_config, dtype)

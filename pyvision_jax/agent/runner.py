@@ -1,0 +1,228 @@
+"""Runs many episodes at once: batched generation through one engine, sandbox work on a pool.
+
+Concurrency (``EpisodeRunner.run``). One driver thread owns the engine; a thread pool owns all
+per-trajectory host work (loading media and rendering the prompt, sandbox acquisition and
+runs, rendering observations, releasing sandboxes). The driver loops:
+
+1. admit queued trajectories up to ``max_concurrent`` (their START job goes to the pool);
+2. collect every pool job that has finished, without waiting, moving its trajectory to the
+   ready list (or retiring it);
+3. if any trajectory is ready, call ``engine.generate`` once on ALL ready trajectories, parse
+   the results and hand each trajectory's next step (tool run or finalization) to the pool;
+4. only when nothing is ready, block until the first pool job finishes.
+
+So generation is batched over whatever is ready, sandbox work of other trajectories proceeds
+meanwhile, and no trajectory waits for a slow sandbox of another: there is no per-turn
+barrier. Each trajectory has at most one pool job at a time and the pool has
+``max_concurrent`` threads, so jobs never queue behind each other; a START or TOOL job may
+block on ``SandboxPool.acquire`` only while other trajectories hold sandboxes, and those
+release them from their own threads, so the pool cannot deadlock.
+
+The transitions of each trajectory are ``pyvision_jax.agent.episode.EpisodeMachine``'s.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import dataclasses
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+from PIL import Image
+from tqdm import tqdm
+
+from pyvision_jax.agent.engine import Engine, SamplingParams
+from pyvision_jax.agent.episode import (
+    CODE_STOP,
+    EpisodeConfig,
+    EpisodeMachine,
+    EpisodeState,
+    PendingAction,
+    TaskPrompt,
+)
+from pyvision_jax.agent.prompts import ChatRenderer
+from pyvision_jax.agent.trajectory import Trajectory, TrajectoryGroup
+from pyvision_jax.data.tasks import Task
+
+
+class SandboxLike(Protocol):
+    """What the runner uses of ``pyvision_jax.agent.sandbox.Sandbox``."""
+
+    def run(self, code: str) -> Any: ...
+
+    def preload_image(self, name: str, image: Image.Image) -> None: ...
+
+    def preload_video(self, name: str, path: str) -> None: ...
+
+
+class SandboxSource(Protocol):
+    """What the runner uses of ``pyvision_jax.agent.sandbox.SandboxPool``."""
+
+    def acquire(self, timeout_s: float | None = None) -> SandboxLike: ...
+
+    def release(self, sandbox: SandboxLike) -> None: ...
+
+
+@dataclass
+class _SandboxedEpisode(EpisodeState):
+    """An episode's state plus the sandbox it holds (acquired at its first code run)."""
+
+    sandbox: SandboxLike | None = None
+
+
+class _PromptCache:
+    """Renders each task's prompt once per run, whichever rollout asks first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[threading.Lock, list[TaskPrompt]]] = {}
+
+    def get(self, task: Task, render: Callable[[Task], TaskPrompt]) -> TaskPrompt:
+        with self._lock:
+            lock, slot = self._entries.setdefault(task.id, (threading.Lock(), []))
+        with lock:
+            if not slot:
+                slot.append(render(task))
+            return slot[0]
+
+
+class EpisodeRunner:
+    """Runs episodes of tasks with one engine, one tokenizer and a sandbox pool."""
+
+    def __init__(self, engine: Engine, tokenizer: Any, sandboxes: SandboxSource,
+                 config: EpisodeConfig = EpisodeConfig(),
+                 sampling: SamplingParams = SamplingParams()):
+        self.engine = engine
+        self.sandboxes = sandboxes
+        self.config = config
+        self.machine = EpisodeMachine(config, ChatRenderer(tokenizer, merge_size=config.merge_size))
+        self.sampling = dataclasses.replace(
+            sampling, stop=tuple(dict.fromkeys((*sampling.stop, CODE_STOP))),
+            max_new_tokens=config.max_new_tokens_per_turn)
+
+    def run(self, tasks: Sequence[Task], group_size: int = 1,
+            progress: bool = False) -> list[TrajectoryGroup]:
+        """``group_size`` rollouts of every task, grouped per task in task order."""
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        jobs = [(task, k) for task in tasks for k in range(group_size)]
+        trajectories = self.run_trajectories(jobs, progress=progress)
+        return [TrajectoryGroup(task, tuple(trajectories[i * group_size:(i + 1) * group_size]))
+                for i, task in enumerate(tasks)]
+
+    def run_trajectories(self, jobs: Sequence[tuple[Task, int]],
+                         progress: bool = False) -> list[Trajectory]:
+        """One trajectory per (task, rollout index), in input order."""
+        episodes = [_SandboxedEpisode(task, k) for task, k in jobs]
+        queued = deque(episodes)
+        order = {id(e): i for i, e in enumerate(episodes)}
+        results: list[Trajectory | None] = [None] * len(queued)
+        prompts = _PromptCache()
+        ready: list[_SandboxedEpisode] = []
+        running: dict[futures.Future, tuple[str, _SandboxedEpisode]] = {}
+        pool = futures.ThreadPoolExecutor(self.config.max_concurrent,
+                                          thread_name_prefix="episode")
+        bar = tqdm(total=len(queued), desc="episodes", disable=not progress)
+        try:
+            while queued or running:
+                while queued and len(running) < self.config.max_concurrent:
+                    episode = queued.popleft()
+                    running[pool.submit(self._start, episode, prompts)] = ("start", episode)
+                self._wait_for_work(running)
+                for future in [f for f in running if f.done()]:
+                    stage, episode = running.pop(future)
+                    outcome = future.result()
+                    if stage == "finish":
+                        results[order[id(episode)]] = outcome
+                        bar.update(1)
+                    elif episode.end_reason is None:
+                        ready.append(episode)
+                    else:
+                        running[pool.submit(self._finish, episode)] = ("finish", episode)
+                if ready:
+                    batch, ready = ready, []
+                    for episode, step in zip(batch, self._generate(batch)):
+                        if step is None:
+                            running[pool.submit(self._finish, episode)] = ("finish", episode)
+                        else:
+                            running[pool.submit(self._tool, episode, step)] = ("tool", episode)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            for episode in episodes:
+                if episode.sandbox is not None:
+                    self.sandboxes.release(episode.sandbox)
+                    episode.sandbox = None
+            raise
+        finally:
+            pool.shutdown(wait=True)
+            bar.close()
+        return [t for t in results if t is not None]
+
+    # -- driver-thread steps -------------------------------------------------------------
+
+    def _wait_for_work(self, running: dict[futures.Future, Any]) -> None:
+        """Blocks until a pool job is done, then briefly lets near-simultaneous ones finish
+        too (at most ``gather_s``) so they share one generation batch."""
+        futures.wait(list(running), return_when=futures.FIRST_COMPLETED)
+        if self.config.gather_s > 0:
+            futures.wait([f for f in running if not f.done()], timeout=self.config.gather_s,
+                         return_when=futures.ALL_COMPLETED)
+
+    def _generate(self, batch: list[_SandboxedEpisode]) -> list[PendingAction | None]:
+        requests = [self.machine.request(e) for e in batch]
+        start = time.perf_counter()
+        outputs = self.engine.generate(requests, self.sampling)
+        elapsed = time.perf_counter() - start
+        if len(outputs) != len(batch):
+            raise RuntimeError(f"engine returned {len(outputs)} results for "
+                               f"{len(batch)} requests")
+        steps = []
+        for episode, output in zip(batch, outputs):
+            episode.generate_s += elapsed
+            steps.append(self.machine.after_generation(episode, output))
+        return steps
+
+    # -- pool-thread steps ---------------------------------------------------------------
+
+    def _start(self, episode: _SandboxedEpisode, prompts: _PromptCache) -> None:
+        episode.started_at = time.perf_counter()
+        self.machine.begin(episode, prompts.get(episode.task, self.machine.render_prompt))
+
+    def _tool(self, episode: _SandboxedEpisode, pending: PendingAction) -> None:
+        """Runs the action's code (or shows its format feedback) and preloads the images
+        the observation added into the sandbox."""
+        if pending.action.kind.malformed:
+            self.machine.show_feedback(episode, pending)
+            return
+        try:
+            result = self._sandbox(episode).run(pending.action.code)
+        except Exception as err:  # the sandbox's infrastructure, not the model's code
+            self.machine.fail_run(episode, pending, err)
+            return
+        for name, image in self.machine.after_run(episode, pending, result):
+            try:
+                episode.sandbox.preload_image(name, image)
+            except Exception as err:
+                self.machine.fail_preload(episode, err)
+                return
+
+    def _sandbox(self, episode: _SandboxedEpisode) -> SandboxLike:
+        """The episode's sandbox, acquired on first use with the clues preloaded."""
+        if episode.sandbox is None:
+            sandbox = self.sandboxes.acquire(timeout_s=self.config.sandbox_acquire_timeout_s)
+            episode.sandbox = sandbox
+            if episode.task.is_video:
+                sandbox.preload_video("video_clue_0", episode.task.video_path)
+            for name, image in episode.runtime_images.items():
+                sandbox.preload_image(name, image)
+        return episode.sandbox
+
+    def _finish(self, episode: _SandboxedEpisode) -> Trajectory:
+        if episode.sandbox is not None:
+            sandbox, episode.sandbox = episode.sandbox, None
+            self.sandboxes.release(sandbox)
+        return self.machine.trajectory(episode, self.engine.version,
+                                       time.perf_counter() - episode.started_at)

@@ -1,0 +1,48 @@
+"""Isolated, persistent Python runtimes for model-written code, and a warm pool of them.
+
+A `Sandbox` owns one runtime process (the `runtime` package) started inside bubblewrap: its own
+PID, network (loopback included), IPC and UTS namespaces, a read-only view of the system and
+of the Python installation, a size-limited private tmpfs at /tmp as the only writable place,
+and the preloaded media under /media (read-only). Hard rlimits bound address space, processes,
+file size and CPU seconds; a seccomp filter forbids new user namespaces. Running as root, the
+runtime drops to a uid of its own (picked at random per runtime) so that file permissions and
+the process limit apply to it; otherwise bubblewrap's user namespace does the same.
+
+Sandboxes die with their owner: on close, at exit, on SIGTERM (a handler is installed when
+none is), and even on SIGKILL (bubblewrap's --die-with-parent, and the runtime exits when its
+request pipe closes). Copied media of owners that died are swept by the next owner.
+
+Calls are synchronous frames over two pipes, numbered so that a reply can only answer the
+request it was sent for. A call that overruns its wall-clock timeout kills the whole runtime
+(the sandbox's PID namespace, so threads and children die with it); the next call runs in a
+fresh runtime, with the preloaded media restored, and its result has `state_lost=True` and
+starts with `STATE_LOST_NOTICE`.
+
+Modules: `config` (SandboxConfig), `errors`, `results` (RunResult and reading replies),
+`isolation` (bubblewrap command), `seccomp`, `uids`, `font_cache`, `channel` (host side of the
+frames), `launcher` and `process` (one runtime process), `registry` (shutdown hooks),
+`host_dirs` and `media` (copied media on the host), `sandbox` (Sandbox), `pool` (SandboxPool),
+and `runtime`, the package that runs inside the sandbox.
+"""
+
+from pyvision_jax.agent.sandbox.config import SandboxConfig
+from pyvision_jax.agent.sandbox.errors import (
+    SandboxError,
+    SandboxStartError,
+    SandboxUnavailableError,
+)
+from pyvision_jax.agent.sandbox.pool import SandboxPool
+from pyvision_jax.agent.sandbox.results import STATE_LOST_NOTICE, TRUNCATION_MARKER, RunResult
+from pyvision_jax.agent.sandbox.sandbox import Sandbox
+
+__all__ = [
+    "STATE_LOST_NOTICE",
+    "TRUNCATION_MARKER",
+    "RunResult",
+    "Sandbox",
+    "SandboxConfig",
+    "SandboxError",
+    "SandboxPool",
+    "SandboxStartError",
+    "SandboxUnavailableError",
+]

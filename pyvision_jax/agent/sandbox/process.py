@@ -1,0 +1,246 @@
+"""One started runtime process: how it is launched (isolated or not), its channel, and how it
+is killed together with everything in its namespace."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+from pyvision_jax.agent.sandbox.channel import ChannelClosed, RuntimeChannel, wait_readable
+from pyvision_jax.agent.sandbox.config import SandboxConfig
+from pyvision_jax.agent.sandbox.errors import SandboxStartError
+from pyvision_jax.agent.sandbox.font_cache import matplotlib_font_cache
+from pyvision_jax.agent.sandbox.isolation import (
+    RUNTIME_DIR,
+    RUNTIME_ENTRY,
+    SANDBOX_FONT_CACHE,
+    SANDBOX_MEDIA,
+    SANDBOX_RUNTIME_DIR,
+    SANDBOX_WORKDIR,
+    bwrap_command,
+    runtime_environment,
+)
+from pyvision_jax.agent.sandbox.launcher import LAUNCHER
+from pyvision_jax.agent.sandbox.seccomp import seccomp_program
+from pyvision_jax.agent.sandbox.uids import claim_uid, release_uid
+
+
+def _runtime_command(runtime_dir: str) -> list[str]:
+    return [sys.executable, "-I", "-B", f"{runtime_dir}/{RUNTIME_ENTRY}"]
+
+
+def _runtime_settings(config: SandboxConfig, mode: str, request_fd: int, reply_fd: int,
+                      workdir: str, uid: int | None, font_cache: str | None) -> dict[str, Any]:
+    limits = {"RLIMIT_AS": config.memory_bytes, "RLIMIT_FSIZE": config.max_file_bytes,
+              "RLIMIT_CPU": config.cpu_seconds, "RLIMIT_CORE": 0,
+              "RLIMIT_NOFILE": config.max_open_files}
+    if mode != "unisolated":  # RLIMIT_NPROC counts per real uid: only meaningful isolated
+        limits["RLIMIT_NPROC"] = config.max_processes
+    return {"request_fd": request_fd, "reply_fd": reply_fd, "limits": limits, "uid": uid,
+            "gid": uid, "workdir": workdir, "font_cache": font_cache,
+            "max_stdout_bytes": config.max_stdout_bytes,
+            "max_image_pixels": config.max_image_pixels,
+            "max_aspect_ratio": config.max_aspect_ratio,
+            "max_images_per_call": config.max_images_per_call}
+
+
+def describe_exit(status: int | None, config: SandboxConfig) -> str:
+    """How a runtime that exited with `status` (None: still running) ended, in words."""
+    if status is None:
+        return "stopped responding"
+    signum = -status if status < 0 else status - 128 if status > 128 else None
+    if signum is not None:
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        hint = ""
+        if signum == signal.SIGKILL:
+            hint = (f" (the CPU-time limit of {config.cpu_seconds} s or the memory limit may "
+                    f"have been reached)")
+        return f"was killed by {name}{hint}"
+    return f"exited with status {status}"
+
+
+class RuntimeProcess:
+    """One started runtime: its process, its channel, and how to kill it.
+
+    `cancelled` is consulted while the runtime starts; once it answers True the start is
+    abandoned with SandboxStartError.
+    """
+
+    def __init__(self, config: SandboxConfig, mode: str, bwrap: str | None, host_dir: Path,
+                 cancelled: Callable[[], bool]):
+        self.config = config
+        self._cancelled = cancelled
+        self._starting = True
+        self.mode = mode
+        self.uid = claim_uid() if mode == "root" else None
+        self._kill_lock = threading.RLock()
+        self._killed = False
+        self._pidfd: int | None = None
+        self._info_fd: int | None = None
+        self.inner_pid: int | None = None
+        media_dir = str(host_dir / "media")
+        request_read, request_write = os.pipe()
+        reply_read, reply_write = os.pipe()
+        self._channel = RuntimeChannel(request_write, reply_read, config, self._start_cancelled)
+        child_fds = [request_read, reply_write]
+        info_read = info_write = None
+        font_cache = matplotlib_font_cache()
+        if mode == "unisolated":
+            workdir = str(host_dir / "work")
+            argv = _runtime_command(str(RUNTIME_DIR))
+            env = runtime_environment(workdir)
+            self.media_root = media_dir
+        else:
+            workdir = SANDBOX_WORKDIR
+            info_read, info_write = os.pipe()
+            child_fds.append(info_write)
+            seccomp_read = None
+            program = seccomp_program()
+            if program is not None:
+                seccomp_read, seccomp_write = os.pipe()
+                os.write(seccomp_write, program)
+                os.close(seccomp_write)
+                child_fds.append(seccomp_read)
+            argv = bwrap_command(bwrap, config, mode, media_dir, info_write, font_cache,
+                                 seccomp_read)
+            argv += _runtime_command(SANDBOX_RUNTIME_DIR)
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+            self.media_root = SANDBOX_MEDIA
+            font_cache = font_cache and SANDBOX_FONT_CACHE
+        settings = _runtime_settings(config, mode, request_read, reply_write, workdir, self.uid,
+                                     font_cache)
+        argv.append(json.dumps(settings))
+        log_path = host_dir / "launcher.log"
+        try:
+            with open(log_path, "wb") as log:
+                self.process = LAUNCHER.popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                    pass_fds=child_fds, start_new_session=True, env=env,
+                    cwd=workdir if mode == "unisolated" else "/")
+        except BaseException:
+            release_uid(self.uid)
+            self._channel.close()
+            for fd in child_fds + [info_read]:
+                if fd is not None:
+                    os.close(fd)
+            raise
+        for fd in child_fds:
+            os.close(fd)
+        self._info_fd = info_read
+        try:
+            deadline = time.monotonic() + config.startup_timeout_s
+            if info_read is not None:
+                self.inner_pid = json.loads(self._read_info(info_read, deadline))["child-pid"]
+                os.close(info_read)
+                self._info_fd = None
+            else:
+                self.inner_pid = self.process.pid
+            self._open_pidfd()
+            ready = self._channel.receive_ready(deadline)
+            if ready.get("error"):
+                raise SandboxStartError(f"sandbox runtime failed to start:\n{ready['error']}")
+            self._starting = False
+        except BaseException as exc:
+            self.kill()
+            if isinstance(exc, SandboxStartError):
+                raise
+            log_text = log_path.read_bytes()[-4000:].decode("utf-8", "replace").strip()
+            raise SandboxStartError(
+                f"sandbox runtime did not start ({type(exc).__name__}: {exc}); "
+                f"launcher output: {log_text or '(none)'}") from exc
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def killed(self) -> bool:
+        return self._killed
+
+    def _start_cancelled(self) -> bool:
+        return self._starting and self._cancelled()
+
+    def _read_info(self, fd: int, deadline: float) -> bytes:
+        """bubblewrap's JSON status; the pipe stays open until kill(), so that bubblewrap can
+        never die writing it before it has released its child."""
+        data = b""
+        while True:
+            wait_readable(fd, deadline, self._start_cancelled)
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return data
+            data += chunk
+
+    def _open_pidfd(self) -> None:
+        try:
+            self._pidfd = os.pidfd_open(self.inner_pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
+
+    def call(self, message: dict[str, Any], timeout_s: float) -> tuple[dict[str, Any], bytes]:
+        """Sends one request and returns its reply; raises CallTimeout, ChannelClosed or
+        ProtocolError (after which the runtime must be killed)."""
+        if self._killed:
+            raise ChannelClosed()
+        return self._channel.call(message, timeout_s)
+
+    def exit_status(self, wait_s: float) -> int | None:
+        try:
+            return self.process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        """Kills the runtime and everything in its namespace, and reaps the launcher.
+
+        The launcher's own children go first: bubblewrap's first child waits to be released by
+        its parent after it is cloned, and killing only the parent would strand it.
+        """
+        with self._kill_lock:
+            if self._killed:
+                return
+            self._killed = True
+            killed_inside = False
+            if self._pidfd is not None:
+                try:
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                    killed_inside = True
+                except ProcessLookupError:
+                    pass
+            try:
+                descendants = psutil.Process(self.process.pid).children(recursive=True)
+            except psutil.Error:
+                descendants = []
+            for proc in descendants:
+                try:
+                    proc.kill()
+                    killed_inside = True
+                except psutil.Error:
+                    pass
+            if self.mode == "unisolated" or not killed_inside or self.exit_status(5.0) is None:
+                try:
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            self.process.wait()
+            release_uid(self.uid)
+            for fd in (self._pidfd, self._info_fd):
+                if fd is not None:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            self._channel.close()
+            self._pidfd = self._info_fd = None

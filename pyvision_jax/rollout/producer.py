@@ -1,0 +1,80 @@
+"""The one place where tasks become scored episode groups.
+
+`GroupProducer.produce(items)` runs G episodes of each task (all of them concurrently through
+one `EpisodeRunner`, so the engine batches across groups), then scores every group exactly
+once: per rollout the answer score and correctness (`grading.trajectory.score_trajectory`,
+the rule evaluation uses too), the successful tool calls, and the reward
+(`rl.accumulative_tool_reward`). The scores travel on the group (`TrajectoryGroup.scores`);
+nothing downstream decodes or scores again.
+
+Rollout `k` of a task drawn in epoch `e` has rollout index `e * G + k` (see
+`data.task_order`); the engine derives each request's randomness from the sampling seed and
+the request id, so a group is reproducible whatever batch it is generated in.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pyvision_jax.agent.engine import Engine, SamplingParams
+from pyvision_jax.agent.episode import EpisodeConfig
+from pyvision_jax.agent.runner import EpisodeRunner, SandboxSource
+from pyvision_jax.agent.trajectory import GroupScores, TrajectoryGroup
+from pyvision_jax.data.task_order import ShardItem, derived_seed
+from pyvision_jax.grading.trajectory import score_trajectory
+from pyvision_jax.rl.rewards import accumulative_tool_reward
+
+
+def score_group(group: TrajectoryGroup, tokenizer: Any, tool_reward_coef: float) -> TrajectoryGroup:
+    """`group` with its `GroupScores` (a broken rollout or one without an answer scores 0)."""
+    scores = [score_trajectory(t, group.task, tokenizer) for t in group.trajectories]
+    tool_calls = [t.num_successful_tool_calls for t in group.trajectories]
+    values = np.asarray([[s.score for s in scores]], np.float32)
+    correct = np.asarray([[s.correct for s in scores]], bool)
+    rewards = accumulative_tool_reward(values, correct, np.asarray([tool_calls], np.float32),
+                                       np.ones_like(correct), tool_reward_coef)
+    return group.with_scores(GroupScores(
+        scores=tuple(float(s.score) for s in scores), correct=tuple(bool(s.correct) for s in scores),
+        tool_calls=tuple(int(n) for n in tool_calls), rewards=tuple(float(r) for r in np.asarray(rewards)[0])))
+
+
+@dataclasses.dataclass(frozen=True)
+class ProducerConfig:
+    """group_size: G rollouts per task; seed: the run seed the sampling seeds derive from."""
+
+    group_size: int = 4
+    tool_reward_coef: float = 0.1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {self.group_size}")
+
+
+class GroupProducer:
+    """Generates and scores the groups of shard items with one engine and sandbox pool."""
+
+    def __init__(self, config: ProducerConfig, *, engine: Engine, tokenizer: Any, sandboxes: SandboxSource,
+                 episode: EpisodeConfig = EpisodeConfig(), sampling: SamplingParams = SamplingParams()):
+        self.config = config
+        self.engine, self.tokenizer, self.sandboxes = engine, tokenizer, sandboxes
+        self.episode, self.sampling = episode, sampling
+
+    def produce(self, items: Sequence[ShardItem]) -> list[TrajectoryGroup]:
+        """One scored group per item, in item order."""
+        if not items:
+            return []
+        size = self.config.group_size
+        first = items[0]
+        sampling = dataclasses.replace(self.sampling, seed=derived_seed(self.config.seed, first.epoch, first.position))
+        runner = EpisodeRunner(self.engine, self.tokenizer, self.sandboxes, self.episode, sampling)
+        jobs = [(item.task, index) for item in items for index in item.rollout_indices(size)]
+        trajectories = runner.run_trajectories(jobs)
+        if len(trajectories) != len(jobs):
+            raise RuntimeError(f"{len(trajectories)} of {len(jobs)} episodes finished")
+        return [score_group(TrajectoryGroup(item.task, tuple(trajectories[i * size:(i + 1) * size])),
+                            self.tokenizer, self.config.tool_reward_coef)
+                for i, item in enumerate(items)]

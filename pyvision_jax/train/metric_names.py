@@ -1,0 +1,78 @@
+"""Every metric tag the trainer writes, in one place: the trainer, the launcher, the
+console line and the tests share one spelling. `TRAINER_SCALARS` lists the tags every
+training step writes; `end_reason_tag(name)` builds the per-end-reason tags
+(`end_reason/<NAME>`), one per episode end reason."""
+from __future__ import annotations
+
+import re
+
+REWARD_TOTAL = "reward/total"
+REWARD_ACCURACY = "reward/accuracy"
+TOOLS_CALLS_PER_TRAJ = "tools/calls_per_traj"
+RESPONSE_LENGTH = "response/length"
+VISUAL_TOKENS_PER_TRAJ = "visual_tokens/per_traj"
+ACTOR_ENTROPY = "actor/entropy"
+ACTOR_GRAD_NORM = "actor/grad_norm"
+ACTOR_CLIPFRAC = "actor/clipfrac"
+ACTOR_APPROX_KL = "actor/approx_kl"
+ACTOR_IS_RATIO_MAX = "actor/is_ratio_max"
+FILTER_ZERO_VARIANCE_FRAC = "filter/zero_variance_frac"
+FILTER_BROKEN_FRAC = "filter/broken_frac"
+FILTER_GROUPS_KEPT = "filter/groups_kept"
+PERF_STEP_TIME = "perf/step_time"
+PERF_ROLLOUT_WAIT = "perf/rollout_wait"
+PERF_TOKENS_PER_SEC = "perf/tokens_per_sec"
+VERSION_STALENESS_MEAN = "version/staleness_mean"
+END_REASON_PREFIX = "end_reason/"
+
+ACTOR_LOSS = "actor/loss"
+ACTOR_LOSS_TOKENS = "actor/loss_tokens"
+ACTOR_UPDATED = "actor/updated"
+ACTOR_SKIPPED_NONFINITE = "actor/skipped_nonfinite"
+FILTER_GEN_ROUNDS = "filter/gen_rounds"
+FILTER_GROUPS_DRAWN = "filter/groups_drawn"
+FILTER_ELIGIBLE = "filter/eligible"
+BATCH_LENGTH = "batch/length"
+BATCH_REAL_TOKENS = "batch/real_tokens"
+
+TRAINER_SCALARS: tuple[str, ...] = (
+    REWARD_TOTAL,
+    REWARD_ACCURACY,
+    TOOLS_CALLS_PER_TRAJ,
+    RESPONSE_LENGTH,
+    VISUAL_TOKENS_PER_TRAJ,
+    ACTOR_ENTROPY,
+    ACTOR_GRAD_NORM,
+    ACTOR_CLIPFRAC,
+    ACTOR_APPROX_KL,
+    ACTOR_IS_RATIO_MAX,
+    FILTER_ZERO_VARIANCE_FRAC,
+    FILTER_BROKEN_FRAC,
+    FILTER_GROUPS_KEPT,
+    PERF_STEP_TIME,
+    PERF_ROLLOUT_WAIT,
+    PERF_TOKENS_PER_SEC,
+    VERSION_STALENESS_MEAN,
+    ACTOR_LOSS,
+    ACTOR_LOSS_TOKENS,
+    ACTOR_UPDATED,
+    ACTOR_SKIPPED_NONFINITE,
+    FILTER_GEN_ROUNDS,
+    FILTER_GROUPS_DRAWN,
+    FILTER_ELIGIBLE,
+    BATCH_LENGTH,
+    BATCH_REAL_TOKENS,
+)
+"""Names written at every training step (besides one `end_reason/<NAME>` per end reason)."""
+
+_END_REASON_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def end_reason_tag(name: str) -> str:
+    """The scalar name for the fraction of trajectories that ended for reason `name`."""
+    if not isinstance(name, str) or not _END_REASON_NAME.match(name):
+        raise ValueError(
+            f"end reason name must be a non-empty string of letters, digits, '_', '.' or '-'; "
+            f"got {name!r}"
+        )
+    return END_REASON_PREFIX + name

