@@ -102,8 +102,9 @@ class EpisodeConfig:
             raise ValueError(f"EpisodeConfig.max_tool_calls must be >= 0, "
                              f"got {self.max_tool_calls}")
         reasons = self.broken_end_reasons
-        if isinstance(reasons, str):  # "A,B" from a config file
-            reasons = [r.strip() for r in reasons.split(",") if r.strip()]
+        if isinstance(reasons, str):
+            raise ValueError(f"EpisodeConfig.broken_end_reasons must be a sequence of end reason names, "
+                             f"got the string {reasons!r}")
         try:
             reasons = frozenset(EndReason(r) for r in reasons)
         except ValueError as err:

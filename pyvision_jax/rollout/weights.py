@@ -81,7 +81,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_marker(directory: Path, version: int) -> None:
+def write_complete_marker(directory: Path, version: int) -> None:
+    """Writes `directory`'s COMPLETE marker (the version and every file's size), fsynced:
+    the last write of a version, after which readers accept it."""
     files = {
         entry.name: entry.stat().st_size
         for entry in sorted(directory.iterdir(), key=lambda e: e.name)
@@ -219,7 +221,7 @@ class WeightsPublisher:
             staging = self.directory / f".{target.name}.partial-{uuid.uuid4().hex[:8]}"
             save_hf(self.model_config, params, staging, dtype=self.dtype,
                     extra_files=self.extra_files, progress=False)
-            _write_marker(staging, version)
+            write_complete_marker(staging, version)
             os.rename(staging, target)
             _fsync_dir(self.directory)
         if self.queue is not None:

@@ -293,8 +293,10 @@ def test_groups_hold_g_rollouts_with_their_own_sandboxes(tokenizer, image_task):
 
 
 def test_config_validates_and_reads_broken_reasons_from_strings():
-    config = EpisodeConfig(broken_end_reasons="SANDBOX_FAILURE, OVER_LENGTH")
+    config = EpisodeConfig(broken_end_reasons=("SANDBOX_FAILURE", "OVER_LENGTH"))
     assert config.broken_end_reasons == {EndReason.SANDBOX_FAILURE, EndReason.OVER_LENGTH}
+    with pytest.raises(ValueError, match="got the string"):
+        EpisodeConfig(broken_end_reasons="SANDBOX_FAILURE,OVER_LENGTH")
     with pytest.raises(ValueError, match="broken_end_reasons: 'TIRED' is not a valid"):
         EpisodeConfig(broken_end_reasons=["TIRED"])
     with pytest.raises(ValueError, match="on_error must be 'terminate' or 'feedback'"):

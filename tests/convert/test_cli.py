@@ -10,7 +10,7 @@ import pytest
 
 from pyvision_jax.convert import load_hf, load_params, save_params
 from pyvision_jax.convert.tree import flatten_params
-from tests.convert.conftest import assert_same_tensors, read_tensors
+from tests.convert.hf_models import assert_same_tensors, read_tensors
 
 REPO = Path(__file__).resolve().parents[2]
 

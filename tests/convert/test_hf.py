@@ -18,7 +18,7 @@ from transformers import Qwen2_5_VLForConditionalGeneration
 from pyvision_jax.convert import CheckpointMismatchError, load_hf, save_hf
 from pyvision_jax.convert.tree import flatten_params
 from pyvision_jax.models.config import ModelConfig
-from tests.convert.conftest import assert_same_tensors, hf_logits, random_hf_model, read_tensors
+from tests.convert.hf_models import assert_same_tensors, hf_logits, random_hf_model, read_tensors
 
 
 def _load(path, **kwargs):

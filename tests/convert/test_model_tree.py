@@ -7,7 +7,7 @@ import pytest
 from pyvision_jax import models
 from pyvision_jax.convert import load_hf
 from pyvision_jax.convert.tree import flatten_params
-from tests.convert.conftest import hf_logits, model_inputs, random_hf_model
+from tests.convert.hf_models import hf_logits, model_inputs, random_hf_model
 
 
 def _shapes(tree) -> dict:

@@ -1,7 +1,7 @@
 import pytest
 
 from pyvision_jax.convert import names
-from tests.convert.conftest import tiny_hf_config
+from tests.convert.hf_models import tiny_hf_config
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,9 @@
 """Shared fixtures: random tiny transformers models (built once per session) and their params."""
 import pytest
 
-from pyvision_jax.models.config import ModelConfig
 from tests.models.hf_reference import build_hf_model, hf_dir_to_params
+from tests.models.model_configs import RAGGED, TIED, TINY
 
-TINY = ModelConfig.preset("tiny")
-# window of 3x3 merged units: a 5x7-unit image has windows of 3x3, 3x4.., cut at its borders
-RAGGED = TINY.replace(vision={"window_size": 84})
-TIED = TINY.replace(tie_word_embeddings=True)
 
 
 def _reference(tmp_path_factory, config, name):

@@ -2,7 +2,7 @@
 import numpy as np
 
 from pyvision_jax.models import decode_step, logits, prefill
-from tests.models.test_parity import image_tokens, patches, text
+from tests.models.model_inputs import image_tokens, patches, text
 
 
 def test_token_by_token_decoding_matches_full_forward(tiny_reference):

@@ -5,7 +5,7 @@ import numpy as np
 
 from pyvision_jax.convert import hf as convert_hf
 from pyvision_jax.models import init_params, logits, param_shapes
-from tests.models.test_parity import image_tokens, patches, text
+from tests.models.model_inputs import image_tokens, patches, text
 
 
 def test_init_params_and_converter_share_the_tree(tiny_reference):

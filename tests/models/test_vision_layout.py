@@ -3,8 +3,8 @@ import numpy as np
 
 from pyvision_jax.models import forward, logits
 from pyvision_jax.models.vision import bucket_size, vision_layout
-from tests.models.conftest import RAGGED
-from tests.models.test_parity import image_tokens, patches, right_padded, text
+from tests.models.model_configs import RAGGED
+from tests.models.model_inputs import image_tokens, patches, right_padded, text
 
 
 def test_bucket_sizes_are_few_and_cover_n():

@@ -134,7 +134,7 @@ def test_writer_failing_mid_write_leaves_nothing_loadable(tmp_path, model_config
     def crash(directory, version):
         raise KeyboardInterrupt("killed while writing")
 
-    monkeypatch.setattr(weights_module, "_write_marker", crash)
+    monkeypatch.setattr(weights_module, "write_complete_marker", crash)
     with pytest.raises(KeyboardInterrupt):
         publisher.publish(2, filled(shapes, 2))
     assert any(".partial-" in p.name for p in tmp_path.iterdir())  # the debris is there

@@ -7,6 +7,7 @@ import pytest
 
 from pyvision_jax.models import ModelConfig, init_params
 from tests.train.compilation_cache import COMPILATION_CACHE
+from tests.train.trajectories import make_trajectory
 
 jax.config.update("jax_compilation_cache_dir", COMPILATION_CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
@@ -24,3 +25,9 @@ def tiny_config() -> ModelConfig:
 @pytest.fixture(scope="session")
 def tiny_params(tiny_config):
     return init_params(tiny_config, seed=0)
+
+
+@pytest.fixture(scope="session")
+def trajectories(tiny_config):
+    return [make_trajectory(tiny_config, seed, prompt=8 + 3 * seed, generated=10 + 4 * seed, images=1 + seed % 2)
+            for seed in range(4)]

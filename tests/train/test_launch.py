@@ -12,7 +12,7 @@ import pytest
 
 from pyvision_jax.agent.trajectory import EndReason
 from pyvision_jax.models import ModelConfig, init_params
-from pyvision_jax.train import metrics as names
+from pyvision_jax.train import metric_names as tags
 from pyvision_jax.train.checkpoint import TrainCheckpoints
 from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer
 from tests.train.compilation_cache import COMPILATION_CACHE
@@ -46,7 +46,7 @@ def test_two_steps_write_checkpoints_metrics_samples_and_config(workdir):
     assert f"checkpoints:      {workdir / 'checkpoints'}" in result.stdout
     assert TrainCheckpoints(workdir / "checkpoints", 1, 2).all_steps() == [1, 2]
     scalars = read_scalars(str(workdir / "tb"))
-    expected = set(names.TRAINER_SCALARS) | {names.end_reason_tag(r.value) for r in EndReason}
+    expected = set(tags.TRAINER_SCALARS) | {tags.end_reason_tag(r.value) for r in EndReason}
     assert expected <= set(scalars), sorted(expected - set(scalars))
     assert all([s for s, _ in scalars[tag]] == [1, 2] for tag in expected)
     assert (workdir / "trajectories.jsonl").stat().st_size > 0

@@ -2,8 +2,6 @@
 
 import numpy as np
 import pytest
-from tensorboard.backend.event_processing import event_accumulator
-from tensorboard.util import tensor_util
 
 from pyvision_jax.train import metric_names, metrics
 from tests.train.tensorboard_events import read_scalars

@@ -20,7 +20,7 @@ from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 from pyvision_jax.rollout.sources import FleetSource
 from pyvision_jax.rollout.weights import WeightsPublisher, WeightsWatcher, latest_complete
 from pyvision_jax.rollout.worker import RolloutWorker, WorkerConfig
-from pyvision_jax.train import metric_names as names
+from pyvision_jax.train import metric_names as tags
 from pyvision_jax.train.checkpoint import TrainCheckpoints
 from pyvision_jax.train.trainer import Trainer
 from tests.agent.fake_sandbox import FakePool
@@ -91,9 +91,9 @@ def test_resume_gives_bit_identical_params(tmp_path, tiny_config, tiny_params, t
                                                           jax.tree.leaves(a.params["model"]))]
     assert all(changed), "training must have changed the decoder"
     scalars = read_scalars(str(tmp_path / "a" / "tb"))
-    assert [s for s, _ in scalars[names.FILTER_GROUPS_KEPT]] == [1, 2, 3, 4, 5, 6]
-    assert all(v == 1.0 for _, v in scalars[names.FILTER_GROUPS_KEPT])
-    assert all(v == 0.5 for _, v in scalars[names.REWARD_ACCURACY])
+    assert [s for s, _ in scalars[tags.FILTER_GROUPS_KEPT]] == [1, 2, 3, 4, 5, 6]
+    assert all(v == 1.0 for _, v in scalars[tags.FILTER_GROUPS_KEPT])
+    assert all(v == 0.5 for _, v in scalars[tags.REWARD_ACCURACY])
     assert TrainCheckpoints(tmp_path / "b" / "checkpoints", 3, 2).all_steps() == [3, 6]
 
 
@@ -103,9 +103,9 @@ def test_no_informative_group_still_steps_after_max_gen_rounds(tmp_path, tiny_co
     summary, trainer = run(config, tmp_path, tiny_config, tiny_params, tokenizer, tasks, always_wrong)
     assert summary.last_step == 1
     scalars = {k: v[-1][1] for k, v in read_scalars(str(tmp_path / "tb")).items()}
-    assert scalars[names.FILTER_GEN_ROUNDS] == 3 and scalars[names.FILTER_GROUPS_DRAWN] == 6
-    assert scalars[names.FILTER_GROUPS_KEPT] == 0 and scalars[names.FILTER_ZERO_VARIANCE_FRAC] == 1.0
-    assert scalars[names.ACTOR_UPDATED] == 0 and scalars[names.REWARD_TOTAL] == 0
+    assert scalars[tags.FILTER_GEN_ROUNDS] == 3 and scalars[tags.FILTER_GROUPS_DRAWN] == 6
+    assert scalars[tags.FILTER_GROUPS_KEPT] == 0 and scalars[tags.FILTER_ZERO_VARIANCE_FRAC] == 1.0
+    assert scalars[tags.ACTOR_UPDATED] == 0 and scalars[tags.REWARD_TOTAL] == 0
     for x, y in zip(jax.tree.leaves(tiny_params), jax.tree.leaves(jax.device_get(trainer.state.params))):
         assert np.array_equal(x, y)
 
@@ -120,9 +120,9 @@ def test_async_mode_trains_from_a_worker_thread_within_max_staleness(tmp_path, t
     assert summary.last_step == 3 and not summary.interrupted
     assert not trainer.source.alive and trainer.source.error is None
     scalars = read_scalars(str(tmp_path / "tb"))
-    assert [s for s, _ in scalars[names.VERSION_STALENESS_MEAN]] == [1, 2, 3]
-    assert all(0 <= v <= 1 for _, v in scalars[names.VERSION_STALENESS_MEAN])
-    assert all(v == 1.0 for _, v in scalars[names.FILTER_GROUPS_KEPT])
+    assert [s for s, _ in scalars[tags.VERSION_STALENESS_MEAN]] == [1, 2, 3]
+    assert all(0 <= v <= 1 for _, v in scalars[tags.VERSION_STALENESS_MEAN])
+    assert all(v == 1.0 for _, v in scalars[tags.FILTER_GROUPS_KEPT])
 
 
 def test_external_fleet_trains_through_the_same_trainer(tmp_path, tiny_config, tiny_params, tokenizer, tasks):
@@ -150,8 +150,8 @@ def test_external_fleet_trains_through_the_same_trainer(tmp_path, tiny_config, t
     assert summary.last_step == 2 and not thread.is_alive()
     assert latest_complete(tmp_path / "weights").version == 2
     scalars = read_scalars(str(tmp_path / "run" / "tb"))
-    assert [v for _, v in scalars[names.VERSION_STALENESS_MEAN]] == [0.0, 0.0]
-    assert all(v == 1.0 for _, v in scalars[names.FILTER_GROUPS_KEPT])
+    assert [v for _, v in scalars[tags.VERSION_STALENESS_MEAN]] == [0.0, 0.0]
+    assert all(v == 1.0 for _, v in scalars[tags.FILTER_GROUPS_KEPT])
 
 
 def test_every_answer_is_scored_exactly_once_between_production_and_training(
@@ -168,5 +168,5 @@ def test_every_answer_is_scored_exactly_once_between_production_and_training(
     config.rl.max_gen_rounds = 2
     summary, _ = run(config, tmp_path, tiny_config, tiny_params, tokenizer, tasks, answers_by_rollout)
     assert summary.last_step == 2
-    drawn = sum(v for _, v in read_scalars(str(tmp_path / "tb"))[names.FILTER_GROUPS_DRAWN])
+    drawn = sum(v for _, v in read_scalars(str(tmp_path / "tb"))[tags.FILTER_GROUPS_DRAWN])
     assert drawn >= 4 and len(calls) == drawn * config.rl.group_size

@@ -34,9 +34,3 @@ def make_trajectory(config: ModelConfig, seed: int, prompt: int = 12, generated:
                       logprobs=logprobs, prompt_length=prompt_length, images=tuple(records), turns=(),
                       num_tool_calls=0, num_successful_tool_calls=0, end_reason=EndReason.DONE, broken=False,
                       final_answer=None, policy_version=0)
-
-
-@pytest.fixture(scope="session")
-def trajectories(tiny_config):
-    return [make_trajectory(tiny_config, seed, prompt=8 + 3 * seed, generated=10 + 4 * seed, images=1 + seed % 2)
-            for seed in range(4)]
