@@ -63,6 +63,10 @@ class SamplingParams:
         if isinstance(self.stop, str):
             raise TypeError("SamplingParams.stop must be a tuple of strings, not one string")
 
+    def call_seed(self, fresh: np.random.Generator) -> int:
+        """The seed of one `generate` call: `seed`, or a fresh draw from `fresh` when None."""
+        return self.seed if self.seed is not None else int(fresh.integers(2**31))
+
 
 @dataclass(frozen=True)
 class GenerationRequest:

@@ -230,8 +230,7 @@ class JaxEngine:
         with self._lock:
             if not requests:
                 return []
-            seed = params.seed if params.seed is not None else int(
-                self._seed_source.integers(2**31))
+            seed = params.call_seed(self._seed_source)
             jobs = self._prepare(requests, params, seed)
             settings = SamplingArrays.create(params.temperature, params.top_k, params.top_p)
             version = self._version

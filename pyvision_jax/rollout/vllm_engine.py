@@ -298,8 +298,7 @@ class VllmEngine:
         with self._lock:
             if not requests:
                 return []
-            seed = params.seed if params.seed is not None else int(
-                self._seed_source.integers(2**31))
+            seed = params.call_seed(self._seed_source)
             repeats: Counter[str] = Counter()
             prompts, sampling = [], []
             for request in requests:

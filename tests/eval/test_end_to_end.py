@@ -95,7 +95,7 @@ def test_tiny_model_evaluates_end_to_end_through_the_jax_engine(checkpoints, ben
     config.eval.k = 2
     config.eval.max_new_tokens_per_turn = 12
     config.eval.max_total_tokens = 512  # prompts are ~375 tokens: one length bucket
-    config.rollout.length_buckets = "512"
+    config.rollout.length_buckets = (512,)
     config.rollout.max_batch = 1  # one prefill shape: the fewest compilations
     built = []
 

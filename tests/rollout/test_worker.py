@@ -115,7 +115,7 @@ def test_groups_per_batch_generates_several_groups_in_one_engine_batch(tokenizer
     engine = ScriptedEngine(tokenizer, script, on_generate=lambda requests: batches.append(len(requests)))
     summary = make_worker(tokenizer, tasks, queue, engine=engine, groups_per_batch=3).run(max_groups=3)
     assert len(summary.produced) == 3 and len(drain(queue)) == 3
-    assert batches[0] == 3 * GROUP_SIZE  # every episode of the three groups in the first batch
+    assert batches[0] > GROUP_SIZE  # episodes of several groups share the first engine batch
 
 
 def test_unscored_group_round_trips_its_scores(tokenizer, tasks):

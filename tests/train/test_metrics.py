@@ -14,8 +14,8 @@ def test_every_trainer_scalar_round_trips_with_steps_and_values(tmp_path):
     with metrics.MetricsWriter(tmp_path / "tb") as writer:
         for step in (0, 1, 5):
             scalars = {name: 0.25 * index + step for index, name in enumerate(names)}
-            scalars[metrics.ACTOR_GRAD_NORM] = np.float32(1.5 + step)  # numpy scalar
-            scalars[metrics.FILTER_GROUPS_KEPT] = np.array([16 - step])  # size-1 array
+            scalars[metric_names.ACTOR_GRAD_NORM] = np.float32(1.5 + step)  # numpy scalar
+            scalars[metric_names.FILTER_GROUPS_KEPT] = np.array([16 - step])  # size-1 array
             writer.write(step, scalars)
             for name, value in scalars.items():
                 expected[name].append((step, float(np.asarray(value).reshape(()))))
@@ -24,27 +24,27 @@ def test_every_trainer_scalar_round_trips_with_steps_and_values(tmp_path):
 
 def test_flush_makes_scalars_visible_before_close(tmp_path):
     writer = metrics.MetricsWriter(str(tmp_path))
-    writer.write(7, {metrics.REWARD_TOTAL: 0.75})
+    writer.write(7, {metric_names.REWARD_TOTAL: 0.75})
     writer.flush()
-    assert read_scalars(str(tmp_path)) == {metrics.REWARD_TOTAL: [(7, 0.75)]}
+    assert read_scalars(str(tmp_path)) == {metric_names.REWARD_TOTAL: [(7, 0.75)]}
     writer.close()
     writer.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
-        writer.write(8, {metrics.REWARD_TOTAL: 1.0})
+        writer.write(8, {metric_names.REWARD_TOTAL: 1.0})
 
 
 def test_bad_values_are_rejected_naming_the_metric_and_nothing_is_written(tmp_path):
     with metrics.MetricsWriter(tmp_path) as writer:
         with pytest.raises(ValueError, match=r"'actor/entropy' at step 2.*shape \(3,\)"):
-            writer.write(2, {metrics.REWARD_TOTAL: 1.0, metrics.ACTOR_ENTROPY: np.ones(3)})
+            writer.write(2, {metric_names.REWARD_TOTAL: 1.0, metric_names.ACTOR_ENTROPY: np.ones(3)})
         with pytest.raises(ValueError, match="'reward/total'.*number"):
-            writer.write(2, {metrics.REWARD_TOTAL: "high"})
+            writer.write(2, {metric_names.REWARD_TOTAL: "high"})
         with pytest.raises(ValueError, match="step must be a non-negative integer"):
-            writer.write(-1, {metrics.REWARD_TOTAL: 1.0})
+            writer.write(-1, {metric_names.REWARD_TOTAL: 1.0})
         with pytest.raises(ValueError, match="metric name"):
             writer.write(2, {"": 1.0})
-        writer.write(3, {metrics.REWARD_TOTAL: 0.5})
-    assert read_scalars(str(tmp_path)) == {metrics.REWARD_TOTAL: [(3, 0.5)]}
+        writer.write(3, {metric_names.REWARD_TOTAL: 0.5})
+    assert read_scalars(str(tmp_path)) == {metric_names.REWARD_TOTAL: [(3, 0.5)]}
 
 
 def test_end_reason_tag_validates_the_name():
@@ -58,10 +58,10 @@ def test_console_line_shows_known_fields_in_order_and_skips_missing():
     line = metrics.format_console_line(
         3,
         {
-            metrics.PERF_STEP_TIME: 12.345,
-            metrics.REWARD_TOTAL: 0.51234,
-            metrics.REWARD_ACCURACY: np.float32(0.4375),
-            metrics.ACTOR_GRAD_NORM: float("nan"),
+            metric_names.PERF_STEP_TIME: 12.345,
+            metric_names.REWARD_TOTAL: 0.51234,
+            metric_names.REWARD_ACCURACY: np.float32(0.4375),
+            metric_names.ACTOR_GRAD_NORM: float("nan"),
             "custom/not_shown": 1.0,
         },
         total_steps=10,
