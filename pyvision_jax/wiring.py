@@ -56,8 +56,6 @@ PREPROCESSOR_CONFIG = "preprocessor_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                    "special_tokens_map.json", "added_tokens.json", "chat_template.json",
                    "chat_template.jinja")
-SYNTHETIC_GENERATORS = {"visual_search": synthetic.generate_visual_search, "counting": synthetic.generate_counting,
-                        "video": synthetic.generate_videos}
 
 
 def int_tuple(value: Sequence[int], field: str) -> tuple[int, ...]:
@@ -115,14 +113,14 @@ def training_tasks(config: ml_collections.ConfigDict, workdir: str | os.PathLike
     files = list(str_tuple(config.data.train_files, "data.train_files"))
     if not files:
         kinds = str_tuple(config.data.synthetic_kinds, "data.synthetic_kinds")
-        unknown = sorted(set(kinds) - set(SYNTHETIC_GENERATORS))
+        unknown = sorted(set(kinds) - set(synthetic.GENERATORS))
         if unknown:
-            raise ValueError(f"data.synthetic_kinds: unknown kinds {unknown}; known: {sorted(SYNTHETIC_GENERATORS)}")
+            raise ValueError(f"data.synthetic_kinds: unknown kinds {unknown}; known: {sorted(synthetic.GENERATORS)}")
         out_dir = Path(workdir) / TASKS_DIR
         for kind in kinds:
             path = out_dir / f"{kind}.jsonl"
             if not path.is_file():
-                SYNTHETIC_GENERATORS[kind](out_dir, config.data.synthetic_per_kind, config.data.synthetic_seed)
+                synthetic.GENERATORS[kind](out_dir, config.data.synthetic_per_kind, config.data.synthetic_seed)
             files.append(str(path))
     tasks: list[Task] = []
     for path in files:

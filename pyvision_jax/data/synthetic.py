@@ -277,12 +277,11 @@ GENERATORS: dict[str, Callable[..., Path]] = {
 
 
 def generate_synthetic_suite(out_dir: str | Path, num_per_kind: int, seed: int,
-                             kinds: tuple[str, ...] | str = tuple(GENERATORS),
+                             kinds: tuple[str, ...] = tuple(GENERATORS),
                              progress: bool = False) -> dict[str, Path]:
-    """The chosen kinds (names or one comma-separated string) under ``out_dir``; returns
-    {kind: jsonl path}."""
+    """The chosen kinds under ``out_dir``; returns {kind: jsonl path}."""
     if isinstance(kinds, str):
-        kinds = tuple(k.strip() for k in kinds.split(",") if k.strip())
+        raise TypeError(f"kinds must be a tuple of kind names, got the string {kinds!r}")
     unknown = [k for k in kinds if k not in GENERATORS]
     if unknown:
         raise ValueError(f"unknown synthetic task kinds {unknown}; expected {list(GENERATORS)}")

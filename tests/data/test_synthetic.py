@@ -99,7 +99,9 @@ def test_write_mp4_rejects_bad_frames(tmp_path):
 
 
 def test_suite_takes_a_subset_of_kinds(tmp_path):
-    paths = generate_synthetic_suite(tmp_path, 1, seed=0, kinds="counting, video")
+    paths = generate_synthetic_suite(tmp_path, 1, seed=0, kinds=("counting", "video"))
     assert list(paths) == ["counting", "video"]
     with pytest.raises(ValueError, match="unknown synthetic task kinds \\['maze'\\]"):
         generate_synthetic_suite(tmp_path, 1, seed=0, kinds=("maze",))
+    with pytest.raises(TypeError, match="tuple of kind names"):
+        generate_synthetic_suite(tmp_path, 1, seed=0, kinds="counting,video")

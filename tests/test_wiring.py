@@ -1,0 +1,74 @@
+"""Config -> objects: every config section maps onto its dataclass in `wiring`, with clear
+errors naming the field, and the trainer's source follows `rollout.mode`."""
+import pytest
+
+from configs.base import get_config as base_config
+from configs.pyvision_image_7b import get_config as image_7b_config
+from configs.tiny_cpu import get_config as tiny_config
+from pyvision_jax import wiring
+from pyvision_jax.agent.trajectory import EndReason
+from pyvision_jax.models import ModelConfig
+from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR
+from pyvision_jax.rollout.sources import BackgroundSource, SyncSource
+from tests.agent.fake_sandbox import FakePool
+
+
+def test_lists_in_configs_are_tuples_and_strings_are_refused_naming_the_field():
+    config = tiny_config()
+    assert wiring.int_tuple(config.train.length_buckets, "train.length_buckets") == (512, 1024)
+    with pytest.raises(ValueError, match="train.length_buckets must be a tuple of integers"):
+        wiring.int_tuple("512,1024", "train.length_buckets")
+    with pytest.raises(ValueError, match="data.train_files must be a tuple of strings"):
+        wiring.str_tuple("a.jsonl,b.jsonl", "data.train_files")
+
+
+def test_the_7b_config_derives_from_the_base_schema_not_the_cpu_toy():
+    base, big = base_config(), image_7b_config()
+    assert set(big.keys()) == set(base.keys())
+    for section in base.keys():
+        if hasattr(base[section], "keys"):
+            assert set(big[section].keys()) == set(base[section].keys()), section
+    assert big.model.preset == "7b" and big.rollout.mode == "external"
+
+
+def test_episode_config_takes_eval_budgets_only_for_evaluation():
+    config = tiny_config()
+    model = ModelConfig.preset("tiny")
+    training = wiring.episode_config(config, model)
+    evaluation = wiring.episode_config(config, model, evaluation=True)
+    assert training.max_tool_calls == config.episode.max_tool_calls
+    assert evaluation.max_tool_calls == config.eval.max_tool_calls
+    assert wiring.episode_config(config, model, evaluation=True, max_tool_calls=7).max_tool_calls == 7
+    assert training.broken_end_reasons == {EndReason.SANDBOX_FAILURE}
+    assert training.merge_size == model.vision.spatial_merge_size
+
+
+def test_tokenizer_directory_rules(tmp_path):
+    config = tiny_config()
+    assert wiring.tokenizer_dir(config) == TINY_TOKENIZER_DIR
+    assert wiring.tokenizer_dir(config, carried=tmp_path) == tmp_path  # a checkpoint's own tokenizer wins
+    config.model.tokenizer = ""
+    with pytest.raises(ValueError, match="model.tokenizer is empty"):
+        wiring.tokenizer_dir(config)
+    config.model.hf_dir = str(tmp_path)
+    assert wiring.tokenizer_dir(config) == tmp_path
+
+
+def test_group_source_follows_rollout_mode(tmp_path):
+    config = tiny_config()
+    model = ModelConfig.preset("tiny")
+    parts = dict(engine=object(), sandboxes=FakePool(), tasks=())
+    with pytest.raises(ValueError, match="no tasks to draw from"):
+        wiring.group_source(config, tmp_path, model, None, None, **parts)
+    parts["tasks"] = ("a task",)
+    assert isinstance(wiring.group_source(config, tmp_path, model, None, None, **parts), SyncSource)
+    config.rollout.mode = "async"
+    source = wiring.group_source(config, tmp_path, model, None, None, **parts)
+    assert isinstance(source, BackgroundSource) and source.holds_params
+    source.close()
+    config.rollout.mode = "nearby"
+    with pytest.raises(ValueError, match="rollout.mode='nearby' must be one of"):
+        wiring.group_source(config, tmp_path, model, None, None, **parts)
+    config.rollout.mode, config.rollout.engine = "sync", "vllm"
+    with pytest.raises(ValueError, match="cannot run inside the trainer"):
+        wiring.group_source(config, tmp_path, model, None, None, **parts)
