@@ -19,7 +19,8 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.data = ml_collections.ConfigDict()
     c.data.train_files = ()          # JSON/JSONL task files; empty: synthetic tasks
-    c.data.skip_bad_rows = False
+    c.data.skip_bad_rows = False     # skip malformed rows (counted and reported) instead of failing
+    c.data.extra_fields = ()         # row fields to accept and ignore (any other unknown field is an error)
     c.data.synthetic_per_kind = 8    # synthetic tasks per kind (visual search, counting, video)
     c.data.synthetic_seed = 0
     c.data.synthetic_kinds = ("visual_search", "counting", "video")

@@ -12,6 +12,7 @@ vLLM (`rollout.engine="vllm"`) is built only on request: the main .venv has no v
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import os
 import shutil
@@ -48,6 +49,8 @@ from pyvision_jax.rollout.weights import (
     latest_complete,
 )
 from pyvision_jax.rollout.worker import CursorFile, RolloutWorker, WorkerConfig, cursor_path
+
+logger = logging.getLogger(__name__)
 
 TASKS_DIR = "tasks"
 WEIGHTS_DIR = "weights"
@@ -124,8 +127,22 @@ def training_tasks(config: ml_collections.ConfigDict, workdir: str | os.PathLike
             files.append(str(path))
     tasks: list[Task] = []
     for path in files:
-        tasks.extend(load_tasks(path, skip_bad_rows=config.data.skip_bad_rows).tasks)
+        tasks.extend(task_file(config, path))
     return tasks
+
+
+def task_file(config: ml_collections.ConfigDict, path: str | os.PathLike) -> tuple[Task, ...]:
+    """The tasks of one file under `data.skip_bad_rows` / `data.extra_fields`; skipped rows are
+    reported (how many, and the first reasons), never dropped silently."""
+    loaded = load_tasks(path, skip_bad_rows=bool(config.data.skip_bad_rows),
+                        extra_fields=str_tuple(config.data.extra_fields, "data.extra_fields"))
+    if loaded.skipped:
+        reasons = "; ".join(row.reason for row in loaded.skipped[:3])
+        logger.warning("%s: skipped %d bad row(s) of %d (data.skip_bad_rows): %s%s", path, loaded.num_skipped,
+                       loaded.num_skipped + len(loaded.tasks), reasons, " ..." if loaded.num_skipped > 3 else "")
+    if not loaded.tasks:
+        raise ValueError(f"{path}: no usable tasks ({loaded.num_skipped} row(s) skipped)")
+    return loaded.tasks
 
 
 def task_order_seed(config: ml_collections.ConfigDict) -> int:

@@ -10,6 +10,7 @@ for JSONL, 0-based index for JSON) and the field.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -84,8 +85,11 @@ class LoadedTasks:
         return len(self.skipped)
 
 
-def read_video_info(path: str | Path) -> VideoInfo:
-    """Frame size, frame count and fps of a video, read with decord (raises on failure)."""
+def read_video_info(path: str | Path, *, decode_all: bool = False) -> VideoInfo:
+    """Frame size, frame count and fps of a video, read with decord (raises on failure).
+
+    With `decode_all` every frame is decoded in order, so a file with corrupt packets in
+    the middle fails here, at validation, and never inside an episode."""
     import decord
 
     reader = decord.VideoReader(str(path), ctx=decord.cpu(0), num_threads=1)
@@ -93,24 +97,33 @@ def read_video_info(path: str | Path) -> VideoInfo:
     if num_frames == 0:
         raise ValueError("the video has no frames")
     height, width = reader[0].shape[:2]
+    if decode_all:
+        reader.seek(0)
+        for _ in range(num_frames):
+            reader.next()
     return VideoInfo(width=int(width), height=int(height), num_frames=num_frames,
                      fps=float(reader.get_avg_fps()))
 
 
-def load_tasks(path: str | Path, *, skip_bad_rows: bool = False,
-               check_media: bool = True) -> LoadedTasks:
+def load_tasks(path: str | Path, *, skip_bad_rows: bool = False, check_media: bool = True,
+               extra_fields: tuple[str, ...] = ()) -> LoadedTasks:
     """Loads a ``.json`` (a list of rows) or ``.jsonl`` (a row per line) task file.
 
     With ``skip_bad_rows`` malformed rows and rows with missing or corrupt media are counted
-    in ``skipped`` instead of raising ``TaskFormatError``.
+    in ``skipped`` instead of raising ``TaskFormatError``. A field that is neither one of
+    ``ROW_FIELDS`` nor listed in ``extra_fields`` (accepted and ignored) is an error, so a
+    misspelled field never goes unnoticed. A file without rows is an error.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"task file not found: {path}")
+    rows = _read_rows(path)
+    if not rows:
+        raise TaskFormatError(f"{path}: the task file has no rows")
     tasks, skipped, seen_ids = [], [], set()
-    for row_number, row in _read_rows(path):
+    for row_number, row in rows:
         try:
-            task = _task_from_row(row, path.parent)
+            task = _task_from_row(row, path.parent, frozenset(ROW_FIELDS) | frozenset(extra_fields))
             if task.id in seen_ids:
                 raise _FieldError("id", f"duplicate id {task.id!r}")
             if check_media:
@@ -138,6 +151,10 @@ def write_tasks_jsonl(path: str | Path, tasks: list[Task] | tuple[Task, ...]) ->
                 if key in row and Path(row[key]).resolve().is_relative_to(root):
                     row[key] = str(Path(row[key]).resolve().relative_to(root))
             f.write(json.dumps(row) + "\n")
+
+
+ROW_FIELDS = ("id", "question", "answer", "answer_type", "data_source", "image_path", "video_path", "options",
+              "ability")
 
 
 class _FieldError(Exception):
@@ -195,11 +212,19 @@ def _infer_answer_type(answer: str, options: tuple[str, ...]) -> AnswerType:
         return "text"
 
 
-def _task_from_row(row: Any, root: Path) -> Task:
+def _check_fields(row: dict, known: frozenset[str]) -> None:
+    for field in sorted(set(row) - known):
+        close = difflib.get_close_matches(field, sorted(known), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else " (list it in data.extra_fields to accept it)"
+        raise _FieldError(field, f"unknown field{hint}")
+
+
+def _task_from_row(row: Any, root: Path, known: frozenset[str]) -> Task:
     if isinstance(row, _InvalidJson):
         raise _FieldError("<row>", f"not valid JSON: {row.error}")
     if not isinstance(row, dict):
         raise _FieldError("<row>", f"expected an object, got {type(row).__name__}")
+    _check_fields(row, known)
     task_id = _required_str(row, "id")
     question = _required_str(row, "question")
     answer = _required_str(row, "answer")
@@ -233,7 +258,7 @@ def _check_media(task: Task) -> None:
         raise _FieldError(field, f"file not found: {path}")
     try:
         if task.is_video:
-            read_video_info(path)
+            read_video_info(path, decode_all=True)
         else:
             with Image.open(path) as image:
                 image.verify()

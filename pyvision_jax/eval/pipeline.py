@@ -21,7 +21,6 @@ import ml_collections
 from pyvision_jax import wiring
 from pyvision_jax.agent.engine import Engine
 from pyvision_jax.convert import save_hf
-from pyvision_jax.data.tasks import load_tasks
 from pyvision_jax.eval.evaluate import EvalSettings, Evaluator
 from pyvision_jax.eval.policy import LoadedPolicy, load_policy
 
@@ -80,9 +79,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | os.
                         sandboxes: Any = None) -> dict[str, Any]:
     """Loads the checkpoint and the tasks, runs the evaluation into ``out_dir``; returns the
     results (also in ``out_dir/results.json``). ``sandboxes`` replaces the config's pool."""
-    tasks = load_tasks(data, skip_bad_rows=bool(config.data.skip_bad_rows)).tasks
-    if not tasks:
-        raise ValueError(f"{data}: no tasks")
+    tasks = wiring.task_file(config, data)
     policy = load_policy(checkpoint, config, progress=progress)
     tokenizer = wiring.load_tokenizer(config, policy.tokenizer_dir)
     engine = (engine_factory(config, policy, tokenizer) if engine_factory

@@ -119,3 +119,39 @@ def test_whole_file_errors(tmp_path):
     (tmp_path / "u.json").write_text('[{"id": 1,')
     with pytest.raises(TaskFormatError, match="u.json: not valid JSON"):
         load_tasks(tmp_path / "u.json")
+
+
+def corrupt_middle_of_video(path):
+    """Flips bytes a third of the way into the file: the header and frame 0 stay readable."""
+    data = bytearray(path.read_bytes())
+    start = len(data) // 3
+    for offset in range(start, min(start + 4000, len(data))):
+        data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_video_with_corrupt_packets_in_the_middle_fails_validation(tmp_path):
+    frames = np.random.default_rng(0).integers(0, 255, (60, 64, 64, 3), dtype=np.uint8)
+    write_mp4(tmp_path / "v.mp4", frames, fps=10)
+    corrupt_middle_of_video(tmp_path / "v.mp4")
+    path = write_jsonl(tmp_path / "t.jsonl", [{"id": "v", "question": "?", "answer": "1", "video_path": "v.mp4"}])
+    with pytest.raises(TaskFormatError, match="row 1: field 'video_path': cannot decode video"):
+        load_tasks(path)
+
+
+def test_unknown_fields_are_errors_with_a_suggestion_unless_listed(media):
+    row = {"id": "1", "question": "?", "answer": "A", "image_path": "a.png", "optoins": ["x", "y"]}
+    path = write_jsonl(media / "t.jsonl", [row])
+    with pytest.raises(TaskFormatError, match=r"row 1: field 'optoins': unknown field \(did you mean 'options'\?\)"):
+        load_tasks(path)
+    row = {"id": "1", "question": "?", "answer": "A", "image_path": "a.png", "split": "train"}
+    path = write_jsonl(media / "t.jsonl", [row])
+    with pytest.raises(TaskFormatError, match="field 'split': unknown field .*data.extra_fields"):
+        load_tasks(path)
+    assert [t.id for t in load_tasks(path, extra_fields=("split",)).tasks] == ["1"]
+
+
+def test_a_file_without_rows_is_named_in_the_error(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(TaskFormatError, match=r"empty.jsonl: the task file has no rows"):
+        load_tasks(tmp_path / "empty.jsonl")
