@@ -10,12 +10,14 @@
   `publish` exports versioned HF safetensors every `publish_every` steps and announces them
   on the queue; groups a restarted worker delivers twice are dropped by key.
 
+The fleet's groups are spooled to disk until the step that trained them is checkpointed
+(`receipt` / `acknowledge`, see `rollout.intake`), so a trainer killed mid-step loses nothing.
+
 All three hand out groups scored by their producer; none scores or selects.
 """
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -23,6 +25,7 @@ import jax
 
 from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.data.task_order import TaskShard
+from pyvision_jax.rollout.intake import GroupSpool, QueueIntake, Receipt
 from pyvision_jax.rollout.producer import GroupProducer
 from pyvision_jax.rollout.queue import DeliveredGroups, TrajectoryQueue
 from pyvision_jax.rollout.weights import WeightsInbox, WeightsPublisher
@@ -35,27 +38,6 @@ Closer = Callable[[], None]
 def _close_all(closers: Sequence[Closer]) -> None:
     for close in reversed(closers):
         close()
-
-
-def take_groups(queue: TrajectoryQueue, count: int, stop: threading.Event, timeout_s: float,
-                accept: Callable[[TrajectoryGroup], bool] = lambda group: True,
-                check: Callable[[], None] = lambda: None) -> list[TrajectoryGroup]:
-    """Up to `count` groups from `queue` (acked as received), waiting at most `timeout_s` in all;
-    fewer only when `stop` is set. `accept` filters (dedup); `check` raises a producer's error."""
-    taken: list[TrajectoryGroup] = []
-    deadline = time.monotonic() + timeout_s
-    while len(taken) < count:
-        check()
-        if stop.is_set():
-            break
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no trajectory groups for {timeout_s} s (rollout.wait_timeout_s); "
-                               f"are the rollout workers running?")
-        items = queue.get(max_groups=count - len(taken), timeout=1.0)
-        queue.ack([item.id for item in items])
-        groups = [TrajectoryGroup.from_bytes(item.payload) for item in items]
-        taken.extend(group for group in groups if accept(group))
-    return taken
 
 
 class SyncSource:
@@ -83,6 +65,15 @@ class SyncSource:
     def state(self) -> dict[str, Any]:
         return {TASKS_DRAWN: self.cursor}
 
+    def receipt(self) -> Receipt:
+        return Receipt()
+
+    def acknowledge(self, receipt: Receipt) -> None:
+        """Nothing to acknowledge: the groups never left this process."""
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
     def close(self) -> None:
         _close_all(self._closers)
 
@@ -95,7 +86,7 @@ class BackgroundSource:
     def __init__(self, worker: RolloutWorker, inbox: WeightsInbox, queue: TrajectoryQueue, wait_timeout_s: float,
                  closers: Sequence[Closer] = ()):
         self.worker, self.inbox, self.queue = worker, inbox, queue
-        self.wait_timeout_s = wait_timeout_s
+        self.intake = QueueIntake(queue, wait_timeout_s, check=self._check)  # regenerated from the cursor
         self.taken = 0
         self.error: BaseException | None = None
         self._closers = tuple(closers)
@@ -124,7 +115,7 @@ class BackgroundSource:
             raise RuntimeError("the rollout thread failed") from self.error
 
     def collect(self, count: int, stop: threading.Event) -> list[TrajectoryGroup]:
-        groups = take_groups(self.queue, count, stop, self.wait_timeout_s, check=self._check)
+        groups = self.intake.take(count, stop)
         self.taken += len(groups)
         return groups
 
@@ -135,6 +126,15 @@ class BackgroundSource:
     def state(self) -> dict[str, Any]:
         return {TASKS_DRAWN: self.taken}
 
+    def receipt(self) -> Receipt:
+        return self.intake.receipt()
+
+    def acknowledge(self, receipt: Receipt) -> None:
+        self.intake.acknowledge(receipt)
+
+    def stats(self) -> dict[str, float]:
+        return self.intake.stats()
+
     def close(self) -> None:
         self.worker.request_stop()
         if self._thread is not None:
@@ -143,32 +143,61 @@ class BackgroundSource:
 
 
 class FleetSource:
-    """External workers over a queue; weights exported to a shared directory."""
+    """External workers over a queue; weights exported to a shared directory. Every poll
+    re-asserts the trainer's version and the announcement of its newest published weights,
+    so a Redis server restarted without persistence is repopulated."""
 
     holds_params = False
 
     def __init__(self, queue: TrajectoryQueue, publisher: WeightsPublisher, delivered: DeliveredGroups, *,
-                 publish_every: int, wait_timeout_s: float, closers: Sequence[Closer] = ()):
+                 publish_every: int, wait_timeout_s: float, spool: GroupSpool | None = None,
+                 max_staleness: int | None = None, closers: Sequence[Closer] = ()):
         if publish_every < 1:
             raise ValueError(f"rollout.publish_every must be >= 1, got {publish_every}")
-        self.queue, self.publisher, self.delivered = queue, publisher, delivered
-        self.publish_every, self.wait_timeout_s = publish_every, wait_timeout_s
+        self.queue, self.publisher = queue, publisher
+        self.publish_every, self.max_staleness = publish_every, max_staleness
+        self.intake = QueueIntake(queue, wait_timeout_s, dedup=delivered, spool=spool, refresh=self._refresh)
+        self.version = 0
+        self._announced: tuple[int, str] | None = None
         self._closers = tuple(closers)
 
+    def _announce(self, version: int, params: Any) -> None:
+        path = self.publisher.publish(version, jax.device_get(params))
+        self._announced = (version, str(path))
+
+    def _refresh(self) -> None:
+        if self.queue.trainer_version() != self.version:
+            self.queue.set_trainer_version(self.version)
+        latest = self.queue.latest_weights()
+        if self._announced is not None and (latest is None or latest.version != self._announced[0]):
+            self.queue.publish_weights(*self._announced)
+
     def start(self, params: Any, version: int, state: Mapping[str, Any]) -> None:
+        self.version = version
         self.queue.set_trainer_version(version)
-        self.publisher.publish(version, jax.device_get(params))
+        self.intake.load_spool(version, self.max_staleness)
+        self._announce(version, params)
 
     def collect(self, count: int, stop: threading.Event) -> list[TrajectoryGroup]:
-        return take_groups(self.queue, count, stop, self.wait_timeout_s, accept=self.delivered.first)
+        return self.intake.take(count, stop)
 
     def publish(self, params: Any, version: int, *, final: bool = False) -> None:
+        self.version = version
         self.queue.set_trainer_version(version)
         if final or version % self.publish_every == 0:
-            self.publisher.publish(version, jax.device_get(params))
+            self._announce(version, params)
 
     def state(self) -> dict[str, Any]:
         return {}
+
+    def receipt(self) -> Receipt:
+        return self.intake.receipt()
+
+    def acknowledge(self, receipt: Receipt) -> None:
+        self.intake.acknowledge(receipt)
+
+    def stats(self) -> dict[str, float]:
+        return self.intake.stats()
 
     def close(self) -> None:
         _close_all(self._closers)

@@ -3,17 +3,35 @@
 `state` is the whole `TrainState` (params, optimizer state, step, rng, skipped-update count),
 saved and restored with its shardings; `cursors` is a small JSON dict of the loop's data
 positions (tasks drawn, generation rounds, ...), so a resumed run continues exactly where
-the saved one stood. Saves are asynchronous; `wait` blocks until they are on disk.
+the saved one stood. Saves are asynchronous; `wait` blocks until they are on disk and raises
+a `CheckpointWriteError` naming the step and the cause (a full disk, say) when a save failed.
+`restore_intact` falls back from an unreadable checkpoint to the newest readable one.
 """
 from __future__ import annotations
 
+import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
 
 from pyvision_jax.train.state import TrainState
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (its first line names the step and the cause)."""
+
+
+class NoIntactCheckpointError(RuntimeError):
+    """Every checkpoint in the directory is unreadable."""
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
 
 
 class TrainCheckpoints:
@@ -44,8 +62,13 @@ class TrainCheckpoints:
             return False
         if step in self._manager.all_steps():
             return False
-        return self._manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), cursors=ocp.args.JsonSave(dict(cursors))), force=True)
+        self.wait()  # surfaces the previous save's failure now, not steps later
+        try:
+            return self._manager.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), cursors=ocp.args.JsonSave(dict(cursors))), force=True)
+        except Exception as error:  # noqa: BLE001 - orbax raises many types; all mean "not saved"
+            raise CheckpointWriteError(f"checkpoint step {step} in {self.directory} not written: "
+                                       f"{_first_line(error)}") from error
 
     def restore(self, template: TrainState, shardings: TrainState | None = None,
                 step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
@@ -62,9 +85,32 @@ class TrainCheckpoints:
             state=ocp.args.StandardRestore(abstract), cursors=ocp.args.JsonRestore()))
         return restored.state, dict(restored.cursors)
 
+    def restore_intact(self, template: TrainState, shardings: TrainState | None = None,
+                       warn: Callable[[str], None] = logger.warning) -> tuple[int, TrainState, dict[str, Any]]:
+        """(step, state, cursors) of the newest checkpoint that restores; each unreadable newer
+        one is skipped with a one-line warning naming it."""
+        steps = sorted(self.all_steps(), reverse=True)
+        for step in steps:
+            try:
+                state, cursors = self.restore(template, shardings, step)
+            except Exception as error:  # noqa: BLE001 - a damaged checkpoint fails in many ways
+                warn(f"checkpoint step {step} in {self.directory} is unreadable ({_first_line(error)}); "
+                     f"trying an older one")
+                continue
+            return step, state, cursors
+        raise NoIntactCheckpointError(f"no readable checkpoint in {self.directory} (steps {steps} all failed); "
+                                      f"move the directory away to start afresh")
+
     def wait(self) -> None:
-        self._manager.wait_until_finished()
+        """Blocks until pending saves are on disk; raises `CheckpointWriteError` if one failed."""
+        try:
+            self._manager.wait_until_finished()
+        except Exception as error:  # noqa: BLE001
+            raise CheckpointWriteError(f"a checkpoint in {self.directory} was not written: "
+                                       f"{_first_line(error)}") from error
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        try:
+            self.wait()
+        finally:
+            self._manager.close()

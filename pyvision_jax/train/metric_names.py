@@ -34,6 +34,16 @@ FILTER_GROUPS_DRAWN = "filter/groups_drawn"
 FILTER_ELIGIBLE = "filter/eligible"
 BATCH_LENGTH = "batch/length"
 BATCH_REAL_TOKENS = "batch/real_tokens"
+SFT_LOSS = "sft/loss"
+SFT_LOSS_TOKENS = "sft/loss_tokens"
+
+QUEUE_DUPLICATES_DROPPED = "queue/duplicates_dropped"
+QUEUE_STALE_DROPPED = "queue/stale_dropped"
+QUEUE_FUTURE_DROPPED = "queue/future_dropped"
+QUEUE_BACKLOG = "queue/backlog"
+SOURCE_STATS: dict[str, str] = {"duplicates_dropped": QUEUE_DUPLICATES_DROPPED, "stale_dropped": QUEUE_STALE_DROPPED,
+                                "future_dropped": QUEUE_FUTURE_DROPPED, "backlog": QUEUE_BACKLOG}
+"""The tags of a queue-backed source's `stats()` (groups dropped with a counted reason)."""
 
 TRAINER_SCALARS: tuple[str, ...] = (
     REWARD_TOTAL,

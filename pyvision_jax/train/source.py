@@ -31,4 +31,14 @@ class GroupSource(Protocol):
     def state(self) -> dict[str, Any]:
         """The source's resumable position, saved with each checkpoint."""
 
+    def receipt(self) -> Any:
+        """What was collected since the previous receipt (the trainer keeps it until the
+        checkpoint of the steps that trained it is on disk)."""
+
+    def acknowledge(self, receipt: Any) -> None:
+        """The groups of `receipt` are trained and checkpointed: release them for good."""
+
+    def stats(self) -> dict[str, float]:
+        """Counters named in `train.metric_names.SOURCE_STATS` (e.g. groups dropped and why)."""
+
     def close(self) -> None: ...

@@ -38,6 +38,7 @@ from pyvision_jax.train.batching import BatchingConfig, pack_batch
 from pyvision_jax.train.checkpoint import TrainCheckpoints
 from pyvision_jax.train.groups import GroupPool, SelectedRows, SelectionConfig, pool_arrays, rollout_scalars, select_rows
 from pyvision_jax.train.mesh import mesh_from_config
+from pyvision_jax.train.run_outputs import append_jsonl, truncate_events, truncate_jsonl
 from pyvision_jax.train.metrics import MetricsWriter, format_console_line
 from pyvision_jax.train.source import GroupSource
 from pyvision_jax.train.state import OptimizerConfig, TrainState, init_train_state, make_optimizer, state_shardings
@@ -89,6 +90,8 @@ class Trainer:
         self.selection = SelectionConfig.from_config(c.rl)
         self.checkpoints: TrainCheckpoints | None = None
         self.writer: MetricsWriter | None = None
+        self._receipts: list[Any] = []
+        self._covered: list[Any] = []
 
     def request_stop(self) -> None:
         """Stop after the current round or step, saving a checkpoint (what SIGTERM does)."""
@@ -113,7 +116,7 @@ class Trainer:
                                             c.train.keep_checkpoints)
         cursors: dict[str, Any] = {}
         if self.checkpoints.latest_step() is not None:
-            state, cursors = self.checkpoints.restore(abstract, self.shardings)
+            _, state, cursors = self.checkpoints.restore_intact(abstract, self.shardings, warn=self.log)
             self.log(f"resumed from {self.checkpoints.directory} at step {int(state.step)}")
         else:  # built sharded: optimizer moments never exist unsharded on one device
             state = jax.jit(init, out_shardings=self.shardings)(jax.device_put(params, self.shardings.params))
@@ -129,9 +132,31 @@ class Trainer:
                                           self.shardings, donate=not self.source.holds_params)
         self.batching = BatchingConfig(wiring.int_tuple(c.train.length_buckets, "train.length_buckets"),
                                        c.train.micro_batch)
+        self._drop_outputs_after(int(self.state.step))
         self.writer = MetricsWriter(self.workdir / TB_DIR)
         self.source.start(self.state.params, int(self.state.step), cursors)
         self._source_state = self.source.state()
+
+    def _drop_outputs_after(self, step: int) -> None:
+        """A resumed (or restarted) run redoes the steps after `step`: what a killed run wrote
+        for them goes first, so every step appears once in TensorBoard and the sample."""
+        dropped = truncate_events(self.workdir / TB_DIR, step) + truncate_jsonl(self.workdir / TRAJECTORY_SAMPLE, step)
+        if dropped:
+            self.log(f"removed {dropped} TensorBoard events / sample records of steps after {step} (redone now)")
+
+    def _acknowledge_covered(self) -> None:
+        for receipt in self._covered:
+            self.source.acknowledge(receipt)
+        self._covered = []
+
+    def _checkpoint(self, step: int, force: bool = False) -> None:
+        """Saves when due; the groups of steps covered by a checkpoint are acknowledged to the
+        source once that checkpoint is on disk (the next save's wait, or the end of the run)."""
+        self.checkpoints.wait()
+        self._acknowledge_covered()
+        if self.checkpoints.save(step, self.state, self._cursor_state(), force=force) or \
+                step in self.checkpoints.all_steps():
+            self._covered, self._receipts = self._receipts, []
 
     # ------------------------------------------------------------------ the loop
 
@@ -139,6 +164,7 @@ class Trainer:
         previous_handler = None
         if threading.current_thread() is threading.main_thread():
             previous_handler = signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+        failed = True
         try:
             self._setup()
             first = int(self.state.step)
@@ -151,11 +177,14 @@ class Trainer:
             finally:
                 bar.close()
             last = int(self.state.step)
-            self.checkpoints.save(last, self.state, self._cursor_state(), force=True)
+            self._checkpoint(last, force=True)
+            self.checkpoints.wait()
+            self._acknowledge_covered()
+            failed = False
             return TrainSummary(first, last, self._stop.is_set() and last < total, self.checkpoints.directory,
                                 self.writer.logdir, str(self.workdir))
         finally:
-            self._close()
+            self._close(quiet=failed)
             if previous_handler is not None:
                 signal.signal(signal.SIGTERM, previous_handler)
 
@@ -164,10 +193,21 @@ class Trainer:
         step are drawn again after resuming, as the uninterrupted run would)."""
         return {**self._source_state, "step": int(self.state.step)}
 
-    def _close(self) -> None:
+    def _close(self, quiet: bool) -> None:
+        """Closes everything; with `quiet` (the run is failing already) a close error is one
+        logged line, so the run's own error stays the one reported."""
+        errors = []
         for resource in (self.source, self.checkpoints, self.writer):
-            if resource is not None:
+            if resource is None:
+                continue
+            try:
                 resource.close()
+            except Exception as error:  # noqa: BLE001 - reported below
+                errors.append(error)
+        for error in errors[1 if not quiet else 0:]:
+            self.log(f"while closing: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        if errors and not quiet:
+            raise errors[0]
 
     def _collect(self) -> tuple[GroupPool | None, SelectedRows | None, int, float]:
         """(the pool of groups drawn this step, its selection, generation rounds, seconds
@@ -215,6 +255,7 @@ class Trainer:
             tags.FILTER_GEN_ROUNDS: rounds, tags.FILTER_GROUPS_DRAWN: len(pool.groups),
             tags.FILTER_ELIGIBLE: selected.counts.eligible, tags.BATCH_LENGTH: stats.length,
             tags.BATCH_REAL_TOKENS: stats.real_tokens,
+            **{tags.SOURCE_STATS[name]: value for name, value in self.source.stats().items()},
         })
         self.writer.write(new_step, scalars)
         self.writer.flush()
@@ -226,16 +267,16 @@ class Trainer:
         self.log(format_console_line(new_step, scalars, c.train.steps))
         bar.update(1)
         self._source_state = self.source.state()
-        self.checkpoints.save(new_step, self.state, self._cursor_state())
+        self._receipts.append(self.source.receipt())
+        self._checkpoint(new_step)
         self.source.publish(self.state.params, new_step, final=new_step >= c.train.steps)
 
     def _sample_trajectories(self, step: int, pool: Sequence[TrajectoryGroup]) -> None:
         count = self.config.train.sample_groups_per_step
         if count <= 0:
             return
-        with open(self.workdir / TRAJECTORY_SAMPLE, "a") as out:
-            for group in pool[:count]:
-                out.write(json.dumps({"step": step, "group": json.loads(group.to_json(None))}) + "\n")
+        append_jsonl(self.workdir / TRAJECTORY_SAMPLE,
+                     [{"step": step, "group": json.loads(group.to_json(None))} for group in pool[:count]])
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, **kwargs: Any) -> TrainSummary:

@@ -33,10 +33,11 @@ def test_key_names_task_and_epoch_and_survives_regeneration():
 def test_in_memory_dedup_admits_each_key_once():
     delivered = DeliveredGroups(None, "run")
     groups = [make_group("t0", 0), make_group("t1", 0), make_group("t0", 1)]
-    assert [delivered.first(g) for g in groups] == [True, True, True]
-    assert [delivered.first(g) for g in groups] == [False, False, False]
-    assert delivered.first(make_group("t1", 0)) is False  # a regenerated group: same key
-    assert DeliveredGroups(None, "run").first(groups[0])  # memory is per object
+    assert [delivered.admit(g) for g in groups] == [True, True, True]
+    assert [delivered.admit(g) for g in groups] == [False, False, False]  # in flight
+    delivered.commit([g.key for g in groups])
+    assert delivered.admit(make_group("t1", 0)) is False  # a regenerated, already trained group
+    assert DeliveredGroups(None, "run").admit(groups[0])  # memory is per object
     delivered.close()
 
 
@@ -47,30 +48,41 @@ def test_namespace_must_be_given_and_non_empty():
         DeliveredGroups(None, "")
 
 
-def test_redis_dedup_is_shared_by_consumers_and_survives_a_restart(redis_url):
+def test_uncommitted_keys_are_admitted_again_after_a_restart(redis_url):
+    """A trainer killed before its checkpoint trains the same groups again when it resumes."""
     group = make_group("t0", 0)
-    first, other_consumer = DeliveredGroups(redis_url, "run"), DeliveredGroups(redis_url, "run")
-    assert first.first(group)
-    assert not other_consumer.first(group)
-    first.close()
-    restarted = DeliveredGroups(redis_url, "run")
-    assert not restarted.first(make_group("t0", 0))
-    assert restarted.first(make_group("t0", 1))
+    killed = DeliveredGroups(redis_url, "run")
+    assert killed.admit(group)
+    killed.close()  # killed before the step was checkpointed: nothing committed
+    resumed = DeliveredGroups(redis_url, "run")
+    assert resumed.admit(make_group("t0", 0))
+    resumed.commit(["t0#0"])
+    other_consumer = DeliveredGroups(redis_url, "run")
+    assert not other_consumer.admit(make_group("t0", 0))  # committed keys are shared in Redis
+    assert other_consumer.admit(make_group("t0", 1))
+    resumed.close()
     other_consumer.close()
-    restarted.close()
+
+
+def test_committed_keys_expire_after_the_ttl(redis_url):
+    delivered = DeliveredGroups(redis_url, "ttl-run", ttl_s=60)
+    delivered.commit(["t0#0"])
+    client = redis.Redis.from_url(redis_url)
+    assert 0 < client.ttl("ttl-run:delivered") <= 60
+    client.close()
+    delivered.close()
+    with pytest.raises(ValueError, match="ttl"):
+        DeliveredGroups(None, "run", ttl_s=0)
 
 
 def test_two_namespaces_on_one_redis_do_not_see_each_others_keys(redis_url):
-    group = make_group("t0", 0)
     run_a, run_b = DeliveredGroups(redis_url, "run-a"), DeliveredGroups(redis_url, "run-b")
-    assert run_a.first(group)
-    assert run_b.first(group)  # the same key in another run is new there
-    assert not run_a.first(group) and not run_b.first(group)
-    assert run_b.first(make_group("t1", 0))
-    assert run_a.first(make_group("t1", 0))
-
+    run_a.commit(["t0#0", "t1#0"])
+    assert run_b.admit(make_group("t0", 0))  # the same key in another run is new there
+    run_b.commit(["t0#0", "t1#0"])
+    assert not run_a.admit(make_group("t0", 0)) and not run_b.admit(make_group("t1", 0))
     client = redis.Redis.from_url(redis_url)
-    assert sorted(client.keys()) == [b"run-a:delivered", b"run-b:delivered"]
+    assert sorted(k for k in client.keys() if k.endswith(b":delivered")) == [b"run-a:delivered", b"run-b:delivered"]
     assert client.smembers("run-a:delivered") == {b"t0#0", b"t1#0"}
     assert client.smembers("run-b:delivered") == {b"t0#0", b"t1#0"}
     assert (run_a.redis_key, run_b.redis_key) == ("run-a:delivered", "run-b:delivered")
@@ -83,14 +95,10 @@ def test_for_queue_follows_the_queue_backend_and_namespace(redis_url):
     config = QueueConfig(backend="redis", redis_url=redis_url, namespace="exp-7")
     delivered = DeliveredGroups.for_queue(config)
     assert delivered.namespace == "exp-7"
-    assert delivered.first(make_group("t0", 0))
-    client = redis.Redis.from_url(redis_url)
-    assert client.keys() == [b"exp-7:delivered"]
-    client.close()
-    delivered.close()
-
-    in_memory = DeliveredGroups.for_queue(QueueConfig(backend="local", namespace="exp-7"))
-    assert in_memory.first(make_group("t0", 0))  # not in Redis: the local run starts empty
+    delivered.commit(["t0#0"])
     client = redis.Redis.from_url(redis_url)
     assert client.smembers("exp-7:delivered") == {b"t0#0"}
     client.close()
+    delivered.close()
+    in_memory = DeliveredGroups.for_queue(QueueConfig(backend="local", namespace="exp-7"))
+    assert in_memory.admit(make_group("t0", 0))  # not in Redis: the local run starts empty

@@ -96,16 +96,18 @@ def test_full_backlog_blocks_put_until_an_ack_frees_room():
     assert queue.stats().put_total == 3
 
 
-def test_stale_groups_are_dropped_acknowledged_and_counted():
+def test_stale_and_future_groups_are_dropped_acknowledged_and_counted():
+    """Future: made by weights newer than the trainer's (a trainer restarted from an older
+    checkpoint discarded them)."""
     queue = LocalTrajectoryQueue(max_backlog=10, max_staleness=1)
     for version in range(5):
         queue.put(f"v{version}".encode(), version=version)
     queue.set_trainer_version(3)
     items = queue.get(max_groups=10, timeout=0)
-    assert [item.version for item in items] == [2, 3, 4]
+    assert [item.version for item in items] == [2, 3]
     stats = queue.stats()
-    assert stats.dropped_stale_total == 2
-    assert (stats.pending, stats.backlog, stats.acked_total) == (3, 3, 0)
+    assert (stats.dropped_stale_total, stats.dropped_future_total) == (2, 1)
+    assert (stats.pending, stats.backlog, stats.acked_total) == (2, 2, 0)
 
     queue.put(b"old", version=0)
     assert queue.get(max_groups=1, timeout=0.05) == []  # only stale items: nothing admitted
@@ -202,6 +204,7 @@ def test_make_queue_from_dataclass_dict_and_configdict():
     config = ml_collections.ConfigDict({"backend": "local", "max_backlog": 5, "max_staleness": 2})
     queue = make_queue(config, decode=FakeGroup.from_bytes)
     assert (queue.max_backlog, queue.max_staleness) == (5, 2)
+    queue.set_trainer_version(2)
     queue.put(FakeGroup("g:2", 2))
     assert queue.get(timeout=0)[0].obj == FakeGroup("g:2", 2)
 

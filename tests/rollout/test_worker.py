@@ -161,7 +161,7 @@ def test_second_epoch_has_new_rollout_indices_and_dedup_drops_repeats(tokenizer,
     second = [g for g in groups if g.key.endswith("#1")]
     assert all([t.rollout_index for t in g.trajectories] == [4, 5, 6, 7] for g in second)
     delivered = DeliveredGroups(None, "test")
-    assert [delivered.first(g) for g in groups + groups[:1]] == [True] * 4 + [False]
+    assert [delivered.admit(g) for g in groups + groups[:1]] == [True] * 4 + [False]
 
 
 def test_pauses_while_ahead_of_trainer_and_resumes(tokenizer, tasks):

@@ -118,9 +118,10 @@ def test_two_workers_and_a_consumer_exactly_once_through_kill_and_term(redis_url
                 queue.ack([item.id])
                 group = TrajectoryGroup.from_bytes(item.payload)
                 assert item.version == group.policy_version
-                if not delivered.first(group):
+                if not delivered.admit(group):
                     repeats += 1
                     continue
+                delivered.commit([group.key])
                 received[group.key] = group
                 arrival.append((shard_of[group.task.id], group.key, item.version))
             if not killed and arrival:

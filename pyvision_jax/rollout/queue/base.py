@@ -129,6 +129,7 @@ class QueueStats:
     acked_total: int
     dropped_stale_total: int
     reclaimed_total: int
+    dropped_future_total: int = 0
 
     @classmethod
     def from_counters(cls, *, ready: int, pending: int, counters: Mapping[str, int]) -> QueueStats:
@@ -143,6 +144,7 @@ class QueueStats:
             acked_total=counters.get("acked", 0),
             dropped_stale_total=counters.get("dropped_stale", 0),
             reclaimed_total=counters.get("reclaimed", 0),
+            dropped_future_total=counters.get("dropped_future", 0),
         )
 
 
@@ -283,17 +285,20 @@ class TrajectoryQueue(abc.ABC):
                 return [self._item(entry) for entry in admitted]
 
     def _admit(self, entries: list[RawEntry]) -> list[RawEntry]:
+        """Drops (counted) entries older than `max_staleness` versions and entries from a
+        version newer than the trainer's (weights a restarted trainer discarded)."""
         if self.max_staleness is None or not entries:
             return entries
-        oldest_admitted = self.trainer_version() - self.max_staleness
-        stale = [entry for entry in entries if entry.version < oldest_admitted]
-        if stale:
-            self._remove_pending([entry.id for entry in stale], "dropped_stale")
-            logger.info(
-                "dropped %d stale trajectory groups (versions %s < %d)",
-                len(stale), sorted({entry.version for entry in stale}), oldest_admitted,
-            )
-        return [entry for entry in entries if entry.version >= oldest_admitted]
+        newest = self.trainer_version()
+        oldest_admitted = newest - self.max_staleness
+        for reason, rejected in (("dropped_stale", [e for e in entries if e.version < oldest_admitted]),
+                                 ("dropped_future", [e for e in entries if e.version > newest])):
+            if rejected:
+                self._remove_pending([entry.id for entry in rejected], reason)
+                logger.info("%s: %d trajectory groups of versions %s (trainer version %d, max_staleness %d)",
+                            reason, len(rejected), sorted({e.version for e in rejected}), newest,
+                            self.max_staleness)
+        return [entry for entry in entries if oldest_admitted <= entry.version <= newest]
 
     def _item(self, entry: RawEntry) -> QueueItem:
         if self._decode is None:

@@ -17,36 +17,63 @@ from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.rollout.queue.base import QueueConfig
 
 
-class DeliveredGroups:
-    """The consumer's dedup: `first(group)` is True once per `TrajectoryGroup.key`.
+DEFAULT_TTL_S = 7 * 24 * 3600
 
-    With `redis_url` None the keys are kept in memory; otherwise they live in the Redis set
-    `<namespace>:delivered` (SADD makes the check-and-record atomic, across consumers too).
+
+class DeliveredGroups:
+    """The consumer's dedup over `TrajectoryGroup.key`.
+
+    `admit(group)` is False for a key already trained on (committed) or already received and
+    not yet committed; `commit(keys)` records keys once the step that trained them is
+    checkpointed, so a trainer killed before that gets the same groups again (from the queue's
+    pending entries) and admits them. With `redis_url` None the keys are kept in memory;
+    otherwise committed keys live in the Redis set `<namespace>:delivered`, which expires
+    `ttl_s` after the last commit (a run of another namespace never sees them).
     """
 
-    def __init__(self, redis_url: str | None, namespace: str) -> None:
+    def __init__(self, redis_url: str | None, namespace: str, ttl_s: int = DEFAULT_TTL_S) -> None:
         if not isinstance(namespace, str) or not namespace:
             raise ValueError(f"the dedup namespace must be a non-empty string, got {namespace!r}")
+        if ttl_s < 1:
+            raise ValueError(f"the dedup ttl must be >= 1 s, got {ttl_s}")
         self.namespace = namespace
         self.redis_key = f"{namespace}:delivered"
-        self._seen: set[str] = set()
+        self.ttl_s = int(ttl_s)
+        self._committed: set[str] = set()
+        self._in_flight: set[str] = set()
         self._client = redis.Redis.from_url(redis_url) if redis_url else None
 
     @classmethod
-    def for_queue(cls, config: QueueConfig) -> DeliveredGroups:
+    def for_queue(cls, config: QueueConfig, ttl_s: int = DEFAULT_TTL_S) -> DeliveredGroups:
         """The dedup of a consumer of the queue `config`: in Redis, under the queue's namespace,
         for the redis backend; in memory for the local one."""
-        return cls(config.redis_url if config.backend == "redis" else None, config.namespace)
+        return cls(config.redis_url if config.backend == "redis" else None, config.namespace, ttl_s)
 
-    def first(self, group: TrajectoryGroup) -> bool:
-        """True the first time a group with this key is seen, False for every repeat."""
-        key = group.key
+    def _is_committed(self, key: str) -> bool:
         if self._client is not None:
-            return bool(self._client.sadd(self.redis_key, key))
-        if key in self._seen:
+            return bool(self._client.sismember(self.redis_key, key))
+        return key in self._committed
+
+    def admit(self, group: TrajectoryGroup) -> bool:
+        """True the first time a group with this key arrives (and until then never trained)."""
+        key = group.key
+        if key in self._in_flight or self._is_committed(key):
             return False
-        self._seen.add(key)
+        self._in_flight.add(key)
         return True
+
+    def commit(self, keys: list[str]) -> None:
+        """Records `keys` as trained (their step is checkpointed)."""
+        if not keys:
+            return
+        if self._client is not None:
+            pipeline = self._client.pipeline()
+            pipeline.sadd(self.redis_key, *keys)
+            pipeline.expire(self.redis_key, self.ttl_s)
+            pipeline.execute()
+        else:
+            self._committed.update(keys)
+        self._in_flight.difference_update(keys)
 
     def close(self) -> None:
         """Disconnects from Redis (nothing to do in memory)."""
