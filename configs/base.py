@@ -9,6 +9,7 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
+    c.algorithm = "grpo"             # "grpo" (train.trainer) or "sft" (train.sft: the `sft` section)
 
     c.model = ml_collections.ConfigDict()
     c.model.preset = "tiny"          # a ModelConfig preset, used when hf_dir is empty
@@ -16,6 +17,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.tokenizer = "tiny"       # "tiny" (the packaged tokenizer) or a tokenizer directory
     c.model.param_dtype = "float32"
     c.model.compute_dtype = "float32"
+    c.model.attention = "blockwise"  # training/prefill and vision-tower attention: "blockwise" (pure
+                                     # JAX, O(T x block) memory; CPU), "cudnn" (GPU), "splash" (TPU),
+                                     # "dense" (the reference; materialises [T, T] scores)
+    c.model.attention_block_q = 128  # query/key block sizes of blockwise and splash (multiples of 128
+    c.model.attention_block_kv = 128  # for splash; 128 is the fastest blockwise size on CPU)
 
     c.data = ml_collections.ConfigDict()
     c.data.train_files = ()          # JSON/JSONL task files; empty: synthetic tasks
@@ -35,6 +41,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.episode.image_min_pixels = 3136
     c.episode.image_max_pixels = 56 * 56 * 4
     c.episode.max_concurrent = 8
+    # Recipe switches (docs/recipe.md has each one's released value and why ours differs).
+    c.episode.max_response_tokens = 0  # > 0: also cap everything after the prompt (released 20480)
+    c.episode.action_syntax = "tagged"   # "tagged" (code needs <code>) or "released" (any ```python block)
+    c.episode.turn_boundary = "im_end"   # after </code>: "im_end" (<|im_end|>\n) or "newline" (released)
+    c.episode.image_cap_rule = "exceed"  # end when images would "exceed" max_images, or "reach" it (released)
+    c.episode.stdout_strip = "right"     # printed text trimmed "right" or on "both" sides (released)
+    c.episode.image_prompt_file = ""     # first-prompt template ("": configs/prompts/image.txt)
+    c.episode.video_prompt_file = ""     # ("": configs/prompts/video.txt); placeholders: docs/recipe.md
 
     c.sandbox = ml_collections.ConfigDict()
     c.sandbox.pool_size = 2
@@ -62,6 +76,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.publish_every = 1      # external mode: export weights every N steps
     c.rollout.weights_dir = ""       # external mode: shared weights directory (default WORKDIR/weights)
     c.rollout.queue_namespace = "pyvision"  # Redis key prefix (trainer and workers must agree)
+    c.rollout.dedup_ttl_s = 7 * 24 * 3600  # external mode: keys of trained groups expire this long after the last
     c.rollout.script_file = ""       # engine "scripted": JSON {task id or "*": [turn texts]}
     c.rollout.max_epochs = 0         # rollout worker: passes over its task shard (0: until stopped)
     c.rollout.poll_s = 0.5           # rollout worker: seconds between queue/backlog polls
@@ -77,13 +92,29 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.drop_groups_with_broken = False
     c.rl.min_members = 2
     c.rl.normalize_std = False
+    c.rl.stats_include_broken = False  # True (released): std, mean and min_members over broken rollouts too
+    c.rl.train_end_reasons = ()        # after advantages, train only these end reasons (empty: all)
+    c.rl.require_code_image = False    # after advantages, drop rollouts that showed no code-made image
     c.rl.max_gen_rounds = 2
     c.rl.eps_low = 0.2
     c.rl.eps_high = 0.2
     c.rl.dual_clip = 3.0
-    c.rl.loss_agg = "token-mean"
+    c.rl.loss_agg = "token-mean"     # or "token-mean-per-micro-batch" (released), "seq-mean-token-mean", ...
     c.rl.kl_coef = 0.0
     c.rl.entropy_coef = 0.0
+
+    c.grading = ml_collections.ConfigDict()
+    c.grading.routes = (("*", "answer_type"),)  # (data_source glob, scorer), first match wins; scorers:
+                                     # answer_type, numeric (MRA), multiple_choice, math, judge
+    c.grading.answer_gate = "last"   # "last" answer block, or "first_exact" <answer>\n\boxed{}\n</answer> (released)
+    c.grading.mra_thresholds = "exact"  # "exact" or "float" (released: 10 vs 7 scores 0.5)
+    c.grading.judge_url = ""         # OpenAI-compatible server root (`vllm serve`), needed by judge routes
+    c.grading.judge_model = "judge"  # the served model name
+    c.grading.judge_prompt_file = "" # judge prompt template ("": configs/prompts/judge.txt)
+    c.grading.judge_timeout_s = 60.0
+    c.grading.judge_max_retries = 3
+    c.grading.judge_max_concurrency = 32
+    c.grading.judge_max_tokens = 8
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 4
@@ -106,6 +137,18 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.keep_checkpoints = 2
     c.train.sample_groups_per_step = 1  # trajectory groups appended to workdir/trajectories.jsonl per step
     c.train.distributed = False      # multi-host: call jax.distributed.initialize
+
+    c.sft = ml_collections.ConfigDict()  # algorithm "sft"; optimizer, steps, mesh, buckets: `train`
+    c.sft.train_files = ()           # released-schema SFT files (conversations, images,
+                                     # source_dataset); empty: synthetic trajectories of scripted
+                                     # solutions, made under WORKDIR/sft_data on first use
+    c.sft.synthetic_per_kind = 32    # synthetic SFT tasks per kind of data.synthetic_kinds
+    c.sft.synthetic_seed = 1000      # never the seed of RL tasks or of evaluation tasks
+    c.sft.rollouts_per_task = 2      # scripted trajectories drawn per task
+    c.sft.imperfect_share = 0.2      # share of imperfect plans (wrong thresholds, guesses)
+    c.sft.batch_size = 8             # samples per step
+    c.sft.export_dir = ""            # HF safetensors export at the end ("": WORKDIR/hf)
+    c.sft.export_dtype = ""          # cast on export ("": the params' dtype)
 
     c.eval = ml_collections.ConfigDict()
     c.eval.k = 4

@@ -1,5 +1,8 @@
 """Evaluate a checkpoint on a task file: k rollouts per task, scored, with an HTML report.
 
+    # the config's own model (configs/tiny_cpu.py: the packaged SFT checkpoint)
+    python launch/eval.py --config configs/tiny_cpu.py --data /tmp/tasks/counting.jsonl --k 4 --out /tmp/ev
+
     # an HF checkpoint (config.json + safetensors; its tokenizer files are used)
     python launch/eval.py --config configs/pyvision_image_7b.py \
         --checkpoint /models/PyVision-Image-7B --data /data/vstar.jsonl --k 32 --out /runs/eval_vstar
@@ -30,7 +33,9 @@ DEFAULT_CONFIG = str(Path(__file__).resolve().parent.parent / "configs" / "tiny_
 
 _CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Config file.", lock_config=True)
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None,
-                                  "HF directory, params checkpoint or training checkpoint.")
+                                  "HF directory, params checkpoint or training checkpoint (default: "
+                                  "the config's own model, e.g. the packaged SFT checkpoint of "
+                                  "configs/tiny_cpu.py).")
 _DATA = flags.DEFINE_string("data", None, "Task file (.jsonl or .json).")
 _OUT = flags.DEFINE_string("out", None, "Output directory (results.json, trajectories.jsonl, "
                                         "report.html); reused to resume.")
@@ -47,7 +52,7 @@ _HEADLINE = ("accuracy", "avg_at_k", "pass_at_k", "num_tasks", "num_rollouts",
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    for name, holder in (("--checkpoint", _CHECKPOINT), ("--data", _DATA), ("--out", _OUT)):
+    for name, holder in (("--data", _DATA), ("--out", _OUT)):
         if not holder.value:
             raise app.UsageError(f"{name} is required")
     results = evaluate_checkpoint(_CONFIG.value, _CHECKPOINT.value, _DATA.value, _OUT.value,

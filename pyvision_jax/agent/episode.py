@@ -35,9 +35,11 @@ from typing import Any, Literal, Sequence
 from PIL import Image
 
 from pyvision_jax.agent.engine import GenerationRequest, GenerationResult
-from pyvision_jax.agent.parse import Action, ActionKind, parse_action
+from pyvision_jax.agent.parse import ACTION_SYNTAXES, Action, ActionKind, parse_action
 from pyvision_jax.agent.prompts import (
     ChatRenderer,
+    PromptTemplates,
+    default_prompt_templates,
     image_prompt_messages,
     observation_content,
     video_prompt_messages,
@@ -54,6 +56,9 @@ from pyvision_jax.processing.image import (
 from pyvision_jax.processing.tokens import num_visual_tokens
 
 CODE_STOP = "</code>"
+TURN_BOUNDARIES = ("im_end", "newline")
+IMAGE_CAP_RULES = ("exceed", "reach")
+STDOUT_STRIPS = ("right", "both")
 
 
 @dataclass(frozen=True)
@@ -66,11 +71,21 @@ class EpisodeConfig:
     max_new_tokens_per_turn / max_total_tokens: generation limit of one turn / the whole
       context, image tokens included; an observation that would not leave room for one more
       token ends the trajectory with OVER_LENGTH before it is added.
+    max_response_tokens: when > 0, also a limit on everything after the prompt (generated
+      and observation tokens; the released recipe's 20,480), enforced the same way.
     on_error: "terminate" ends on a malformed action or failed code (ERROR_IN_ACTION);
       "feedback" shows the error as the observation, at the cost of a tool call.
     broken_end_reasons: end reasons the trainer treats as broken (a set of EndReason or of
       their names, or one comma-separated string).
     image_min_pixels / image_max_pixels: Qwen2.5-VL resize bounds of images in the context.
+    action_syntax: "tagged" (ours) or "released" (``agent.parse``).
+    turn_boundary: what follows a turn's ``</code>`` before the observation's user turn:
+      "im_end" (ours: the template's turn end ``<|im_end|>\\n``) or "newline" (released: ``\\n``).
+    image_cap_rule: "exceed" (ours: end when the images would exceed ``max_images``) or
+      "reach" (released: end when they would reach it).
+    stdout_strip: "right" (ours: trailing whitespace of the printed text trimmed) or "both"
+      (released).
+    prompts: the first-prompt templates (default: ``configs/prompts/``).
     max_concurrent: trajectories in flight (and pool threads).
     gather_s: after a pool job finishes, how long the driver waits at most for others to
       finish too, so they join the same generation batch (never waits for all).
@@ -80,10 +95,16 @@ class EpisodeConfig:
     max_images: int = 32
     max_new_tokens_per_turn: int = 10_240
     max_total_tokens: int = 32_768
+    max_response_tokens: int = 0
     on_error: Literal["terminate", "feedback"] = "terminate"
     broken_end_reasons: frozenset[EndReason] = frozenset({EndReason.SANDBOX_FAILURE})
     image_min_pixels: int = IMAGE_MIN_PIXELS
     image_max_pixels: int = IMAGE_MAX_PIXELS
+    action_syntax: str = "tagged"
+    turn_boundary: str = "im_end"
+    image_cap_rule: str = "exceed"
+    stdout_strip: str = "right"
+    prompts: PromptTemplates = field(default_factory=default_prompt_templates)
     patch_size: int = 14
     merge_size: int = 2
     max_concurrent: int = 8
@@ -98,6 +119,13 @@ class EpisodeConfig:
                      "max_concurrent"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EpisodeConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name, allowed in (("action_syntax", ACTION_SYNTAXES), ("turn_boundary", TURN_BOUNDARIES),
+                              ("image_cap_rule", IMAGE_CAP_RULES), ("stdout_strip", STDOUT_STRIPS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"EpisodeConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.max_response_tokens < 0:
+            raise ValueError(f"EpisodeConfig.max_response_tokens must be >= 0 (0: no limit), "
+                             f"got {self.max_response_tokens}")
         if self.max_tool_calls < 0:
             raise ValueError(f"EpisodeConfig.max_tool_calls must be >= 0, "
                              f"got {self.max_tool_calls}")
@@ -213,12 +241,12 @@ class EpisodeMachine:
     def render_prompt(self, task: Task) -> TaskPrompt:
         """The task's first prompt (reads its image or the video's metadata)."""
         if task.is_video:
-            messages = video_prompt_messages(task, read_video_info(task.video_path))
+            messages = video_prompt_messages(task, read_video_info(task.video_path), self.config.prompts.video)
             return TaskPrompt(tuple(self.renderer.prompt_ids(messages)), (), (), {})
         with Image.open(task.image_path) as opened:
             original = to_rgb(opened)
         record, resized = context_image(original, 0, "task", self.config)
-        messages = image_prompt_messages(task, original.width, original.height)
+        messages = image_prompt_messages(task, original.width, original.height, self.config.prompts.image)
         return TaskPrompt(tuple(self.renderer.prompt_ids(messages, [record.grid_thw])),
                           (record,), (resized,), {"image_clue_0": original})
 
@@ -230,12 +258,20 @@ class EpisodeMachine:
         episode.engine_images.extend(prompt.engine_images)
         episode.runtime_images.update(prompt.runtime_images)
         episode.next_label = len(prompt.images)
-        if episode.prompt_length >= self.config.max_total_tokens:
+        if self.room(episode) < 1:
             episode.end_reason = EndReason.OVER_LENGTH
+
+    def room(self, episode: EpisodeState, adding: int = 0) -> int:
+        """Tokens the budgets leave after the context and `adding` more tokens."""
+        used = len(episode.token_ids) + adding
+        room = self.config.max_total_tokens - used
+        if self.config.max_response_tokens:
+            room = min(room, self.config.max_response_tokens - (used - episode.prompt_length))
+        return room
 
     def request(self, episode: EpisodeState) -> GenerationRequest:
         """The generation request continuing the episode's context."""
-        room = self.config.max_total_tokens - len(episode.token_ids)
+        room = self.room(episode)
         return GenerationRequest(
             request_id=episode.request_id, prompt_token_ids=tuple(episode.token_ids),
             images=tuple(episode.engine_images),
@@ -248,7 +284,7 @@ class EpisodeMachine:
         or None after setting the end reason."""
         start = len(episode.token_ids)
         episode.append(output.token_ids, output.logprobs)
-        action = parse_action(self.renderer.decode(output.token_ids))
+        action = parse_action(self.renderer.decode(output.token_ids), self.config.action_syntax)
         record = TurnRecord(start, len(episode.token_ids), len(episode.token_ids),
                             output.finish_reason, action.kind.value, output.policy_version)
         if action.kind is ActionKind.ANSWER:
@@ -284,12 +320,12 @@ class EpisodeMachine:
         turn = _turn_fields(episode, pending) | {"tool_wall_s": result.wall_time_s}
         error = _run_error(result)
         if error is None:
-            return self._observe(episode, turn, _text_result(result.stdout, None),
+            return self._observe(episode, turn, self._text_result(result.stdout, None),
                                  list(result.images), error=None)
         if self.config.on_error == "terminate":
             episode.end(TurnRecord(**turn, tool_error=error), EndReason.ERROR_IN_ACTION)
             return []
-        return self._observe(episode, turn, _text_result(result.stdout, error), [], error=error)
+        return self._observe(episode, turn, self._text_result(result.stdout, error), [], error=error)
 
     @staticmethod
     def fail_preload(episode: EpisodeState, err: Exception) -> None:
@@ -321,7 +357,9 @@ class EpisodeMachine:
                  images: list[Image.Image], error: str | None) -> list[tuple[str, Image.Image]]:
         """Checks the budgets, then appends turn end + observation + assistant header and
         binds the new images in the runtime; returns those bindings."""
-        if len(episode.images) + len(images) > self.config.max_images:
+        count = len(episode.images) + len(images)
+        if count > self.config.max_images or (self.config.image_cap_rule == "reach"
+                                              and count >= self.config.max_images):
             episode.end(TurnRecord(**turn, tool_error=error), EndReason.EXCEED_MAX_IMAGES)
             return []
         try:
@@ -332,15 +370,12 @@ class EpisodeMachine:
                 episode.end(TurnRecord(**turn, tool_error=str(err)), EndReason.ERROR_IN_ACTION)
                 return []
             error = f"Error: an image could not be shown: {err}"
-            text, images, rendered = _text_result(text, error), [], []
+            text, images, rendered = _with_error(text, error), [], []
         records = [r for r, _ in rendered]
         labels = [r.label for r in records]
-        closing = self.renderer.turn_closing_ids
-        if turn["finish_reason"] == "eos" and episode.token_ids[-1] == closing[0]:
-            closing = closing[1:]  # the model already ended its turn itself
-        observation = closing + self.renderer.observation_ids(
+        observation = self._turn_end(episode, turn) + self.renderer.observation_ids(
             observation_content(text, labels), [r.grid_thw for r in records])
-        if len(episode.token_ids) + len(observation) >= self.config.max_total_tokens:
+        if self.room(episode, len(observation)) < 1:
             episode.end(TurnRecord(**turn, tool_error=error), EndReason.OVER_LENGTH)
             return []
         episode.append(observation)
@@ -355,6 +390,21 @@ class EpisodeMachine:
         bindings = [(f"image_clue_{r.label}", image) for r, image in zip(records, images)]
         episode.runtime_images.update(bindings)
         return bindings
+
+    def _turn_end(self, episode: EpisodeState, turn: dict[str, Any]) -> list[int]:
+        """What closes the assistant turn before the observation's user turn."""
+        if self.config.turn_boundary == "newline":
+            return self.renderer.newline_ids
+        closing = self.renderer.turn_closing_ids
+        if turn["finish_reason"] == "eos" and episode.token_ids[-1] == closing[0]:
+            closing = closing[1:]  # the model already ended its turn itself
+        return closing
+
+    def _text_result(self, stdout: str, error: str | None) -> str:
+        """The observation's text: what the code printed (whitespace trimmed per
+        ``stdout_strip``), then the error on its own line."""
+        text = stdout.strip() if self.config.stdout_strip == "both" else stdout.rstrip()
+        return text if error is None else _with_error(text, error)
 
 
 def _turn_fields(episode: EpisodeState, pending: PendingAction) -> dict[str, Any]:
@@ -375,10 +425,6 @@ def _run_error(result: Any) -> str | None:
     return None
 
 
-def _text_result(stdout: str, error: str | None) -> str:
-    """The observation's text: what the code printed (trailing whitespace trimmed), then
-    the error on its own line."""
-    text = stdout.rstrip()
-    if error is None:
-        return text
+def _with_error(text: str, error: str) -> str:
+    """``text`` then ``error`` on its own line."""
     return f"{text}\n{error}" if text else error

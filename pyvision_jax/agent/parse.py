@@ -4,6 +4,13 @@ The protocol (DESIGN.md): code is ``<code>\\n```python\\n...\\n```\\n</code>``; 
 is ``<answer>\\n\\boxed{...}\\n</answer>``. An answer ends the episode even when the turn also
 contains code; otherwise the LAST complete code block is the one that runs. Anything else is a
 malformed action, classified so the episode can report (or feed back) what went wrong.
+
+Two syntaxes (``episode.action_syntax``). "tagged" (ours): code needs ``<code>``, its fence may
+be ```` ```python ````, ```` ```py ````, bare, or absent; any closed answer block ends the
+episode. "released" (the released code): the last ```` ```python ```` fenced block runs,
+with or without ``<code>``; ``<code>`` holding no ```` ```python ```` fence is an error; only a
+closed, non-empty ``<answer>`` block is an answer, so an empty ``<answer></answer>`` or an
+unclosed ``<answer>`` followed by code runs the code.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 _ANSWER_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.DOTALL)
 _CODE_RE = re.compile(re.escape(CODE_OPEN) + r"(.*?)" + re.escape(CODE_CLOSE), re.DOTALL)
 _FENCE_RE = re.compile(r"^\s*```(?:python|py)?[ \t]*\n(.*?)\n?[ \t]*```\s*$", re.DOTALL)
+_PYTHON_FENCE_RE = re.compile(r"```python\n(.*?)```", re.DOTALL)
+ACTION_SYNTAXES = ("tagged", "released")
 
 
 class ActionKind(enum.Enum):
@@ -26,6 +35,7 @@ class ActionKind(enum.Enum):
     NO_CODE_NOR_ANSWER = "no_code_nor_answer"
     UNTERMINATED_BLOCK = "unterminated_block"
     EMPTY_CODE = "empty_code"
+    UNFENCED_CODE = "unfenced_code"
 
     @property
     def malformed(self) -> bool:
@@ -38,6 +48,7 @@ _FEEDBACK = {
     ActionKind.UNTERMINATED_BLOCK:
         "Format error: a <code> or <answer> block (or its ```python fence) is not closed.",
     ActionKind.EMPTY_CODE: "Format error: the <code> block contains no code.",
+    ActionKind.UNFENCED_CODE: "Format error: the code is not in a ```python fence.",
 }
 
 
@@ -56,8 +67,25 @@ class Action:
         return _FEEDBACK[self.kind]
 
 
-def parse_action(text: str) -> Action:
-    """Classifies one assistant turn (see the module docstring for the rules)."""
+def parse_action(text: str, syntax: str = "tagged") -> Action:
+    """Classifies one assistant turn under ``syntax`` (see the module docstring)."""
+    if syntax not in ACTION_SYNTAXES:
+        raise ValueError(f"action syntax {syntax!r} must be one of {ACTION_SYNTAXES}")
+    return _parse_released(text) if syntax == "released" else _parse_tagged(text)
+
+
+def _parse_released(text: str) -> Action:
+    answers = [a.strip() for a in _ANSWER_RE.findall(text) if a.strip()]
+    if answers:
+        return Action(ActionKind.ANSWER, answer=answers[-1])
+    blocks = _PYTHON_FENCE_RE.findall(text)
+    if blocks:
+        code = blocks[-1]
+        return Action(ActionKind.CODE, code=code) if code.strip() else Action(ActionKind.EMPTY_CODE)
+    return Action(ActionKind.UNFENCED_CODE if CODE_OPEN in text else ActionKind.NO_CODE_NOR_ANSWER)
+
+
+def _parse_tagged(text: str) -> Action:
     answers = _ANSWER_RE.findall(text)
     if answers:
         return Action(ActionKind.ANSWER, answer=answers[-1].strip())

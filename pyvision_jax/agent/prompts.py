@@ -1,9 +1,13 @@
 """Prompts and observations, rendered to token ids with the model's own chat template.
 
-Image tasks put the image in the context as ``<image_clue_0>``<image>``</image_clue_0>`` (with
-its width and height in the text) and in the runtime as ``image_clue_0``. Video tasks put the
-video ONLY in the runtime as ``video_clue_0``; the text gives frame width, height, frame count
-and fps, and the model builds its visual context by showing the frames it wants.
+The first prompt of a task comes from a template file with named placeholders
+(``agent.templates``; the project's own in ``configs/prompts/``, selected by
+``episode.image_prompt_file`` / ``episode.video_prompt_file``). Image tasks put the image in
+the context at the template's ``{image}`` slot (the templates wrap it in
+``<image_clue_0>``...``</image_clue_0>``) with its size in the text, and in the runtime as
+``image_clue_0``. Video tasks put the video ONLY in the runtime as ``video_clue_0``; the text
+gives frame width, height, frame count and fps, and the model builds its visual context by
+showing the frames it wants.
 
 Images are rendered by the chat template as one ``<|image_pad|>`` each; ``ChatRenderer``
 then expands each pad to the image's visual-token count in token space
@@ -13,48 +17,42 @@ nothing is ever decoded and re-encoded.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import threading
 from typing import Any, Sequence
 
 import numpy as np
 
+from pyvision_jax.agent.templates import PROMPTS_DIR, PromptTemplate, load_template
 from pyvision_jax.data.tasks import Task, VideoInfo
 from pyvision_jax.processing.chat import VisionTokenIds, expand_vision_pads
 
-_PROTOCOL = """\
-To work on the question, you can run Python code in a persistent runtime (variables survive \
-between turns; numpy, PIL, matplotlib and decord are available). Take one step per reply:
+IMAGE_NAMES = ("image", "width", "height", "question")
+"""Placeholders of an image prompt: the image slot, the original image's size, the question."""
+VIDEO_NAMES = ("num_frames", "width", "height", "fps", "duration", "question")
+"""Placeholders of a video prompt; fps with 2 decimals, duration (seconds) with 1."""
+IMAGE_SLOT = "\u2063IMAGE\u2063"
 
-- Think briefly, then either run code with exactly this block:
-<code>
-```python
-...
-```
-</code>
-  What the code prints comes back as text. Every figure you display with `plt.show()` comes \
-back to you as a new image labelled <image_clue_N>, with N counting up from {next_label}, and \
-is also stored in the runtime as the variable `image_clue_N` (a PIL image).
-- Or, once you are confident, give the final answer and stop:
-<answer>
-\\boxed{{your answer}}
-</answer>
 
-Zoom in, crop, enhance or measure whatever helps; check details before answering."""
+@dataclasses.dataclass(frozen=True)
+class PromptTemplates:
+    """The first-prompt templates of image and video tasks."""
 
-_IMAGE_INTRO = """\
-You answer questions about images by thinking and writing Python code.
+    image: PromptTemplate
+    video: PromptTemplate
 
-The image above is <image_clue_0>, {width} pixels wide and {height} pixels high. The runtime \
-already holds it at full resolution as `image_clue_0` (a PIL RGB image)."""
+    @classmethod
+    def from_files(cls, image_file: str = "", video_file: str = "") -> "PromptTemplates":
+        """From template files ("": the project's ``configs/prompts/image.txt`` / ``video.txt``)."""
+        return cls(load_template(image_file or PROMPTS_DIR / "image.txt", IMAGE_NAMES, ("image", "question")),
+                   load_template(video_file or PROMPTS_DIR / "video.txt", VIDEO_NAMES, ("question",)))
 
-_VIDEO_INTRO = """\
-You answer questions about videos by thinking and writing Python code.
 
-The video is not shown to you. The runtime holds it as `video_clue_0`, a \
-`decord.VideoReader` with {num_frames} frames of {width}x{height} pixels at {fps:.2f} frames per \
-second ({duration:.1f} seconds). Read the frames you need (for example \
-`video_clue_0[i].asnumpy()` or `video_clue_0.get_batch(indices).asnumpy()`) and look at them \
-with `plt.show()`."""
+@functools.cache
+def default_prompt_templates() -> PromptTemplates:
+    """The project's templates, read once."""
+    return PromptTemplates.from_files()
 
 
 def format_question(task: Task) -> str:
@@ -67,28 +65,25 @@ def format_question(task: Task) -> str:
             + "\nAnswer with the letter of the correct option.")
 
 
-def image_prompt_messages(task: Task, width: int, height: int) -> list[dict[str, Any]]:
+def image_prompt_messages(task: Task, width: int, height: int,
+                          template: PromptTemplate | None = None) -> list[dict[str, Any]]:
     """The chat messages of an image task; ``width``/``height`` are the original image's."""
-    text = "\n\n".join([
-        _IMAGE_INTRO.format(width=width, height=height),
-        _PROTOCOL.format(next_label=1),
-        "Question: " + format_question(task),
-    ])
-    return [{"role": "user", "content": [
-        {"type": "text", "text": "<image_clue_0>"},
-        {"type": "image"},
-        {"type": "text", "text": "</image_clue_0>\n\n" + text},
-    ]}]
+    template = template or default_prompt_templates().image
+    text = template.render({"image": IMAGE_SLOT, "width": str(width), "height": str(height),
+                            "question": format_question(task)})
+    before, after = text.split(IMAGE_SLOT, 1)
+    parts = [{"type": "text", "text": before}, {"type": "image"}, {"type": "text", "text": after}]
+    return [{"role": "user", "content": [p for p in parts if p.get("text") != ""]}]
 
 
-def video_prompt_messages(task: Task, info: VideoInfo) -> list[dict[str, Any]]:
+def video_prompt_messages(task: Task, info: VideoInfo,
+                          template: PromptTemplate | None = None) -> list[dict[str, Any]]:
     """The chat messages of a video task (the video itself stays in the runtime)."""
-    text = "\n\n".join([
-        _VIDEO_INTRO.format(num_frames=info.num_frames, width=info.width, height=info.height,
-                            fps=info.fps, duration=info.num_frames / max(info.fps, 1e-6)),
-        _PROTOCOL.format(next_label=0),
-        "Question: " + format_question(task),
-    ])
+    template = template or default_prompt_templates().video
+    text = template.render({
+        "num_frames": str(info.num_frames), "width": str(info.width), "height": str(info.height),
+        "fps": f"{info.fps:.2f}", "duration": f"{info.num_frames / max(info.fps, 1e-6):.1f}",
+        "question": format_question(task)})
     return [{"role": "user", "content": [{"type": "text", "text": text}]}]
 
 
@@ -118,6 +113,7 @@ class ChatRenderer:
         self.vision_ids = VisionTokenIds.from_tokenizer(tokenizer)
         with self._lock:
             self._turn_closing_ids = self._encode(self._turn_closing_text())
+            self._newline_ids = self._encode("\n")
             self._history = [{"role": "user", "content": "x"},
                              {"role": "assistant", "content": "y"}]
             self._history_text = self._render(self._history, add_generation_prompt=False)
@@ -126,6 +122,11 @@ class ChatRenderer:
     def turn_closing_ids(self) -> list[int]:
         """Tokens the template puts after an assistant message's content (e.g. <|im_end|>\\n)."""
         return list(self._turn_closing_ids)
+
+    @property
+    def newline_ids(self) -> list[int]:
+        """The tokens of "\\n" (the released rollout's turn boundary after ``</code>``)."""
+        return list(self._newline_ids)
 
     def prompt_ids(self, messages: list[dict[str, Any]],
                    image_grid_thw: Sequence[Sequence[int]] | np.ndarray = ()) -> list[int]:

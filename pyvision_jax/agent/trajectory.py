@@ -175,26 +175,31 @@ class Trajectory:
 @dataclass(frozen=True)
 class GroupScores:
     """A group's scores, computed once when the group is produced: per rollout the answer
-    score, whether it counts as correct, the successful tool calls and the reward."""
+    score, whether it counts as correct, the successful tool calls, the reward, and whether
+    grading failed (e.g. the judge was unreachable: the rollout is then broken; () when none)."""
 
     scores: tuple[float, ...]
     correct: tuple[bool, ...]
     tool_calls: tuple[int, ...]
     rewards: tuple[float, ...]
+    broken: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
-        sizes = {len(self.scores), len(self.correct), len(self.tool_calls), len(self.rewards)}
+        if not self.broken:
+            object.__setattr__(self, "broken", (False,) * len(self.scores))
+        sizes = {len(self.scores), len(self.correct), len(self.tool_calls), len(self.rewards), len(self.broken)}
         if len(sizes) != 1:
             raise ValueError(f"group scores of unequal lengths {sorted(sizes)}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"scores": list(self.scores), "correct": list(self.correct),
-                "tool_calls": list(self.tool_calls), "rewards": list(self.rewards)}
+                "tool_calls": list(self.tool_calls), "rewards": list(self.rewards), "broken": list(self.broken)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "GroupScores":
         return cls(tuple(float(x) for x in d["scores"]), tuple(bool(x) for x in d["correct"]),
-                   tuple(int(x) for x in d["tool_calls"]), tuple(float(x) for x in d["rewards"]))
+                   tuple(int(x) for x in d["tool_calls"]), tuple(float(x) for x in d["rewards"]),
+                   tuple(bool(x) for x in d.get("broken", ())))
 
 
 @dataclass(frozen=True)

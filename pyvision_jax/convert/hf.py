@@ -1,12 +1,14 @@
 """Hugging Face Qwen2.5-VL checkpoint directories <-> (ModelConfig, Flax params pytree).
 
-Both directions stream one tensor at a time, so peak host memory stays near one copy of the
-model (plus one tensor): tensors are read with ``readinto`` into their final Flax layout and
-placed on devices before the next one is read; on export each leaf is written in row chunks.
+Both directions stream one params leaf at a time, so peak host memory stays near one copy of
+the model plus one leaf: tensors are read with ``readinto`` into their final Flax layout (the
+layers of a stacked leaf into its slices) and each leaf is placed on devices before the next
+is read; on export each layer of a leaf is fetched on its own and written in row chunks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,7 +16,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +33,8 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
-
+LayerOf = tuple[Any, int | None]
+"""A tensor's place in a params tree: its leaf and the layer index within a stacked leaf."""
 
 
 class CheckpointMismatchError(ValueError):
@@ -149,65 +152,85 @@ def load_hf(
     Accepts a single ``model.safetensors`` or shards with ``model.safetensors.index.json``,
     Hub names or transformers-v5 names. ``dtype`` (e.g. ``"bfloat16"``) casts every tensor,
     ``None`` keeps the stored dtypes. ``sharding`` is a ``jax.sharding.Sharding`` for every
-    leaf, a params-shaped tree of them, or ``fn(path, shape) -> Sharding``; each tensor is
-    placed with ``jax.device_put`` before the next is read.
+    leaf, a params-shaped tree of them, or ``fn(path, shape) -> Sharding``; each leaf (all
+    layers of a stacked one) is placed with ``jax.device_put`` before the next is read.
     """
     hf_dir = Path(hf_dir)
     hf_config = read_hf_config(hf_dir)
     config = ModelConfig.from_hf_dict(hf_config, source=str(hf_dir / CONFIG_FILE))
     entries = _checkpoint_entries(hf_dir, hf_config)
     target = None if dtype is None else np.dtype(jnp.dtype(dtype))
-    by_file: dict[Path, list[tuple[str, TensorEntry]]] = defaultdict(list)
-    for name, entry in entries.items():
-        by_file[entry.file].append((name, entry))
+    leaves = sorted(names.param_leaves(hf_config).items(),
+                    key=lambda item: (str(entries[item[1].tensors[0]].file), entries[item[1].tensors[0]].start))
     params: Params = {}
     total = sum(e.nbytes for e in entries.values())
-    with tqdm(total=total, unit="B", unit_scale=True, desc=f"loading {hf_dir.name}", disable=not progress) as bar:
-        for file, file_entries in by_file.items():
-            with open(file, "rb") as fh:
-                for name, entry in sorted(file_entries, key=lambda item: item[1].start):
-                    path = names.flax_path(name)
-                    leaf = read_flax_leaf(fh, entry, names.tensor_kind(name), target)
-                    placement = leaf_sharding(sharding, path, leaf.shape)
-                    set_leaf(params, path, jax.device_put(leaf, placement))
-                    del leaf
-                    bar.update(entry.nbytes)
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"loading {hf_dir.name}", disable=not progress) as bar, \
+            contextlib.ExitStack() as files:
+        handles: dict[Path, BinaryIO] = {}
+
+        def read(name: str) -> np.ndarray:
+            entry = entries[name]
+            if entry.file not in handles:
+                handles[entry.file] = files.enter_context(open(entry.file, "rb"))
+            bar.update(entry.nbytes)
+            return read_flax_leaf(handles[entry.file], entry, names.tensor_kind(name), target)
+
+        for path, spec in leaves:
+            if spec.stacked:
+                leaf = np.empty(spec.shape, np.dtype(target or entries[spec.tensors[0]].dtype))
+                for layer, name in enumerate(spec.tensors):
+                    leaf[layer] = read(name)
+            else:
+                leaf = read(spec.tensors[0])
+            set_leaf(params, path, jax.device_put(leaf, leaf_sharding(sharding, path, leaf.shape)))
+            del leaf
     return config, params
 
 
 # ---------------------------------------------------------------------------- save
 
 
-def _export_specs(
-    config: ModelConfig, params: Mapping, dtype: np.dtype | None
-) -> tuple[dict[str, Any], list[tuple[TensorSpec, Any]]]:
-    """Hub config dict and the (spec, leaf) pairs to write, after checking the tree against it."""
+def checked_tensors(config: ModelConfig, params: Mapping) -> dict[str, LayerOf]:
+    """Every Hub tensor name of ``config``'s checkpoint -> (leaf, layer index or None) in
+    ``params``, in checkpoint order, after checking the tree; one error lists every problem."""
     hf_config = config.to_hf_dict()
-    expected = names.checkpoint_shapes(hf_config)
-    leaves: dict[str, Any] = {}
-    seen: set[str] = set()
+    expected = names.param_leaves(hf_config)
+    found: dict[str, LayerOf] = {}
     unexpected, mis_shaped = [], []
-    for path, leaf in flatten_params(params).items():
-        try:
-            name = names.hf_name(path)
-            known = name in expected and names.flax_path(name) == path
-        except ValueError:
-            known = False
+    flat = flatten_params(params)
+    for path, leaf in flat.items():
         where = "/".join(map(str, path))
-        if not known:
+        spec = expected.get(path)
+        if spec is None:
             unexpected.append(where)
-            continue
-        seen.add(name)
-        want = names.flax_shape(name, expected[name])
-        if tuple(leaf.shape) != want:
-            mis_shaped.append(f"{where} ({name}): shape {list(leaf.shape)}, expected {list(want)}")
+        elif tuple(leaf.shape) != spec.shape:
+            mis_shaped.append(f"{where} ({spec.tensors[0]}{', ...' if spec.stacked else ''}): "
+                              f"shape {list(leaf.shape)}, expected {list(spec.shape)}")
         else:
-            leaves[name] = leaf
-    missing = ["/".join(map(str, names.flax_path(n))) + f" ({n})" for n in expected if n not in seen]
+            found |= {name: (leaf, layer if spec.stacked else None) for layer, name in enumerate(spec.tensors)}
+    missing = ["/".join(map(str, path)) + f" ({spec.tensors[0]}{', ...' if spec.stacked else ''})"
+               for path, spec in expected.items() if path not in flat]
     mismatch = CheckpointMismatchError("params tree", missing, unexpected, mis_shaped)
     if mismatch.problems:
         raise mismatch
-    specs = [(TensorSpec(n, np.dtype(dtype or leaves[n].dtype), expected[n]), leaves[n]) for n in expected]
+    return {name: found[name] for name in names.checkpoint_shapes(hf_config)}
+
+
+def layer_value(leaf: Any, layer: int | None) -> np.ndarray:
+    """A host copy of one tensor: the whole leaf, or one layer of a stacked leaf (sliced
+    before the copy, so that an export never holds a whole stacked leaf on the host)."""
+    return host_copy(leaf if layer is None else leaf[layer])
+
+
+def _export_specs(
+    config: ModelConfig, params: Mapping, dtype: np.dtype | None
+) -> tuple[dict[str, Any], list[tuple[TensorSpec, LayerOf]]]:
+    """Hub config dict and the (spec, (leaf, layer)) pairs to write, after checking the tree."""
+    hf_config = config.to_hf_dict()
+    shapes = names.checkpoint_shapes(hf_config)
+    tensors = checked_tensors(config, params)
+    specs = [(TensorSpec(n, np.dtype(dtype or leaf.dtype), shapes[n]), (leaf, layer))
+             for n, (leaf, layer) in tensors.items()]
     return hf_config, specs
 
 
@@ -223,9 +246,8 @@ def _plan_shards(specs: list[tuple[TensorSpec, Any]], max_shard_bytes: int) -> l
     return shards
 
 
-def _host_chunks(leaf: Any, spec: TensorSpec) -> Iterator[np.ndarray]:
-    host = host_copy(leaf)
-    yield from hf_chunks(host, names.tensor_kind(spec.name), spec.dtype)
+def _host_chunks(tensor: LayerOf, spec: TensorSpec) -> Iterator[np.ndarray]:
+    yield from hf_chunks(layer_value(*tensor), names.tensor_kind(spec.name), spec.dtype)
 
 
 def _config_dtype(specs: list[tuple[TensorSpec, Any]]) -> str:

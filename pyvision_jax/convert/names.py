@@ -1,12 +1,16 @@
 """Pure mapping between Hugging Face Qwen2.5-VL tensor names/layouts and the Flax params tree.
 
-The params tree mirrors the Hub checkpoint names (see the "Flax parameter tree" contract):
-``visual.blocks.3.attn.qkv.weight`` <-> ``('visual', 'blocks', 3, 'attn', 'qkv', 'kernel')``.
-Only names and shapes live here; moving bytes is ``safetensors_io``'s job.
+The params tree mirrors the Hub checkpoint names, except that the repeated layers are
+stacked (the model scans over them): every tensor of ``model.layers.{i}`` and
+``visual.blocks.{i}`` is slice ``i`` of one leaf with a leading layers axis, e.g.
+``visual.blocks.3.attn.qkv.weight`` <-> slice 3 of ``('visual', 'blocks', 'attn', 'qkv', 'kernel')``.
+A tensor's place is its *slot*: (params path, layer index or None). Only names and shapes
+live here; moving bytes is ``safetensors_io``'s job.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Mapping
@@ -14,6 +18,10 @@ from typing import Any
 
 ParamPath = tuple[str | int, ...]
 Shape = tuple[int, ...]
+Slot = tuple[ParamPath, int | None]
+
+STACKED_MODULES = (("model", "layers"), ("visual", "blocks"))
+"""Module paths whose numbered children are stacked into one leaf per tensor."""
 
 _NORM_MODULES = frozenset({"norm", "norm1", "norm2", "ln_q", "input_layernorm", "post_attention_layernorm"})
 _V5_PREFIXES = (("model.visual.", "visual."), ("model.language_model.", "model."))
@@ -65,19 +73,35 @@ _FLAX_LEAF = {
 _HF_LEAF = {"kernel": "weight", "embedding": "weight", "scale": "weight", "bias": "bias"}
 
 
-def flax_path(name: str) -> ParamPath:
-    """Params-tree path of a Hub (or v5) tensor name; numeric segments become int keys."""
+def flax_slot(name: str) -> Slot:
+    """(params-tree path, layer index) of a Hub (or v5) tensor name: a stacked layer's
+    tensor is slice ``layer`` of the leaf at the path (its index dropped from the path);
+    other tensors have layer None. Other numeric segments become int keys."""
     name = hub_name(name)
     *modules, _ = name.split(".")
     keys: list[str | int] = [int(m) if m.isdigit() else m for m in modules]
-    return (*keys, _FLAX_LEAF[tensor_kind(name)])
+    layer = None
+    if tuple(keys[:2]) in STACKED_MODULES and len(keys) > 2 and isinstance(keys[2], int):
+        layer = keys.pop(2)
+    return (*keys, _FLAX_LEAF[tensor_kind(name)]), layer
 
 
-def hf_name(path: ParamPath) -> str:
-    """Hub tensor name of a params-tree path (inverse of ``flax_path``)."""
+def flax_path(name: str) -> ParamPath:
+    """Params-tree path of a Hub (or v5) tensor name (see ``flax_slot``)."""
+    return flax_slot(name)[0]
+
+
+def hf_name(path: ParamPath, layer: int | None = None) -> str:
+    """Hub tensor name of a params-tree path and layer index (inverse of ``flax_slot``)."""
     *modules, leaf = path
     if leaf not in _HF_LEAF:
         raise ValueError(f"params path {path!r} does not end in one of {sorted(_HF_LEAF)}")
+    stacked = tuple(modules[:2]) in STACKED_MODULES
+    if stacked != (layer is not None):
+        raise ValueError(f"params path {path!r} needs a layer index exactly when it is under "
+                         f"one of {STACKED_MODULES} (got layer={layer})")
+    if stacked:
+        modules = [*modules[:2], layer, *modules[2:]]
     return ".".join(str(m) for m in modules) + "." + _HF_LEAF[leaf]
 
 
@@ -169,6 +193,33 @@ def checkpoint_shapes(hf_config: Mapping[str, Any]) -> dict[str, Shape]:
     if not ties_word_embeddings(hf_config):
         shapes[_LM_HEAD] = (vocab, d)
     return shapes
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafSpec:
+    """One params leaf: its shape in the Flax tree and the Hub tensors it holds (one per
+    layer, in layer order, for a stacked leaf)."""
+
+    shape: Shape
+    tensors: tuple[str, ...]
+    stacked: bool
+
+
+def param_leaves(hf_config: Mapping[str, Any]) -> dict[ParamPath, LeafSpec]:
+    """Every leaf of the Flax params tree of a checkpoint's config, in checkpoint order."""
+    grouped: dict[ParamPath, dict[int | None, str]] = {}
+    shapes: dict[ParamPath, Shape] = {}
+    for name, hf_shape in checkpoint_shapes(hf_config).items():
+        path, layer = flax_slot(name)
+        grouped.setdefault(path, {})[layer] = name
+        shapes[path] = flax_shape(name, hf_shape)
+    leaves = {}
+    for path, by_layer in grouped.items():
+        stacked = None not in by_layer
+        layers = sorted(by_layer) if stacked else [None]
+        shape = (len(layers), *shapes[path]) if stacked else shapes[path]
+        leaves[path] = LeafSpec(shape, tuple(by_layer[i] for i in layers), stacked)
+    return leaves
 
 
 def is_tied_lm_head(name: str, hf_config: Mapping[str, Any]) -> bool:

@@ -68,20 +68,20 @@ def save_params(
     return out_dir
 
 
-def _stored_dtypes(params_dir: Path) -> dict[names.ParamPath, np.dtype]:
-    """Per-leaf dtypes recorded in the orbax metadata, keyed by params path (int list keys)."""
+def _stored_leaves(params_dir: Path) -> dict[names.ParamPath, tuple[np.dtype, tuple[int, ...]]]:
+    """Per-leaf (dtype, shape) recorded in the orbax metadata, keyed by params path (int list keys)."""
     tree = ocp.StandardCheckpointer().metadata(params_dir).item_metadata.tree
-    dtypes: dict[names.ParamPath, np.dtype] = {}
+    stored: dict[names.ParamPath, tuple[np.dtype, tuple[int, ...]]] = {}
 
     def visit(node: Any, prefix: names.ParamPath) -> None:
         if isinstance(node, Mapping):
             for key, child in node.items():
                 visit(child, (*prefix, int(key) if str(key).isdigit() else key))
         else:
-            dtypes[prefix] = np.dtype(node.dtype)
+            stored[prefix] = (np.dtype(node.dtype), tuple(node.shape))
 
     visit(tree, ())
-    return dtypes
+    return stored
 
 
 def load_params(
@@ -99,19 +99,23 @@ def load_params(
             raise FileNotFoundError(f"{required}: no such file or directory (expected a params checkpoint)")
     config = ModelConfig.from_hf_dir(config_path)
     hf_config = json.loads(config_path.read_text())
-    stored = _stored_dtypes(params_dir)
+    stored = _stored_leaves(params_dir)
     target: Params = {}
     problems = []
-    for name, hf_shape in names.checkpoint_shapes(hf_config).items():
-        path = names.flax_path(name)
+    for path, spec in names.param_leaves(hf_config).items():
+        where = "/".join(map(str, path))
         if path not in stored:
-            problems.append("/".join(map(str, path)))
+            problems.append(where)
             continue
-        shape = names.flax_shape(name, hf_shape)
-        leaf_dtype = jnp.dtype(dtype) if dtype is not None else stored[path]
+        shape = spec.shape
+        if stored[path][1] != shape:
+            problems.append(f"{where} (stored shape {list(stored[path][1])}, config needs {list(shape)})")
+            continue
+        leaf_dtype = jnp.dtype(dtype) if dtype is not None else stored[path][0]
         set_leaf(target, path, jax.ShapeDtypeStruct(shape, leaf_dtype, sharding=leaf_sharding(sharding, path, shape)))
     if problems:
-        raise ValueError(f"{params_dir} lacks leaves that {config_path} requires: {', '.join(problems)}")
+        raise ValueError(f"{params_dir} lacks leaves that {config_path} requires, or holds them "
+                         f"with other shapes: {', '.join(problems)}")
     try:
         params = ocp.StandardCheckpointer().restore(params_dir, target)
     except ValueError as err:

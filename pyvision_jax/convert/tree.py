@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from pyvision_jax.convert import names
 from pyvision_jax.convert.names import ParamPath
 
 Params = dict[str | int, Any]
@@ -84,3 +85,21 @@ def host_copy(leaf: Any) -> np.ndarray:
             out = np.empty(leaf.shape, leaf.dtype)
         out[shard.index] = data
     return out
+
+
+def stack_tensors(tensors: Mapping[str, Any], hf_config: Mapping[str, Any]) -> Params:
+    """A params tree from Flax-layout arrays keyed by Hub (or v5) tensor name: a stacked
+    leaf is its layers' arrays stacked. Raises a ValueError naming missing and unknown tensors."""
+    by_name = {names.hub_name(name): array for name, array in tensors.items()}
+    leaves = names.param_leaves(hf_config)
+    expected = {name for spec in leaves.values() for name in spec.tensors}
+    missing = sorted(expected - set(by_name))
+    unknown = sorted(set(by_name) - expected)
+    if missing or unknown:
+        raise ValueError(f"tensors do not match the checkpoint: missing {missing[:5]}, unknown {unknown[:5]}")
+    params: Params = {}
+    for path, spec in leaves.items():
+        value = (np.stack([np.asarray(by_name[n]) for n in spec.tensors]) if spec.stacked
+                 else by_name[spec.tensors[0]])
+        set_leaf(params, path, value)
+    return params

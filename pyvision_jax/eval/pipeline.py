@@ -72,15 +72,26 @@ def build_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, tokeni
     raise ValueError(f"rollout.engine={kind!r}: expected 'jax' or 'vllm'")
 
 
-def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | os.PathLike,
+def config_policy(config: ml_collections.ConfigDict, progress: bool = True) -> LoadedPolicy:
+    """The config's own model: model.hf_dir (a packaged checkpoint for "packaged:NAME"), else
+    a random init of model.preset (kind "params", path "preset:NAME")."""
+    if config.model.hf_dir:
+        return load_policy(wiring.hf_dir(config), config, progress=progress)
+    model, params = wiring.load_model(config)
+    return LoadedPolicy("params", f"preset:{config.model.preset}", model, params, 0, None)
+
+
+def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | os.PathLike | None,
                         data: str | os.PathLike, out_dir: str | os.PathLike, *,
                         k: int | None = None, max_tool_calls: int | None = None,
                         progress: bool = True, engine_factory: EngineFactory | None = None,
                         sandboxes: Any = None) -> dict[str, Any]:
-    """Loads the checkpoint and the tasks, runs the evaluation into ``out_dir``; returns the
-    results (also in ``out_dir/results.json``). ``sandboxes`` replaces the config's pool."""
+    """Loads the checkpoint (None: the config's own model, `config_policy`) and the tasks,
+    runs the evaluation into ``out_dir``; returns the results (also in
+    ``out_dir/results.json``). ``sandboxes`` replaces the config's pool."""
     tasks = wiring.task_file(config, data)
-    policy = load_policy(checkpoint, config, progress=progress)
+    policy = (config_policy(config, progress) if checkpoint is None
+              else load_policy(checkpoint, config, progress=progress))
     tokenizer = wiring.load_tokenizer(config, policy.tokenizer_dir)
     engine = (engine_factory(config, policy, tokenizer) if engine_factory
               else build_engine(config, policy, tokenizer, work_dir=out_dir))
@@ -101,5 +112,5 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | os.
             sandboxes.close()
 
 
-__all__ = ["EngineFactory", "build_engine", "eval_settings", "evaluate_checkpoint", "jax_engine",
+__all__ = ["EngineFactory", "build_engine", "config_policy", "eval_settings", "evaluate_checkpoint", "jax_engine",
            "vllm_eval_engine"]

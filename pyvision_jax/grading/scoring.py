@@ -20,6 +20,13 @@ BOXED_COMMAND = "\\boxed"
 
 MRA_TOLERANCES_IN_TWENTIETHS = tuple(range(10, 0, -1))
 """1 - theta for theta in {0.50, 0.55, ..., 0.95}, in units of 1/20 so comparisons are exact."""
+MRA_FLOAT_TOLERANCES = tuple(1 - (0.5 + 0.05 * i) for i in range(10))
+"""The released code's 1 - theta, computed in floats: 1 - 0.7 is 0.30000000000000004, so a
+relative error of exactly 0.3 passes that threshold (10 vs 7 or 13 scores 0.5, not 0.4)."""
+MRA_THRESHOLDS = ("exact", "float")
+ANSWER_GATES = ("last", "first_exact")
+RELEASED_ANSWER = re.compile(r"<answer>\n\\boxed\{((?:(?!</answer>).)*?)\}\n</answer>", re.DOTALL)
+"""The released answer gate: exactly `<answer>`, newline, `\\boxed{X}`, newline, `</answer>`."""
 
 
 class GroundTruthError(ValueError):
@@ -102,18 +109,35 @@ def _strict_boxed(block: str) -> str | None:
     return content.strip() or None
 
 
-def extract_answer(response: str, *, strict: bool = True) -> str | None:
+def _released_gate(final: str) -> str | None:
+    """The released gate: unbalanced answer tags score nothing; else the FIRST block that is
+    exactly `<answer>\\n\\boxed{X}\\n</answer>`."""
+    if final.count(ANSWER_OPEN) != final.count("</answer>"):
+        return None
+    match = RELEASED_ANSWER.search(final)
+    if match is None:
+        return None
+    return match.group(1).strip() or None
+
+
+def extract_answer(response: str, *, strict: bool = True, gate: str = "last") -> str | None:
     """The final answer of a response, or None when absent or malformed.
 
-    Strict: the last `<answer>...</answer>` block after the last `</interpreter>` must hold
-    exactly one `\\boxed{X}` (the prompt asks for `<answer>\\n\\boxed{X}\\n</answer>`;
-    surrounding whitespace is tolerated). Lenient: the last `\\boxed{X}` inside the last answer
-    block (an unclosed final block counts), else the last `\\boxed{X}` of the final turn, else
-    the stripped text of the answer block.
+    Gate "last" (ours), strict: the last `<answer>...</answer>` block after the last
+    `</interpreter>` must hold exactly one `\\boxed{X}` (the prompt asks for
+    `<answer>\\n\\boxed{X}\\n</answer>`; surrounding whitespace is tolerated). Lenient: the
+    last `\\boxed{X}` inside the last answer block (an unclosed final block counts), else the
+    last `\\boxed{X}` of the final turn, else the stripped text of the answer block.
+    Gate "first_exact" (the released code; `strict` does not apply): after the last
+    `</interpreter>`, balanced answer tags and the first exact `<answer>\\n\\boxed{X}\\n</answer>`.
     """
+    if gate not in ANSWER_GATES:
+        raise ValueError(f"answer gate {gate!r} must be one of {ANSWER_GATES}")
     if not isinstance(response, str):
         return None
     final = _final_turn(response)
+    if gate == "first_exact":
+        return _released_gate(final)
     blocks = ANSWER_BLOCK.findall(final)
     if strict:
         return _strict_boxed(blocks[-1]) if blocks else None
@@ -183,13 +207,14 @@ def parse_choice(answer: str, options: Sequence[str] | None = None) -> str | Non
 
 
 def score_multiple_choice(
-    response: str, ground_truth: str, *, options: Sequence[str] | None = None, strict: bool = True
+    response: str, ground_truth: str, *, options: Sequence[str] | None = None, strict: bool = True,
+    gate: str = "last",
 ) -> Score:
     """1 when the extracted answer names the same option as the ground truth."""
     expected = parse_choice(ground_truth, options)
     if expected is None:
         raise GroundTruthError(f"multiple-choice ground truth {ground_truth!r} names no option (options={options!r})")
-    extracted = extract_answer(response, strict=strict)
+    extracted = extract_answer(response, strict=strict, gate=gate)
     if extracted is None:
         return ZERO_SCORE
     correct = parse_choice(extracted, options) == expected
@@ -230,32 +255,39 @@ def parse_number(text: str) -> float | None:
     return float(_NUMBER_WORDS[word]) if word in _NUMBER_WORDS else None
 
 
-def mean_relative_accuracy(prediction: float, ground_truth: float) -> float:
+def mean_relative_accuracy(prediction: float, ground_truth: float, thresholds: str = "exact") -> float:
     """MRA: mean over theta in {0.50, ..., 0.95} of 1[|pred - gt| / |gt| < 1 - theta].
 
-    A ground truth of 0 requires an exact match.
+    A ground truth of 0 requires an exact match. thresholds "exact" compares in twentieths
+    (exact arithmetic); "float" uses the released code's float thresholds (MRA_FLOAT_TOLERANCES).
     """
+    if thresholds not in MRA_THRESHOLDS:
+        raise ValueError(f"MRA thresholds {thresholds!r} must be one of {MRA_THRESHOLDS}")
     if not math.isfinite(prediction):
         return 0.0
     if ground_truth == 0:
         return 1.0 if prediction == 0 else 0.0
+    if thresholds == "float":
+        relative = abs(prediction - ground_truth) / abs(ground_truth)
+        return sum(relative < t for t in MRA_FLOAT_TOLERANCES) / len(MRA_FLOAT_TOLERANCES)
     error_times_twenty = abs(prediction - ground_truth) * 20
     hits = sum(error_times_twenty < k * abs(ground_truth) for k in MRA_TOLERANCES_IN_TWENTIETHS)
     return hits / len(MRA_TOLERANCES_IN_TWENTIETHS)
 
 
-def score_numeric(response: str, ground_truth: str | float, *, strict: bool = True) -> Score:
+def score_numeric(response: str, ground_truth: str | float, *, strict: bool = True, gate: str = "last",
+                  thresholds: str = "exact") -> Score:
     """MRA of the number in the boxed answer; correct when MRA >= 0.5."""
     expected = float(ground_truth) if isinstance(ground_truth, (int, float)) else parse_number(str(ground_truth))
     if expected is None or not math.isfinite(expected):
         raise GroundTruthError(f"numeric ground truth {ground_truth!r} is not a number")
-    extracted = extract_answer(response, strict=strict)
+    extracted = extract_answer(response, strict=strict, gate=gate)
     if extracted is None:
         return ZERO_SCORE
     predicted = parse_number(extracted)
     if predicted is None:
         return Score(score=0.0, correct=False, extracted=extracted)
-    mra = mean_relative_accuracy(predicted, expected)
+    mra = mean_relative_accuracy(predicted, expected, thresholds)
     return Score(score=mra, correct=mra >= 0.5, extracted=extracted)
 
 
@@ -285,11 +317,11 @@ def math_equivalent(prediction: str, ground_truth: str) -> bool:
     return bool(math_verify.verify(gold, target, timeout_seconds=timeout))
 
 
-def score_math(response: str, ground_truth: str, *, strict: bool = True) -> Score:
+def score_math(response: str, ground_truth: str, *, strict: bool = True, gate: str = "last") -> Score:
     """1 when the boxed answer is mathematically (or, for free text, literally) equivalent."""
     if not isinstance(ground_truth, str) or not ground_truth.strip():
         raise GroundTruthError(f"math/free-form ground truth {ground_truth!r} is empty or not a string")
-    extracted = extract_answer(response, strict=strict)
+    extracted = extract_answer(response, strict=strict, gate=gate)
     if extracted is None:
         return ZERO_SCORE
     try:

@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from pyvision_jax.models.attention import AttentionConfig
+
 
 class ConfigError(ValueError):
     """A config.json is missing a field or has an invalid value."""
@@ -77,6 +79,8 @@ class ModelConfig:
     vision_end_token_id: int = 151653
     vision_token_id: int = 151654
     vision: VisionConfig = dataclasses.field(default_factory=VisionConfig)
+    attention: AttentionConfig = AttentionConfig()
+    """Not part of config.json: the attention kernel (config key model.attention)."""
 
     def __post_init__(self) -> None:
         _check(self.hidden_size % self.num_attention_heads == 0, "hidden_size",
@@ -385,6 +389,15 @@ def _tiny() -> ModelConfig:
     )
 
 
+def _small() -> ModelConfig:
+    """The tiny tokenizer's ids with a decoder that learns the synthetic tasks on 2 CPU
+    cores (the shipped SFT checkpoint's size)."""
+    tiny = _tiny()
+    return tiny.replace(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+                        num_key_value_heads=2, mrope_section=(4, 6, 6),
+                        vision=dataclasses.replace(tiny.vision, out_hidden_size=128))
+
+
 def _size(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int, tie: bool,
           vision_inter: int = 3420) -> ModelConfig:
     return ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
@@ -394,6 +407,7 @@ def _size(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int,
 
 _PRESETS = {
     "tiny": _tiny,
+    "small": _small,
     "3b": lambda: _size(2048, 11008, 36, 16, 2, 151936, True),
     "7b": lambda: _size(3584, 18944, 28, 28, 4, 152064, False),
     "32b": lambda: _size(5120, 27648, 64, 40, 8, 152064, False, vision_inter=3456),

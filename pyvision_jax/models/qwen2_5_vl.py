@@ -30,7 +30,8 @@ class Qwen2_5_VL(nnx.Module):
         self.config = config
         self.dtype = dtype
         with nnx.use_eager_sharding(False):
-            self.visual = VisionTransformer(config.vision, rngs=rngs, param_dtype=param_dtype, dtype=dtype)
+            self.visual = VisionTransformer(config.vision, rngs=rngs, param_dtype=param_dtype, dtype=dtype,
+                                            attention=config.attention)
             self.model = TextModel(config, rngs=rngs, param_dtype=param_dtype, dtype=dtype)
             self.lm_head = None if config.tie_word_embeddings else linear(
                 config.hidden_size, config.vocab_size, ("embed", "vocab"), use_bias=False, rngs=rngs,

@@ -1,9 +1,11 @@
 """Logical axis names on parameters and the rules that map them to mesh axes.
 
 Every parameter is created with a tuple of logical axis names (see `param`), stored as nnx
-sharding metadata. A rules table maps each logical name to mesh axes among `data`, `fsdp`,
-`tensor`; a mesh axis is dropped for a dimension it does not divide, so the same model and
-rules run on one device or on any mesh.
+sharding metadata; stacked layers add a leading "layers" axis (replicated: each device holds
+its fsdp shard of every layer). A rules table maps each logical name to mesh axes among
+`data`, `fsdp`, `tensor`; a mesh axis is dropped for a dimension it does not divide, so the
+same model and rules run on one device or on any mesh. Activations are constrained along
+logical axes too (`shard_activation`), under the mesh set with `jax.set_mesh`.
 """
 from __future__ import annotations
 
@@ -31,6 +33,12 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("vit_heads", "tensor"),
     ("vit_mlp", "tensor"),
     ("vit_merge", "fsdp"),
+    ("layers", None),
+    # activations
+    ("length", None),
+    ("act_embed", None),
+    ("act_heads", "tensor"),
+    ("vit_windows", ("data", "fsdp")),
 )
 
 
@@ -50,6 +58,16 @@ def linear(din: int, dout: int, axes: tuple[str | None, str | None], *, use_bias
     if use_bias:
         inits["bias_init"] = nnx.with_partitioning(nnx.initializers.zeros_init(), (axes[1],))
     return nnx.Linear(din, dout, use_bias=use_bias, rngs=rngs, param_dtype=param_dtype, dtype=dtype, **inits)
+
+
+def shard_activation(x: jax.Array, axes: tuple[str | None, ...],
+                     rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES) -> jax.Array:
+    """`x` constrained to the sharding of its logical `axes` on the current mesh
+    (`jax.set_mesh`); unchanged when no mesh is set."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, mesh_partition_spec(axes, x.shape, mesh, rules))
 
 
 def logical_axes(state: nnx.State) -> Any:

@@ -15,33 +15,61 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from pyvision_jax.models.attention import attention, query_groups
+from pyvision_jax.models.blockwise_attention import MASK_VALUE
 from pyvision_jax.models.config import ModelConfig
-from pyvision_jax.models.sharding import linear
-from pyvision_jax.models.vision import MASK_VALUE, RMSNorm, apply_rotary
+from pyvision_jax.models.layer_scan import scan_layers, stacked
+from pyvision_jax.models.sharding import linear, shard_activation
+from pyvision_jax.models.vision import RMSNorm, apply_rotary
 
 
 @struct.dataclass
 class KVCache:
-    """Per-layer keys/values [B, kv_heads, S, head_dim], slot validity [B, S], next write slot.
+    """Keys/values of all layers stacked [L, B, kv_heads, S, head_dim], slot validity [B, S],
+    next write slot.
 
-    Heads-major, as attention reads them: a decode step then attends to the cache as it is,
-    with no per-step transpose of every layer's keys and values."""
+    Stacked like the decoder's parameters, so the layer scan carries the cache and writes
+    each layer's new columns in place. Heads-major, as attention reads them: a decode step
+    attends to the cache as it is, with no per-step transpose of keys and values."""
 
-    keys: tuple[jax.Array, ...]
-    values: tuple[jax.Array, ...]
+    keys: jax.Array
+    values: jax.Array
     valid: jax.Array
     index: jax.Array
 
     @classmethod
     def init(cls, config: ModelConfig, batch: int, max_length: int, dtype: Any = jnp.float32) -> "KVCache":
-        shape = (batch, config.num_key_value_heads, max_length, config.head_dim)
-        zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_hidden_layers))
-        return cls(keys=zeros, values=tuple(jnp.zeros(shape, dtype) for _ in zeros),
+        shape = (config.num_hidden_layers, batch, config.num_key_value_heads, max_length, config.head_dim)
+        return cls(keys=jnp.zeros(shape, dtype), values=jnp.zeros(shape, dtype),
                    valid=jnp.zeros((batch, max_length), bool), index=jnp.zeros((), jnp.int32))
 
     @property
     def max_length(self) -> int:
         return self.valid.shape[1]
+
+
+@struct.dataclass
+class LayerCache:
+    """One decoder layer's access to the stacked cache inside the layer scan: the whole
+    [L, B, KVH, S, d] arrays (the scan's carry, updated in place), the layer and the column
+    where the call's tokens go."""
+
+    keys: jax.Array
+    values: jax.Array
+    layer: jax.Array
+    index: jax.Array
+
+    def write(self, k: jax.Array, v: jax.Array) -> "LayerCache":
+        """Stores new keys/values [B, t, KVH, d] of this layer at columns [index, index + t)."""
+        start = (self.layer, 0, 0, self.index, 0)
+        put = lambda cache, new: jax.lax.dynamic_update_slice(
+            cache, new.transpose(0, 2, 1, 3)[None].astype(cache.dtype), start)
+        return self.replace(keys=put(self.keys, k), values=put(self.values, v))
+
+    def read(self) -> tuple[jax.Array, jax.Array]:
+        """This layer's keys and values [B, KVH, S, d]."""
+        take = lambda cache: jax.lax.dynamic_index_in_dim(cache, self.layer, keepdims=False)
+        return take(self.keys), take(self.values)
 
 
 def mrope_cos_sin(positions: jax.Array, head_dim: int, theta: float,
@@ -57,10 +85,6 @@ def mrope_cos_sin(positions: jax.Array, head_dim: int, theta: float,
     freqs = jnp.moveaxis(pos, 0, -1) * inv_freq  # [B, T, head_dim/2]
     emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
     return jnp.cos(emb), jnp.sin(emb)
-
-
-CAUSAL_QUERY_BLOCK = 256
-"""Queries per block of `causal_gqa_attention`: block i only reads keys up to its own end."""
 
 
 def _scores_softmax(q: jax.Array, k: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
@@ -98,42 +122,12 @@ def _attend_backward(scale, residuals, d_out):
 _attend.defvjp(_attend_forward, _attend_backward)
 
 
-def _query_groups(q: jax.Array, kv_heads: int) -> jax.Array:
-    """q [B, T, H, d] -> [B, KVH, G, T, d], the G query heads sharing each kv head."""
-    b, t, h, d = q.shape
-    return q.reshape(b, t, kv_heads, h // kv_heads, d).transpose(0, 2, 3, 1, 4)
-
-
-def _heads_major(q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    return _query_groups(q, k.shape[2]), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-
-
 def cached_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
                          scale: float) -> jax.Array:
     """q [B, T, H, d], heads-major cached k/v [B, KVH, S, d], mask [B, T, S] -> [B, T, H, d];
     fp32 softmax."""
     b, t, h, d = q.shape
-    out = _attend(_query_groups(q, k.shape[1]), k, v, mask, scale)
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
-
-
-def causal_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
-                         query_block: int = CAUSAL_QUERY_BLOCK) -> jax.Array:
-    """Grouped-query attention, q [B, T, H, d], k/v [B, T, KVH, d] -> [B, T, H, d] with an
-    fp32 softmax, for self-attention under a causal mask (mask[:, t, s] false for s > t).
-
-    Heads-major inside, so the batched matmuls and their gradients need no transposes of the
-    [.., T, S] scores. Each block of queries skips the keys after its last query, which the
-    mask hides anyway, so about half of the score work is not done. A query whose keys are
-    all masked averages the values up to its block's end instead of all of them."""
-    b, t, h, d = q.shape
-    qg, kh, vh = _heads_major(q, k, v)
-    outs = []
-    for start in range(0, t, query_block):
-        end = min(start + query_block, t)
-        outs.append(_attend(qg[:, :, :, start:end], kh[:, :, :end], vh[:, :, :end],
-                            mask[:, start:end, :end], scale))
-    out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=3)
+    out = _attend(query_groups(q, k.shape[1]), k, v, mask, scale)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
@@ -142,6 +136,7 @@ class TextAttention(nnx.Module):
         d, hd = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = (config.num_attention_heads,
                                                             config.num_key_value_heads, hd)
+        self.attention = config.attention
         kw = dict(rngs=rngs, param_dtype=param_dtype, dtype=dtype)
         self.q_proj = linear(d, self.num_heads * hd, ("embed", "heads"), use_bias=True, **kw)
         self.k_proj = linear(d, self.num_kv_heads * hd, ("embed", "kv_heads"), use_bias=True, **kw)
@@ -149,21 +144,19 @@ class TextAttention(nnx.Module):
         self.o_proj = linear(self.num_heads * hd, d, ("heads", "embed"), use_bias=False, **kw)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
-                 cached: tuple[jax.Array, jax.Array] | None = None, index: jax.Array | None = None):
+                 cached: "LayerCache | None" = None):
+        """`mask`: segment ids [B, T] without a cache, the [B, T, S] cache mask with one."""
         b, t, _ = x.shape
         q = apply_rotary(self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim), cos, sin)
         k = apply_rotary(self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim), cos, sin)
         v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
         scale = self.head_dim**-0.5
         if cached is None:
-            out = causal_gqa_attention(q, k, v, mask, scale)
+            out = attention(q, k, v, mask, mask, causal=True, scale=scale, config=self.attention)
         else:
-            start = (0, 0, index, 0)
-            write = lambda cache, new: jax.lax.dynamic_update_slice(
-                cache, new.transpose(0, 2, 1, 3).astype(cache.dtype), start)
-            cached = (write(cached[0], k), write(cached[1], v))
-            out = cached_gqa_attention(q, cached[0].astype(q.dtype), cached[1].astype(q.dtype),
-                                       mask, scale)
+            cached = cached.write(k, v)
+            keys, values = cached.read()
+            out = cached_gqa_attention(q, keys.astype(q.dtype), values.astype(q.dtype), mask, scale)
         return self.o_proj(out.reshape(b, t, -1)), cached
 
 
@@ -226,8 +219,8 @@ class DecoderLayer(nnx.Module):
         self.self_attn = TextAttention(config, **kw)
         self.mlp = TextMLP(config, **kw)
 
-    def __call__(self, x, cos, sin, mask, cached=None, index=None):
-        attn, cached = self.self_attn(self.input_layernorm(x), cos, sin, mask, cached, index)
+    def __call__(self, x, cos, sin, mask, cached=None):
+        attn, cached = self.self_attn(self.input_layernorm(x), cos, sin, mask, cached)
         x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x)), cached
 
@@ -242,34 +235,43 @@ class TextModel(nnx.Module):
         self.embed_tokens = nnx.Embed(
             config.vocab_size, config.hidden_size, rngs=rngs, param_dtype=param_dtype, dtype=dtype,
             embedding_init=nnx.with_partitioning(nnx.initializers.normal(0.02), ("vocab", "embed")))
-        self.layers = nnx.List([DecoderLayer(config, **kw) for _ in range(config.num_hidden_layers)])
+        self.layers = stacked(config.num_hidden_layers, lambda layer_rngs: DecoderLayer(
+            config, rngs=layer_rngs, param_dtype=param_dtype, dtype=dtype), rngs)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
 
     def __call__(self, embeds: jax.Array, positions: jax.Array, attention_mask: jax.Array,
-                 cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
-        """embeds [B, T, D], positions [3, B, T], attention_mask [B, T] -> normed hidden [B, T, D]."""
+                 cache: KVCache | None = None, segment_ids: jax.Array | None = None,
+                 remat: str = "none") -> tuple[jax.Array, KVCache | None]:
+        """embeds [B, T, D], positions [3, B, T], attention_mask [B, T] -> normed hidden [B, T, D].
+
+        Without a cache, `segment_ids` [B, T] (packed rows: one id > 0 per trajectory) keep
+        attention within each segment; by default each row is one segment. `remat` is the
+        layer scan's remat policy (models/layer_scan.py)."""
         cfg = self.config
-        b, t, _ = embeds.shape
+        t = embeds.shape[1]
         cos, sin = mrope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
         attention_mask = attention_mask.astype(bool)
         if cache is None:
-            causal = jnp.tril(jnp.ones((t, t), bool))
-            mask = causal[None] & attention_mask[:, None, :]
-            index = None
-        else:
-            index = cache.index
-            valid = jax.lax.dynamic_update_slice(cache.valid, attention_mask, (0, index))
-            query_slot = index + jnp.arange(t)
-            key_slot = jnp.arange(cache.max_length)
-            mask = (key_slot[None, :] <= query_slot[:, None])[None] & valid[:, None, :]
-        x = embeds
-        new_keys, new_values = [], []
-        for layer_index, layer in enumerate(self.layers):
-            cached = None if cache is None else (cache.keys[layer_index], cache.values[layer_index])
-            x, cached = layer(x, cos, sin, mask, cached, index)
-            if cached is not None:
-                new_keys.append(cached[0])
-                new_values.append(cached[1])
-        if cache is not None:
-            cache = KVCache(keys=tuple(new_keys), values=tuple(new_values), valid=valid, index=index + t)
-        return self.norm(x), cache
+            segments = attention_mask.astype(jnp.int32) if segment_ids is None else jnp.where(
+                attention_mask, segment_ids.astype(jnp.int32), 0)
+
+            def layer_step(layer: DecoderLayer, x: jax.Array, _: Any) -> tuple[jax.Array, None]:
+                x = shard_activation(x, ("batch", "length", "act_embed"))
+                return layer(x, cos, sin, segments)[0], None
+
+            x, _ = scan_layers(self.layers, layer_step, embeds, remat=remat)
+            return self.norm(x), None
+        index = cache.index
+        valid = jax.lax.dynamic_update_slice(cache.valid, attention_mask, (0, index))
+        query_slot = index + jnp.arange(t)
+        key_slot = jnp.arange(cache.max_length)
+        mask = (key_slot[None, :] <= query_slot[:, None])[None] & valid[:, None, :]
+
+        def cached_step(layer: DecoderLayer, carry: tuple, layer_index: jax.Array) -> tuple[tuple, None]:
+            x, keys, values = carry
+            x, written = layer(x, cos, sin, mask, LayerCache(keys, values, layer_index, index))
+            return (x, written.keys, written.values), None
+
+        (x, keys, values), _ = scan_layers(self.layers, cached_step, (embeds, cache.keys, cache.values),
+                                           jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32))
+        return self.norm(x), KVCache(keys=keys, values=values, valid=valid, index=index + t)

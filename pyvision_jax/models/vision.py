@@ -4,8 +4,9 @@ Patches of all images and videos of a batch are placed, on the host, into a padd
 *window layout*: windows of `window_size` pixels (a square of merged 2x2 patch units) are
 laid out one after another, each padded to the full window length. This is the reference's
 window-index permutation with fixed-size windows, so window attention is a batched attention
-over [num_windows, window_len] with a key-validity mask, and the blocks listed in
-`fullatt_block_indexes` attend within each image frame through a frame-id mask. After the
+over [num_windows, window_len] rows (padding slots are segment 0), and the blocks listed in
+`fullatt_block_indexes` attend within each image frame: all slots form one row whose segment
+ids are the frame ids, so no mask across all images is built (models/attention.py). After the
 merger, `merged_index` gathers the merged tokens back into the processor's order (the
 inverse permutation). The number of windows and of merged tokens are rounded up to a few
 bucket sizes, so new image sizes within a bucket do not retrace.
@@ -19,10 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from pyvision_jax.models.attention import AttentionConfig, attention
 from pyvision_jax.models.config import VisionConfig
-from pyvision_jax.models.sharding import linear, param
-
-MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+from pyvision_jax.models.layer_scan import scan_layers, stacked
+from pyvision_jax.models.sharding import linear, param, shard_activation
 
 
 # ---------------------------------------------------------------------- host-side layout
@@ -149,22 +150,6 @@ def vision_rope(positions: jax.Array, head_dim: int, theta: float = 10000.0) -> 
     return jnp.cos(emb), jnp.sin(emb)
 
 
-def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
-    """q [..., Q, H, d], k/v [..., K, H, d], boolean mask broadcastable to [..., H, Q, K]; fp32 softmax."""
-    scores = jnp.einsum("...qhd,...khd->...hqk", q, k, preferred_element_type=jnp.float32) * scale
-    scores = jnp.where(mask, scores, MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("...hqk,...khd->...qhd", probs, v)
-
-
-def _query_chunk(num_windows: int, window_len: int, target: int = 2048) -> int:
-    """Windows per query chunk of full attention: a power of two dividing num_windows."""
-    chunk = num_windows & -num_windows
-    while chunk > 1 and chunk * window_len > target:
-        chunk //= 2
-    return max(chunk, 1)
-
-
 # ---------------------------------------------------------------------- modules
 
 
@@ -179,8 +164,10 @@ class RMSNorm(nnx.Module):
 
 
 class VisionAttention(nnx.Module):
-    def __init__(self, config: VisionConfig, *, rngs: nnx.Rngs, param_dtype: Any, dtype: Any):
+    def __init__(self, config: VisionConfig, *, rngs: nnx.Rngs, param_dtype: Any, dtype: Any,
+                 attention: AttentionConfig = AttentionConfig()):
         d = config.hidden_size
+        self.attention = attention
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
         self.qkv = linear(d, 3 * d, ("vit_embed", "vit_qkv"), use_bias=True, rngs=rngs,
                            param_dtype=param_dtype, dtype=dtype)
@@ -192,23 +179,13 @@ class VisionAttention(nnx.Module):
         slots = x.shape[0]
         q, k, v = jnp.split(self.qkv(x).reshape(slots, 3 * self.num_heads, self.head_dim), 3, axis=1)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        scale = self.head_dim**-0.5
-        num_windows = slots // window_len
-        if full:
-            chunk = _query_chunk(num_windows, window_len)
-            qc = q.reshape(num_windows // chunk, chunk * window_len, self.num_heads, self.head_dim)
-            fc = layout.frame_id.reshape(num_windows // chunk, chunk * window_len)
-
-            def attend(args):
-                q_block, f_block = args
-                mask = (f_block[:, None] == layout.frame_id[None, :])[None]
-                return masked_attention(q_block, k, v, mask, scale)
-
-            out = jax.lax.map(attend, (qc, fc))
-        else:
-            shape = (num_windows, window_len, self.num_heads, self.head_dim)
-            key_valid = layout.slot_valid.reshape(num_windows, 1, 1, window_len)
-            out = masked_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), key_valid, scale)
+        if full:  # all slots as one row, each image/video frame a segment (padding: 0)
+            segments = (layout.frame_id + 1)[None]
+        else:  # one row per window, its padding slots segment 0
+            segments = layout.slot_valid.reshape(-1, window_len).astype(jnp.int32)
+        rows = segments.shape + (self.num_heads, self.head_dim)
+        out = attention(q.reshape(rows), k.reshape(rows), v.reshape(rows), segments, segments, causal=False,
+                        scale=self.head_dim**-0.5, config=self.attention)
         return self.proj(out.reshape(slots, -1))
 
 
@@ -225,11 +202,12 @@ class VisionMLP(nnx.Module):
 
 
 class VisionBlock(nnx.Module):
-    def __init__(self, config: VisionConfig, *, rngs: nnx.Rngs, param_dtype: Any, dtype: Any):
+    def __init__(self, config: VisionConfig, *, rngs: nnx.Rngs, param_dtype: Any, dtype: Any,
+                 attention: AttentionConfig = AttentionConfig()):
         kw = dict(rngs=rngs, param_dtype=param_dtype, dtype=dtype)
         self.norm1 = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
         self.norm2 = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
-        self.attn = VisionAttention(config, **kw)
+        self.attn = VisionAttention(config, attention=attention, **kw)
         self.mlp = VisionMLP(config, **kw)
 
     def __call__(self, x, cos, sin, layout: VisionLayout, window_len: int, full: bool) -> jax.Array:
@@ -267,25 +245,37 @@ class PatchMerger(nnx.Module):
 
 class VisionTransformer(nnx.Module):
     def __init__(self, config: VisionConfig, *, rngs: nnx.Rngs, param_dtype: Any = jnp.float32,
-                 dtype: Any = jnp.float32):
+                 dtype: Any = jnp.float32, attention: AttentionConfig = AttentionConfig()):
         kw = dict(rngs=rngs, param_dtype=param_dtype, dtype=dtype)
         self.config = config
         self.dtype = dtype
         self.patch_embed = PatchEmbed(config, **kw)
-        self.blocks = nnx.List([VisionBlock(config, **kw) for _ in range(config.depth)])
+        self.blocks = stacked(config.depth, lambda block_rngs: VisionBlock(
+            config, rngs=block_rngs, param_dtype=param_dtype, dtype=dtype, attention=attention), rngs)
         self.merger = PatchMerger(config, **kw)
 
-    def __call__(self, pixel_values: jax.Array, layout: VisionLayout) -> jax.Array:
-        """pixel_values [N, C*T*P*P] (N >= real patches) -> merged features [M, out_hidden_size]."""
+    def __call__(self, pixel_values: jax.Array, layout: VisionLayout, remat: str = "none") -> jax.Array:
+        """pixel_values [N, C*T*P*P] (N >= real patches) -> merged features [M, out_hidden_size].
+
+        The blocks run as one scan; each step takes the window-attention or the
+        full-attention branch (`lax.cond` on the block's entry in `fullatt_block_indexes`),
+        so both kinds compile once whatever the depth. Slots are sharded over the batch
+        mesh axes by whole windows."""
         cfg = self.config
         window_len = window_units(cfg) ** 2 * cfg.merge_unit
         patches = jnp.take(pixel_values, layout.patch_index, axis=0, mode="clip")
         patches = jnp.where(layout.slot_valid[:, None], patches, 0).astype(self.dtype)
         x = self.patch_embed(patches)
         cos, sin = vision_rope(layout.positions, cfg.head_dim)
-        full_blocks = set(cfg.fullatt_block_indexes)
-        for index, block in enumerate(self.blocks):
-            x = block(x, cos, sin, layout, window_len, index in full_blocks)
+        is_full = np.isin(np.arange(cfg.depth), cfg.fullatt_block_indexes)
+
+        def block_step(block: VisionBlock, x: jax.Array, full: jax.Array) -> tuple[jax.Array, None]:
+            windows = x.reshape(-1, window_len, x.shape[-1])
+            x = shard_activation(windows, ("vit_windows", None, None)).reshape(x.shape)
+            run = lambda full_attention: lambda h: block(h, cos, sin, layout, window_len, full_attention)
+            return jax.lax.cond(full, run(True), run(False), x), None
+
+        x, _ = scan_layers(self.blocks, block_step, x, jnp.asarray(is_full), remat=remat)
         merged = self.merger(x)
         return jnp.take(merged, layout.merged_index, axis=0)
 

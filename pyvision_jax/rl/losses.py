@@ -3,6 +3,11 @@
 Every aggregation mode returns a sum and a denominator that do not mix micro-batches, so
 gradient accumulation is exact: the full-batch loss is sum(loss_sum) / sum(denominator)
 over micro-batches. Metrics are likewise sums/extrema that combine with `combine_metrics`.
+
+"token-mean-per-micro-batch" is the released objective: each micro-batch's token mean
+(sum = that mean, denominator = 1 when it has loss tokens), so the step's loss is the mean
+of micro-batch means. It depends on how rows fall into micro-batches: rows of 1 and 99
+tokens with A = +1 / -1 in micro-batches of one row give 0.0, where "token-mean" gives 0.98.
 """
 from __future__ import annotations
 
@@ -13,8 +18,8 @@ from typing import Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 
-Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean-per-micro-batch"]
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean-per-micro-batch")
 IS_LEVELS = ("none", "token", "sequence")
 KL_ESTIMATORS = ("k1", "k3")
 LOG_RATIO_LIMIT = 20.0
@@ -179,6 +184,9 @@ def ppo_loss(
     if config.aggregation == "token-mean":
         loss_sum = token_loss.sum()
         denominator = tokens_per_sequence.sum()
+    elif config.aggregation == "token-mean-per-micro-batch":
+        loss_sum = token_loss.sum() / jnp.maximum(tokens_per_sequence.sum(), 1)
+        denominator = has_tokens.any()
     elif config.aggregation == "seq-mean-token-mean":
         per_sequence = token_loss.sum(axis=-1) / jnp.maximum(tokens_per_sequence, 1)
         loss_sum = jnp.where(has_tokens, per_sequence, 0.0).sum()

@@ -23,7 +23,8 @@ class SelectionCounts(NamedTuple):
     broken_groups_dropped: jax.Array
     """Groups dropped because a rollout broke (only with `drop_groups_with_broken`)."""
     too_few_members: jax.Array
-    """Groups with fewer than `min_members` usable rollouts."""
+    """Groups with fewer than `min_members` usable rollouts (valid ones with
+    `stats_include_broken`)."""
     zero_variance: jax.Array
     """Groups whose reward std over usable rollouts is <= `std_eps`."""
     eligible: jax.Array
@@ -58,6 +59,7 @@ def select_rollouts(
     std_eps: float = 1e-6,
     min_members: int = 2,
     drop_groups_with_broken: bool = False,
+    stats_include_broken: bool = False,
 ) -> Selection:
     """Drop uninformative groups, rank the rest by reward std (descending), keep the top.
 
@@ -71,7 +73,12 @@ def select_rollouts(
     surviving group is ranked by its group's unbiased std, ties to the lower flat index, and
     `num_select` single rollouts are returned (so a group may be split at the cut).
 
-    `num_select`, `mode`, `min_members` and `drop_groups_with_broken` are static under jit.
+    `stats_include_broken=True` reproduces the released code: the std and the member count
+    (for `min_members`) are over every valid rollout, broken ones included (they still never
+    train). By default they are over usable rollouts only.
+
+    `num_select`, `mode`, `min_members`, `drop_groups_with_broken` and `stats_include_broken`
+    are static under jit.
     """
     rewards = jnp.asarray(rewards, jnp.float32)
     valid = jnp.asarray(valid, bool)
@@ -87,7 +94,7 @@ def select_rollouts(
         )
 
     usable = usable_mask(valid, broken)
-    stats = group_statistics(rewards, usable)
+    stats = group_statistics(rewards, valid if stats_include_broken else usable)
     has_member = valid.any(axis=-1)
     valid_broken = valid & broken
     if drop_groups_with_broken:

@@ -37,7 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pyvision_jax.convert.names import TensorKind, flax_path, tensor_kind, hub_name
+from pyvision_jax.convert.names import TensorKind, hub_name, is_tied_lm_head, tensor_kind
+from pyvision_jax.convert.tree import stack_tensors
 from pyvision_jax.models import KVCache, ModelConfig, ModelInputs, forward, prepare_inputs
 from pyvision_jax.models.rope_index import decode_position_ids
 from pyvision_jax.processing.image import preprocess_images
@@ -199,9 +200,12 @@ class JaxEngine:
             self._version = int(version)
 
     def _params_from_named(self, named: Iterable[tuple[str, Any]]) -> dict:
-        """A params tree from (HF name, HF-layout array) pairs; leaves not given raise."""
-        leaves: dict[tuple, Any] = {}
+        """A params tree from (HF name, HF-layout array) pairs; missing or unknown tensors raise."""
+        hf_config = self.config.to_hf_dict()
+        tensors: dict[str, np.ndarray] = {}
         for name, array in named:
+            if is_tied_lm_head(name, hf_config):
+                continue
             array = np.asarray(array.detach().cpu().float().numpy() if hasattr(array, "detach")
                                else array)
             kind = tensor_kind(hub_name(name))
@@ -209,20 +213,11 @@ class JaxEngine:
                 array = array.T
             elif kind is TensorKind.CONV_WEIGHT:
                 array = array.reshape(array.shape[0], -1).T
-            leaves[flax_path(name)] = array
-        if self.config.tie_word_embeddings:
-            leaves.pop(("lm_head", "kernel"), None)
-
-        def pick(path: Any, _: Any) -> Any:
-            key = tuple(getattr(p, "key", getattr(p, "idx", None)) for p in path)
-            if key not in leaves:
-                raise ValueError(f"update_weights: no tensor for params path {key}")
-            return leaves.pop(key)
-
-        tree = jax.tree_util.tree_map_with_path(pick, self._params)
-        if leaves:
-            raise ValueError(f"update_weights: unknown tensors {sorted(map(str, leaves))[:5]}")
-        return tree
+            tensors[name] = array
+        try:
+            return stack_tensors(tensors, hf_config)
+        except ValueError as error:
+            raise ValueError(f"update_weights: {error}") from None
 
     def generate(self, requests: Sequence[GenerationRequest],
                  params: SamplingParams) -> list[GenerationResult]:
@@ -416,14 +411,13 @@ class JaxEngine:
         columns = (start + jnp.arange(length)[None, :]) % cache.max_length
 
         def place(big: jax.Array, small: jax.Array) -> jax.Array:
-            """Heads-major [B, KVH, S, d] rows: indexing puts (row, column) first."""
-            small = small.transpose(0, 2, 1, 3).astype(big.dtype)
-            return big.at[rows, :, columns].set(small, mode="drop")
+            """Stacked heads-major [L, B, KVH, S, d]: indexing puts (row, column) first."""
+            small = small.transpose(1, 3, 0, 2, 4).astype(big.dtype)
+            return big.at[:, rows, :, columns].set(small, mode="drop")
 
         valid = cache.valid.at[targets].set(False, mode="drop")
         valid = valid.at[rows, columns].set(fresh.valid, mode="drop")
-        cache = KVCache(keys=tuple(map(place, cache.keys, fresh.keys)),
-                        values=tuple(map(place, cache.values, fresh.values)),
+        cache = KVCache(keys=place(cache.keys, fresh.keys), values=place(cache.values, fresh.values),
                         valid=valid, index=cache.index)
         return cache, tokens, logprobs
 

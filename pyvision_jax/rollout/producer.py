@@ -2,9 +2,11 @@
 
 `GroupProducer.produce(items)` runs G episodes of each task (all of them concurrently through
 one `EpisodeRunner`, so the engine batches across groups), then scores every group exactly
-once: per rollout the answer score and correctness (`grading.trajectory.score_trajectory`,
-the rule evaluation uses too), the successful tool calls, and the reward
-(`rl.accumulative_tool_reward`). The scores travel on the group (`TrajectoryGroup.scores`);
+once: per rollout the answer score and correctness (`grading.routes.grade_trajectories`: the
+scorer each task's data_source routes to, rule scorers or the LLM judge, whose requests for
+the whole batch run concurrently), the successful tool calls, the reward
+(`rl.accumulative_tool_reward`), and whether grading failed (a judge failure marks the
+rollout broken, never wrong). The scores travel on the group (`TrajectoryGroup.scores`);
 nothing downstream decodes or scores again.
 
 Rollout `k` of a task drawn in epoch `e` has rollout index `e * G + k` (see
@@ -24,13 +26,14 @@ from pyvision_jax.agent.episode import EpisodeConfig
 from pyvision_jax.agent.runner import EpisodeRunner, SandboxSource
 from pyvision_jax.agent.trajectory import GroupScores, TrajectoryGroup
 from pyvision_jax.data.task_order import ShardItem, derived_seed
-from pyvision_jax.grading.trajectory import score_trajectory
+from pyvision_jax.grading.routes import Graded, ScorerRoutes, grade_trajectories
 from pyvision_jax.rl.rewards import accumulative_tool_reward
 
 
-def score_group(group: TrajectoryGroup, tokenizer: Any, tool_reward_coef: float) -> TrajectoryGroup:
-    """`group` with its `GroupScores` (a broken rollout or one without an answer scores 0)."""
-    scores = [score_trajectory(t, group.task, tokenizer) for t in group.trajectories]
+def with_scores(group: TrajectoryGroup, graded: Sequence[Graded], tool_reward_coef: float) -> TrajectoryGroup:
+    """`group` with the `GroupScores` of its graded rollouts (a broken rollout or one without an
+    answer scores 0)."""
+    scores = [g.score for g in graded]
     tool_calls = [t.num_successful_tool_calls for t in group.trajectories]
     values = np.asarray([[s.score for s in scores]], np.float32)
     correct = np.asarray([[s.correct for s in scores]], bool)
@@ -38,7 +41,19 @@ def score_group(group: TrajectoryGroup, tokenizer: Any, tool_reward_coef: float)
                                        np.ones_like(correct), tool_reward_coef)
     return group.with_scores(GroupScores(
         scores=tuple(float(s.score) for s in scores), correct=tuple(bool(s.correct) for s in scores),
-        tool_calls=tuple(int(n) for n in tool_calls), rewards=tuple(float(r) for r in np.asarray(rewards)[0])))
+        tool_calls=tuple(int(n) for n in tool_calls), rewards=tuple(float(r) for r in np.asarray(rewards)[0]),
+        broken=tuple(g.broken for g in graded)))
+
+
+def score_groups(groups: Sequence[TrajectoryGroup], tokenizer: Any, tool_reward_coef: float,
+                 routes: ScorerRoutes = ScorerRoutes()) -> list[TrajectoryGroup]:
+    """The groups with their scores, every rollout graded once in one batch."""
+    graded = grade_trajectories([(t, g.task) for g in groups for t in g.trajectories], tokenizer, routes)
+    out, start = [], 0
+    for group in groups:
+        out.append(with_scores(group, graded[start:start + len(group)], tool_reward_coef))
+        start += len(group)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,10 +73,11 @@ class GroupProducer:
     """Generates and scores the groups of shard items with one engine and sandbox pool."""
 
     def __init__(self, config: ProducerConfig, *, engine: Engine, tokenizer: Any, sandboxes: SandboxSource,
-                 episode: EpisodeConfig = EpisodeConfig(), sampling: SamplingParams = SamplingParams()):
+                 episode: EpisodeConfig = EpisodeConfig(), sampling: SamplingParams = SamplingParams(),
+                 routes: ScorerRoutes = ScorerRoutes()):
         self.config = config
         self.engine, self.tokenizer, self.sandboxes = engine, tokenizer, sandboxes
-        self.episode, self.sampling = episode, sampling
+        self.episode, self.sampling, self.routes = episode, sampling, routes
 
     def produce(self, items: Sequence[ShardItem]) -> list[TrajectoryGroup]:
         """One scored group per item, in item order."""
@@ -75,6 +91,6 @@ class GroupProducer:
         trajectories = runner.run_trajectories(jobs)
         if len(trajectories) != len(jobs):
             raise RuntimeError(f"{len(trajectories)} of {len(jobs)} episodes finished")
-        return [score_group(TrajectoryGroup(item.task, tuple(trajectories[i * size:(i + 1) * size])),
-                            self.tokenizer, self.config.tool_reward_coef)
-                for i, item in enumerate(items)]
+        groups = [TrajectoryGroup(item.task, tuple(trajectories[i * size:(i + 1) * size]))
+                  for i, item in enumerate(items)]
+        return score_groups(groups, self.tokenizer, self.config.tool_reward_coef, self.routes)

@@ -104,16 +104,14 @@ class SlotCache:
         """Moves every row's columns by (index - cache.index); columns >= index are invalid."""
         self.trace_counts["shift"] += 1
         offset = index - cache.index
-        roll = lambda x: jnp.roll(x, offset, axis=2)
+        roll = lambda x: jnp.roll(x, offset, axis=3)
         valid = jnp.roll(cache.valid, offset, axis=1) & (jnp.arange(cache.max_length) < index)[None, :]
-        return KVCache(keys=tuple(map(roll, cache.keys)), values=tuple(map(roll, cache.values)),
-                       valid=valid, index=index)
+        return KVCache(keys=roll(cache.keys), values=roll(cache.values), valid=valid, index=index)
 
     def _grow_impl(self, cache: KVCache, length: int) -> KVCache:
         """The same cache with `length` columns (new ones empty and invalid)."""
         self.trace_counts["grow"] += 1
         extra = length - cache.max_length
         pad = lambda x, axis: jnp.pad(x, [(0, extra) if a == axis else (0, 0) for a in range(x.ndim)])
-        kv = lambda x: pad(x, 2)
-        return KVCache(keys=tuple(map(kv, cache.keys)), values=tuple(map(kv, cache.values)),
+        return KVCache(keys=pad(cache.keys, 3), values=pad(cache.values, 3),
                        valid=pad(cache.valid, 1), index=cache.index)

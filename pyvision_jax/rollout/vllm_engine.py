@@ -45,8 +45,8 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from pyvision_jax.convert.layout import hf_chunks
-from pyvision_jax.convert.names import checkpoint_shapes, flax_path, tensor_kind
-from pyvision_jax.convert.tree import flatten_params
+from pyvision_jax.convert.hf import checked_tensors, layer_value
+from pyvision_jax.convert.names import checkpoint_shapes, tensor_kind
 from pyvision_jax.models import ModelConfig
 from pyvision_jax.processing.image import CLIP_MEAN, CLIP_STD, IMAGE_MIN_PIXELS, to_rgb
 from pyvision_jax.agent.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
@@ -86,19 +86,12 @@ def hf_tensors(config: ModelConfig, params: Mapping) -> Iterator[tuple[str, np.n
     consumer never receives part of a mismatched tree.
     """
     expected = checkpoint_shapes(config.to_hf_dict())
-    leaves = dict(flatten_params(params))
-    if config.tie_word_embeddings:
-        leaves.pop(("lm_head", "kernel"), None)
-    paths = {flax_path(name): name for name in expected}
-    missing = sorted(f"{'/'.join(map(str, p))} ({n})" for p, n in paths.items() if p not in leaves)
-    unknown = sorted("/".join(map(str, p)) for p in leaves if p not in paths)
-    if missing or unknown:
-        raise ValueError(f"params tree does not match the checkpoint's tensors: missing "
-                         f"{missing[:5]}, unknown {unknown[:5]}")
+    untied = {k: v for k, v in params.items() if not (config.tie_word_embeddings and k == "lm_head")}
+    tensors = checked_tensors(config, untied)
 
     def arrays() -> Iterator[tuple[str, np.ndarray]]:
-        for path, name in paths.items():
-            chunks = hf_chunks(np.asarray(leaves[path]), tensor_kind(name))
+        for name, (leaf, layer) in tensors.items():
+            chunks = hf_chunks(layer_value(leaf, layer), tensor_kind(name))
             yield name, np.concatenate(list(chunks)).reshape(expected[name])
 
     return arrays()

@@ -1,11 +1,16 @@
-"""Host-side packing of trajectories into a padded `TrainBatch` (numpy).
+"""Host-side packing of trajectories into a `TrainBatch` (numpy).
 
-Rows are right-padded to the smallest length bucket that holds the longest row, so the
-train step compiles once per bucket. Rows are split into micro-batches of `micro_batch`
-rows; every micro-batch carries its own images (PNG -> normalized patches) in a vision
-window layout padded to sizes shared by all micro-batches of the batch, and its 3-D M-RoPE
-positions computed with `rope_index` (text after an image continues at max + 1).
-A missing row (None) is padding: one pad token, no attention, no loss.
+The row length is the smallest length bucket that holds the longest trajectory, so the
+train step compiles once per bucket. Without packing each trajectory is one right-padded
+row. With packing (`BatchingConfig.pack`) trajectories are placed first-fit-decreasing into
+rows of that length, each a segment with its own id (1..K) and its own 3-D M-RoPE positions
+(from `rope_index`, per trajectory: text after an image continues at max + 1), so a batch
+costs about its real tokens instead of rows x the longest row; the numbers of micro-batches
+and of segments per row are rounded up to a few bucket sizes. Rows are split into
+micro-batches of `micro_batch` rows; every micro-batch carries its own images (PNG ->
+normalized patches, in the order their tokens appear) in a vision window layout padded to
+sizes shared by all micro-batches of the batch. A missing row (None) is padding: no
+attention, no loss.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from PIL import Image
 from pyvision_jax.agent.trajectory import Trajectory
 from pyvision_jax.models import ModelConfig
 from pyvision_jax.models.rope_index import rope_index_for
-from pyvision_jax.models.vision import VisionLayout, vision_layout, window_units
+from pyvision_jax.models.vision import VisionLayout, bucket_size, vision_layout, window_units
 from pyvision_jax.processing.image import patchify, rescale_and_normalize
 from pyvision_jax.train.step import TrainBatch
 
@@ -29,6 +34,8 @@ class BatchingConfig:
     length_buckets: tuple[int, ...] = (512, 1024)
     micro_batch: int = 4
     """Rows per micro-batch (the batch's rows are padded up to a multiple of it)."""
+    pack: bool = False
+    """Several trajectories per row (segment ids); config key train.pack."""
 
     def __post_init__(self) -> None:
         buckets = tuple(int(b) for b in self.length_buckets)
@@ -76,61 +83,87 @@ def image_patches(png: bytes, grid_thw: Sequence[int], model_config: ModelConfig
     return patches
 
 
+def pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """First-fit decreasing: the indices of `lengths` placed in each row, no row over `capacity`."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        fits = next((r for r, free in enumerate(room) if free >= lengths[index]), None)
+        if fits is None:
+            rows.append([])
+            room.append(capacity)
+            fits = len(rows) - 1
+        rows[fits].append(index)
+        room[fits] -= lengths[index]
+    return rows
+
+
 def pack_batch(model_config: ModelConfig, rows: Sequence[Trajectory | None], advantages: Sequence[float],
                config: BatchingConfig) -> tuple[TrainBatch, BatchStats]:
-    """A numpy TrainBatch of `rows` (padded to a multiple of `config.micro_batch`)."""
+    """A numpy TrainBatch of `rows` (padded to a multiple of `config.micro_batch` rows;
+    packed into segments when `config.pack`)."""
     if len(rows) != len(advantages):
         raise ValueError(f"pack_batch: {len(rows)} rows but {len(advantages)} advantages")
     micro = config.micro_batch
-    num_rows = max(-(-len(rows) // micro) * micro, micro)
-    rows = list(rows) + [None] * (num_rows - len(rows))
-    advantages = np.concatenate([np.asarray(advantages, np.float32),
-                                 np.zeros(num_rows - len(advantages), np.float32)])
-    length = choose_length([len(r.token_ids) for r in rows if r is not None], config.length_buckets)
+    real = [i for i, row in enumerate(rows) if row is not None]
+    length = choose_length([len(rows[i].token_ids) for i in real], config.length_buckets)
+    if config.pack:
+        placement = [[real[j] for j in row] for row in pack_rows([len(rows[i].token_ids) for i in real], length)]
+        num_micro = bucket_size(-(-len(placement) // micro))
+        segments = bucket_size(max(map(len, placement), default=1))
+    else:
+        placement = [[i] if row is not None else [] for i, row in enumerate(rows)]
+        num_micro = max(-(-len(rows) // micro), 1)
+        segments = 1
+    num_rows = num_micro * micro
+    placement += [[]] * (num_rows - len(placement))
     pad_id = model_config.pad_token_id if model_config.pad_token_id is not None else 0
 
     ids = np.full((num_rows, length), pad_id, np.int32)
     attention = np.zeros((num_rows, length), bool)
     loss_mask = np.zeros((num_rows, length), bool)
     behaviour = np.zeros((num_rows, length), np.float32)
-    for i, row in enumerate(rows):
-        if row is None:
-            advantages[i] = 0.0
-            continue
-        n = len(row.token_ids)
-        ids[i, :n] = row.token_ids
-        attention[i, :n] = True
-        loss_mask[i, :n] = row.loss_mask.astype(bool)
-        behaviour[i, :n] = row.logprobs
+    segment_ids = np.zeros((num_rows, length), np.int32)
+    positions = np.ones((3, num_rows, length), np.int32)
+    row_advantages = np.zeros((num_rows, segments), np.float32)
+    for r, members in enumerate(placement):
+        start = 0
+        for k, index in enumerate(members):
+            row = rows[index]
+            span = slice(start, start + len(row.token_ids))
+            ids[r, span] = row.token_ids
+            attention[r, span] = True
+            loss_mask[r, span] = row.loss_mask.astype(bool)
+            behaviour[r, span] = row.logprobs
+            segment_ids[r, span] = k + 1
+            row_advantages[r, k] = advantages[index]
+            grid = np.asarray([im.grid_thw for im in row.images], np.int64).reshape(-1, 3)
+            positions[:, r, span] = rope_index_for(model_config, ids[r:r + 1, span], None,
+                                                   grid if len(grid) else None)[0][:, 0]
+            start = span.stop
 
-    num_micro = num_rows // micro
-    groups = [rows[m * micro:(m + 1) * micro] for m in range(num_micro)]
-    grids = [np.asarray([im.grid_thw for r in g if r is not None for im in r.images], np.int64).reshape(-1, 3)
-             for g in groups]
-    positions = np.stack([
-        rope_index_for(model_config, ids[m * micro:(m + 1) * micro], attention[m * micro:(m + 1) * micro],
-                       grids[m] if len(grids[m]) else None)[0]
-        for m in range(num_micro)])
-
+    groups = [[rows[i] for members in placement[m * micro:(m + 1) * micro] for i in members]
+              for m in range(num_micro)]
+    grids = [np.asarray([im.grid_thw for r in g for im in r.images], np.int64).reshape(-1, 3) for g in groups]
     pixel_values = layout = None
     num_images = sum(len(g) for g in grids)
     if num_images:
         pixel_values, layout = _vision_arrays(model_config, groups, grids)
+    per_micro = lambda x: x.reshape(num_micro, micro, *x.shape[1:])  # noqa: E731
     batch = TrainBatch(
-        input_ids=ids.reshape(num_micro, micro, length),
-        attention_mask=attention.reshape(num_micro, micro, length),
-        positions=positions,
-        loss_mask=loss_mask.reshape(num_micro, micro, length),
-        behaviour_logprobs=behaviour.reshape(num_micro, micro, length),
-        advantages=advantages.reshape(num_micro, micro),
-        pixel_values=pixel_values, layout=layout)
-    stats = BatchStats(rows=num_rows, real_rows=sum(r is not None for r in rows), length=length,
+        input_ids=per_micro(ids), attention_mask=per_micro(attention),
+        positions=positions.reshape(3, num_micro, micro, length).swapaxes(0, 1),
+        loss_mask=per_micro(loss_mask), behaviour_logprobs=per_micro(behaviour),
+        advantages=per_micro(row_advantages if config.pack else row_advantages[:, 0]),
+        pixel_values=pixel_values, layout=layout,
+        segment_ids=per_micro(segment_ids) if config.pack else None)
+    stats = BatchStats(rows=num_rows, real_rows=len(real), length=length,
                        real_tokens=int(attention.sum()), loss_tokens=int((loss_mask & attention).sum()),
                        images=num_images)
     return batch, stats
 
 
-def _vision_arrays(model_config: ModelConfig, groups: list[list[Trajectory | None]],
+def _vision_arrays(model_config: ModelConfig, groups: list[list[Trajectory]],
                    grids: list[np.ndarray]) -> tuple[np.ndarray, VisionLayout]:
     """Stacked [M, ...] pixel values and window layouts with sizes shared by all micro-batches."""
     vision = model_config.vision
@@ -142,8 +175,7 @@ def _vision_arrays(model_config: ModelConfig, groups: list[list[Trajectory | Non
     for group, grid in zip(groups, grids):
         layout = vision_layout(grid, vision, min_windows=min_windows, min_merged=min_merged)
         values = np.zeros((layout.num_slots, vision.patch_dim), np.float32)
-        patches = [image_patches(im.png, im.grid_thw, model_config)
-                   for row in group if row is not None for im in row.images]
+        patches = [image_patches(im.png, im.grid_thw, model_config) for row in group for im in row.images]
         if patches:
             flat = np.concatenate(patches)
             values[:flat.shape[0]] = flat

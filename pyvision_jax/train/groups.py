@@ -3,8 +3,12 @@
 The groups of one step's pool become padded [P, G] arrays of the scores stored on them when
 they were produced (the RL kernels' contract; G is the groups' size, P the pool's static
 capacity); `select_rollouts` (jitted) drops zero-variance and broken groups, ranks the rest
-by reward std and keeps B; advantages are r - mean(group). Rows that are not selected come
-back as None (padding: trained on with no loss). Nothing here scores an answer.
+by reward std and keeps B; advantages are r - mean(group). Then the rollout filters (the
+released recipe's, off by default) drop selected rollouts whose end reason is not in
+`train_end_reasons` or that never showed an image produced by code; the advantages of the
+others are unchanged. Rows that are not selected or dropped come back as None (padding:
+trained on with no loss). A rollout is broken when its episode broke or its grading failed
+(`GroupScores.broken`). Nothing here scores an answer.
 """
 from __future__ import annotations
 
@@ -48,6 +52,8 @@ class SelectedRows:
     rows: list[Trajectory | None]
     advantages: np.ndarray
     counts: SelectionCounts
+    filtered: int = 0
+    """Selected rollouts the rollout filters dropped."""
 
 
 def pool_arrays(groups: Sequence[TrajectoryGroup], capacity: int, group_size: int) -> GroupPool:
@@ -67,16 +73,19 @@ def pool_arrays(groups: Sequence[TrajectoryGroup], capacity: int, group_size: in
         rewards[p, :size] = group.scores.rewards
         correct[p, :size] = group.scores.correct
         valid[p, :size] = True
-        broken[p, :size] = [t.broken for t in group.trajectories]
+        broken[p, :size] = [t.broken or failed for t, failed in zip(group.trajectories, group.scores.broken)]
     return GroupPool(tuple(groups), rewards, correct, valid, broken)
 
 
 @functools.partial(jax.jit, static_argnames=("num_select", "mode", "min_members", "drop_groups_with_broken",
-                                             "normalize_std"))
-def _select(rewards, valid, broken, *, num_select, mode, min_members, drop_groups_with_broken, normalize_std):
+                                             "normalize_std", "stats_include_broken"))
+def _select(rewards, valid, broken, *, num_select, mode, min_members, drop_groups_with_broken, normalize_std,
+            stats_include_broken):
     selection = select_rollouts(rewards, valid, broken, num_select, mode=mode, min_members=min_members,
-                                drop_groups_with_broken=drop_groups_with_broken)
-    advantages = group_advantages(rewards, valid, broken, normalize_std=normalize_std)
+                                drop_groups_with_broken=drop_groups_with_broken,
+                                stats_include_broken=stats_include_broken)
+    advantages = group_advantages(rewards, valid, broken, normalize_std=normalize_std,
+                                  mean_over_full_group=stats_include_broken)
     flat = advantages.reshape(-1)[selection.rollout_indices]
     return selection, flat
 
@@ -84,18 +93,40 @@ def _select(rewards, valid, broken, *, num_select, mode, min_members, drop_group
 @dataclasses.dataclass(frozen=True)
 class SelectionConfig:
     """How a pool becomes a batch: the top `batch_groups` groups (or `batch_groups * G`
-    trajectories in "trajectory" mode)."""
+    trajectories in "trajectory" mode). stats_include_broken: group statistics, the
+    advantage mean and `min_members` over every valid rollout (released) instead of the
+    usable ones. train_end_reasons (empty: all) and require_code_image: the rollout filters
+    applied after advantages (released: DONE, EXCEED_MAX_TURNS, ERROR_IN_ACTION; True)."""
 
     batch_groups: int = 2
     mode: str = "group"
     min_members: int = 2
     drop_groups_with_broken: bool = False
     normalize_std: bool = False
+    stats_include_broken: bool = False
+    train_end_reasons: tuple[EndReason, ...] = ()
+    require_code_image: bool = False
+
+    def __post_init__(self) -> None:
+        try:
+            reasons = tuple(EndReason(r) for r in self.train_end_reasons)
+        except ValueError as err:
+            raise ValueError(f"rl.train_end_reasons: {err}; expected names from "
+                             f"{[r.value for r in EndReason]}") from None
+        object.__setattr__(self, "train_end_reasons", reasons)
 
     @classmethod
     def from_config(cls, rl) -> "SelectionConfig":
         return cls(batch_groups=int(rl.batch_groups), mode=rl.selection_mode, min_members=int(rl.min_members),
-                   drop_groups_with_broken=bool(rl.drop_groups_with_broken), normalize_std=bool(rl.normalize_std))
+                   drop_groups_with_broken=bool(rl.drop_groups_with_broken), normalize_std=bool(rl.normalize_std),
+                   stats_include_broken=bool(rl.stats_include_broken),
+                   train_end_reasons=tuple(rl.train_end_reasons), require_code_image=bool(rl.require_code_image))
+
+    def trains(self, trajectory: Trajectory) -> bool:
+        """Whether a selected, usable rollout passes the rollout filters."""
+        if self.train_end_reasons and trajectory.end_reason not in self.train_end_reasons:
+            return False
+        return not self.require_code_image or any(im.source == "code" for im in trajectory.images)
 
 
 def select_rows(pool: GroupPool, config: SelectionConfig) -> SelectedRows:
@@ -105,13 +136,16 @@ def select_rows(pool: GroupPool, config: SelectionConfig) -> SelectedRows:
     selection, advantages = _select(pool.rewards, pool.valid, pool.broken, num_select=num_select,
                                     mode=config.mode, min_members=config.min_members,
                                     drop_groups_with_broken=config.drop_groups_with_broken,
-                                    normalize_std=config.normalize_std)
+                                    normalize_std=config.normalize_std,
+                                    stats_include_broken=config.stats_include_broken)
     indices = np.asarray(selection.rollout_indices)
-    real = np.asarray(selection.rollout_real)
+    selected = [pool.trajectory(i) if r else None for i, r in zip(indices, np.asarray(selection.rollout_real))]
+    rows = [t if t is not None and config.trains(t) else None for t in selected]
+    real = np.asarray([t is not None for t in rows])
     advantages = np.where(real, np.asarray(advantages), 0.0).astype(np.float32)
-    rows = [pool.trajectory(i) if r else None for i, r in zip(indices, real)]
     counts = SelectionCounts(*(int(x) for x in selection.counts))
-    return SelectedRows(rows, advantages, counts)
+    filtered = sum(t is not None for t in selected) - int(real.sum())
+    return SelectedRows(rows, advantages, counts, filtered)
 
 
 def rollout_scalars(pool: GroupPool, counts: SelectionCounts) -> dict[str, float]:

@@ -1,10 +1,15 @@
-"""The jitted, sharded GRPO train step on padded [B, T] batches with images.
+"""The jitted, sharded GRPO train step on padded or packed [B, T] batches with images.
 
 Shapes: a `TrainBatch` holds M micro-batches of n rows each, stacked on a leading axis
 ([M, n, T]; positions [M, 3, n, T]; vision arrays [M, ...]). The step scans over the
 micro-batches, accumulating the gradient of each micro-batch's loss *sum* and its
 denominator, and divides once at the end, so accumulation is exact (the result equals one
 pass over the whole batch).
+
+Packed rows hold several trajectories: `segment_ids` [M, n, T] number them 1..K within each
+row (0 is padding), attention stays within a segment, and the loss sees each segment as its
+own sequence (`segment_rows`), so packing changes neither the loss nor its gradient. A
+frozen vision tower runs once per step, outside the gradient, for all micro-batches.
 
 Per-token logprobs of the current params are computed from the decoder's hidden states in
 chunks of `logprob_chunk` positions: lm_head, temperature, log-softmax and the gather run per
@@ -27,7 +32,8 @@ from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pyvision_jax.models import ModelConfig, graphdef
-from pyvision_jax.models.sharding import batch_sharding
+from pyvision_jax.models.layer_scan import check_remat
+from pyvision_jax.models.sharding import batch_sharding, shard_activation
 from pyvision_jax.models.vision import VisionLayout
 from pyvision_jax.rl.losses import PPOLossConfig, PPOMetrics, combine_metrics, ppo_loss, summarize_metrics
 from pyvision_jax.train.state import TrainState, split_trainable
@@ -43,10 +49,12 @@ class TrainBatch:
     loss_mask: jax.Array
     behaviour_logprobs: jax.Array
     advantages: jax.Array
-    """[M, n]: one advantage per row (0 on padding rows)."""
+    """[M, n]: one advantage per row (0 on padding rows); packed: [M, n, K], one per segment."""
     pixel_values: jax.Array | None = None
     """[M, S, patch_dim] in each micro-batch's vision layout, or None without images."""
     layout: VisionLayout | None = None
+    segment_ids: jax.Array | None = None
+    """Packed rows: [M, n, T] segment of each token (1..K, 0 padding); None: one per row."""
 
     @property
     def num_micro_batches(self) -> int:
@@ -68,6 +76,8 @@ class StepConfig:
     "behaviour": the engine's logprobs."""
     compute_dtype: str = "float32"
     frozen_prefixes: tuple[str, ...] = ("visual",)
+    remat: str = "none"
+    """Remat policy of the decoder's layer scan (models/layer_scan.py, config key model.remat)."""
 
     def __post_init__(self) -> None:
         if self.temperature <= 0:
@@ -77,19 +87,23 @@ class StepConfig:
         if self.old_logprobs not in ("current", "behaviour"):
             raise ValueError(f"StepConfig.old_logprobs must be 'current' or 'behaviour', "
                              f"got {self.old_logprobs!r}")
+        check_remat(self.remat, "model.remat")
 
 
 # ---------------------------------------------------------------------- logprobs
 
 
-def hidden_states(config: ModelConfig, compute_dtype: str, params: Any, input_ids: jax.Array,
-                  attention_mask: jax.Array, positions: jax.Array, pixel_values: jax.Array | None,
-                  layout: VisionLayout | None) -> tuple[jax.Array, jax.Array]:
-    """(normed decoder hidden states [n, T, D], lm_head kernel [D, V]) for one micro-batch."""
+def hidden_states(config: ModelConfig, step_config: StepConfig, params: Any, micro: TrainBatch,
+                  features: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """(normed decoder hidden states [n, T, D], lm_head kernel [D, V]) for one micro-batch;
+    `features` are its vision features when computed beforehand (a frozen tower)."""
+    compute_dtype = step_config.compute_dtype
     model = nnx.merge(graphdef(config, jnp.dtype(compute_dtype)), params)
-    features = None if pixel_values is None else model.visual(pixel_values, layout)
-    embeds = model.embed(input_ids, features)
-    hidden, _ = model.model(embeds, positions, attention_mask)
+    if features is None and micro.pixel_values is not None:
+        features = model.visual(micro.pixel_values, micro.layout)
+    embeds = model.embed(micro.input_ids, features)
+    hidden, _ = model.model(embeds, micro.positions, micro.attention_mask, segment_ids=micro.segment_ids,
+                            remat=step_config.remat)
     if config.tie_word_embeddings:
         kernel = params["model"]["embed_tokens"]["embedding"].T
     else:
@@ -135,24 +149,58 @@ def chunked_token_logprobs(hidden: jax.Array, kernel: jax.Array, input_ids: jax.
 
 
 def micro_batch_logprobs(model_config: ModelConfig, step_config: StepConfig, params: Any,
-                         micro: TrainBatch) -> tuple[jax.Array, jax.Array]:
+                         micro: TrainBatch, features: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """(logprobs, entropy), each [n, T], of one micro-batch (a TrainBatch without M axis)."""
-    hidden, kernel = hidden_states(model_config, step_config.compute_dtype, params, micro.input_ids,
-                                   micro.attention_mask, micro.positions, micro.pixel_values, micro.layout)
+    hidden, kernel = hidden_states(model_config, step_config, params, micro, features)
+    hidden = shard_activation(hidden, ("batch", "length", "act_embed"))
     return chunked_token_logprobs(hidden, kernel, micro.input_ids, step_config.temperature,
                                   step_config.logprob_chunk)
 
 
+def segment_rows(values: jax.Array, segments: int) -> jax.Array:
+    """Packed [n, T] values as [n * K, T] rows, row (i, k) holding row i's values (to be
+    masked to its segment k + 1 with `segment_masks`)."""
+    n, length = values.shape
+    return jnp.broadcast_to(values[:, None], (n, segments, length)).reshape(n * segments, length)
+
+
+def segment_masks(mask: jax.Array, segment_ids: jax.Array, segments: int) -> jax.Array:
+    """[n * K, T]: `mask` [n, T] restricted, in row (i, k), to segment k + 1 of row i."""
+    which = segment_ids[:, None, :] == jnp.arange(1, segments + 1)[None, :, None]
+    return (mask[:, None, :] & which).reshape(-1, mask.shape[1])
+
+
 def micro_batch_loss(model_config: ModelConfig, step_config: StepConfig, trainable: Any, frozen: Any,
-                     micro: TrainBatch) -> tuple[jax.Array, tuple[jax.Array, PPOMetrics]]:
-    """(loss sum, (denominator, metrics)) of one micro-batch; differentiate w.r.t. `trainable`."""
-    logprobs, entropy = micro_batch_logprobs(model_config, step_config, {**trainable, **frozen}, micro)
+                     micro: TrainBatch, features: jax.Array | None = None
+                     ) -> tuple[jax.Array, tuple[jax.Array, PPOMetrics]]:
+    """(loss sum, (denominator, metrics)) of one micro-batch; differentiate w.r.t. `trainable`.
+
+    Packed rows are split into one loss row per segment, so per-sequence terms (sequence
+    aggregation, sequence importance ratios) see each trajectory alone."""
+    logprobs, entropy = micro_batch_logprobs(model_config, step_config, {**trainable, **frozen}, micro, features)
     mask = micro.loss_mask & micro.attention_mask
     old = (jax.lax.stop_gradient(logprobs) if step_config.old_logprobs == "current"
            else micro.behaviour_logprobs)
-    out = ppo_loss(logprobs, old, micro.advantages, mask, step_config.loss,
-                   behaviour_logprobs=micro.behaviour_logprobs, entropy=entropy)
+    behaviour, advantages = micro.behaviour_logprobs, micro.advantages
+    if micro.segment_ids is not None:
+        k = advantages.shape[-1]
+        rows = lambda values: segment_rows(values, k)  # noqa: E731
+        logprobs, old, behaviour, entropy = map(rows, (logprobs, old, behaviour, entropy))
+        mask = segment_masks(mask, micro.segment_ids, k)
+        advantages = advantages.reshape(-1)
+    out = ppo_loss(logprobs, old, advantages, mask, step_config.loss, behaviour_logprobs=behaviour,
+                   entropy=entropy)
     return out.loss_sum, (out.denominator, out.metrics)
+
+
+def frozen_vision_features(model_config: ModelConfig, step_config: StepConfig, params: Any,
+                           batch: TrainBatch) -> jax.Array | None:
+    """[M, merged tokens, D] vision features of every micro-batch, outside the gradient, when
+    the tower is frozen and the batch has images; else None (each micro-batch runs it)."""
+    if "visual" not in step_config.frozen_prefixes or batch.pixel_values is None:
+        return None
+    model = nnx.merge(graphdef(model_config, jnp.dtype(step_config.compute_dtype)), jax.lax.stop_gradient(params))
+    return jax.lax.map(lambda args: model.visual(*args), (batch.pixel_values, batch.layout))
 
 
 def _empty_metrics() -> PPOMetrics:
@@ -172,17 +220,19 @@ def loss_and_grads(model_config: ModelConfig, step_config: StepConfig, params: A
     trainable, frozen = split_trainable(params, step_config.frozen_prefixes)
     grad_fn = jax.value_and_grad(functools.partial(micro_batch_loss, model_config, step_config),
                                  has_aux=True)
+    features = frozen_vision_features(model_config, step_config, params, batch)
 
-    def body(carry, micro):
+    def body(carry, inputs):
+        micro, micro_features = inputs
         grads, loss_sum, denominator, metrics = carry
-        (mb_loss, (mb_denominator, mb_metrics)), mb_grads = grad_fn(trainable, frozen, micro)
+        (mb_loss, (mb_denominator, mb_metrics)), mb_grads = grad_fn(trainable, frozen, micro, micro_features)
         grads = jax.tree.map(jnp.add, grads, mb_grads)
         return (grads, loss_sum + mb_loss, denominator + mb_denominator,
                 combine_metrics(metrics, mb_metrics)), None
 
     zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), trainable)
     init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), _empty_metrics())
-    (grads, loss_sum, denominator, metrics), _ = jax.lax.scan(body, init, batch)
+    (grads, loss_sum, denominator, metrics), _ = jax.lax.scan(body, init, (batch, features))
     scale = 1.0 / jnp.maximum(denominator, 1.0)
     grads = jax.tree.map(lambda g, p: (g * scale).astype(p.dtype), grads, trainable)
     return loss_sum * scale, grads, denominator, metrics
@@ -225,7 +275,8 @@ def train_step(model_config: ModelConfig, step_config: StepConfig, optimizer: op
 
 
 def batch_shardings(batch: TrainBatch, mesh: Mesh) -> TrainBatch:
-    """Rows split over ("data", "fsdp") where they divide; vision arrays replicated."""
+    """Rows split over ("data", "fsdp") where they divide; vision arrays replicated (the
+    tower shards its windows itself, see models/vision.py)."""
     rows = batch.input_ids.shape[1]
     replicated = NamedSharding(mesh, PartitionSpec())
 
@@ -237,7 +288,8 @@ def batch_shardings(batch: TrainBatch, mesh: Mesh) -> TrainBatch:
         positions=rowwise(batch.positions, 2), loss_mask=rowwise(batch.loss_mask, 1),
         behaviour_logprobs=rowwise(batch.behaviour_logprobs, 1), advantages=rowwise(batch.advantages, 1),
         pixel_values=None if batch.pixel_values is None else replicated,
-        layout=None if batch.layout is None else jax.tree.map(lambda _: replicated, batch.layout))
+        layout=None if batch.layout is None else jax.tree.map(lambda _: replicated, batch.layout),
+        segment_ids=None if batch.segment_ids is None else rowwise(batch.segment_ids, 1))
 
 
 def shard_batch(batch: TrainBatch, mesh: Mesh) -> TrainBatch:
@@ -254,6 +306,17 @@ def make_train_step(model_config: ModelConfig, step_config: StepConfig,
     (an engine generating concurrently) still reads the old params.
     """
     replicated = NamedSharding(mesh, PartitionSpec())
-    step = functools.partial(train_step, model_config, step_config, optimizer)
+    step = on_mesh(mesh, functools.partial(train_step, model_config, step_config, optimizer))
     return jax.jit(step, out_shardings=(state_sharding, replicated),
                    donate_argnums=(0,) if donate else ())
+
+
+def on_mesh(mesh: Mesh, fn: Callable) -> Callable:
+    """`fn` traced under `mesh`'s abstract mesh, so that the model's activation sharding
+    constraints (models.sharding.shard_activation) resolve against it."""
+    @functools.wraps(fn)
+    def traced(*args: Any) -> Any:
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return fn(*args)
+
+    return traced

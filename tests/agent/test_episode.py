@@ -9,33 +9,11 @@ from pyvision_jax.data.synthetic import write_mp4
 from pyvision_jax.data.tasks import Task
 from pyvision_jax.agent.trajectory import EndReason
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
+from tests.agent.episodes import run_one
 from tests.agent.fake_sandbox import FakePool
 from tests.agent.turns import answer_turn, code_turn
 
 PAD = 2012
-
-
-class RecordingEngine(ScriptedEngine):
-    """Keeps every request and result, in order, per request id."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.requests, self.results = {}, {}
-
-    def generate(self, requests, params):
-        results = super().generate(requests, params)
-        for request, result in zip(requests, results):
-            self.requests.setdefault(request.request_id, []).append(request)
-            self.results.setdefault(request.request_id, []).append(result)
-        return results
-
-
-def run_one(tokenizer, task, turns, **config):
-    engine = RecordingEngine(tokenizer, {task.id: turns})
-    pool = FakePool()
-    runner = EpisodeRunner(engine, tokenizer, pool, EpisodeConfig(**config))
-    (trajectory,) = runner.run_trajectories([(task, 0)])
-    return trajectory, engine, pool
 
 
 def test_answer_first_turn_is_done_without_a_sandbox(tokenizer, image_task):
@@ -138,7 +116,7 @@ def test_video_task_labels_start_at_0_and_video_is_only_in_the_runtime(tokenizer
     first_request = engine.requests["vid/0"][0]
     assert first_request.images == () and PAD not in first_request.prompt_token_ids
     prompt = tokenizer.decode(first_request.prompt_token_ids)
-    assert "6 frames of 64x48 pixels at 3.00 frames per second" in prompt
+    assert "Video Width: 64; Video Height: 48; Frames: 6; FPS: 3.00" in prompt
     assert [im.label for im in t.images] == [0, 1, 2]
     assert pool.acquired[0].preloaded["video_clue_0"] == str(tmp_path / "v.mp4")
     assert set(pool.acquired[0].preloaded) == {"video_clue_0", "image_clue_0", "image_clue_1",

@@ -45,3 +45,27 @@ def test_malformed_actions_are_classified(text, kind):
 def test_fence_without_language_and_bare_code_are_accepted():
     assert parse_action("<code>\n```\nprint(2)\n```\n</code>").code == "print(2)"
     assert parse_action("<code>\nprint(3)\n</code>").code.strip() == "print(3)"
+
+
+@pytest.mark.parametrize("text, tagged, released", [
+    ("```python\nprint(1)\n```", ActionKind.NO_CODE_NOR_ANSWER, ActionKind.CODE),
+    ("<code>\nprint(1)\n</code>", ActionKind.CODE, ActionKind.UNFENCED_CODE),
+    ("<code>\n```py\nprint(1)\n```\n</code>", ActionKind.CODE, ActionKind.UNFENCED_CODE),
+    ("<answer></answer>\n" + CODE.format("print(2)"), ActionKind.ANSWER, ActionKind.CODE),
+    ("<answer>\n\\boxed{3}\n" + CODE.format("print(2)"), ActionKind.UNTERMINATED_BLOCK, ActionKind.CODE),
+    ("<answer>\n\\boxed{3}\n", ActionKind.UNTERMINATED_BLOCK, ActionKind.NO_CODE_NOR_ANSWER),
+    ("<answer>\n\\boxed{B}\n</answer>" + CODE.format("print(1)"), ActionKind.ANSWER, ActionKind.ANSWER),
+    (CODE.format("  "), ActionKind.EMPTY_CODE, ActionKind.EMPTY_CODE),
+])
+def test_released_syntax_against_ours(text, tagged, released):
+    assert parse_action(text).kind is tagged
+    assert parse_action(text, "released").kind is released
+
+
+def test_released_syntax_runs_the_last_python_block():
+    text = "```python\nfirst()\n```\n<code>\n```python\nsecond()\n```\n</code>"
+    assert parse_action(text, "released").code == "second()\n"
+    assert parse_action("<answer>  </answer>" + CODE.format("x()"), "released").code == "x()\n"
+    assert parse_action("<code>\nx\n</code>", "released").feedback.startswith("Format error")
+    with pytest.raises(ValueError, match="action syntax 'loose'"):
+        parse_action("", "loose")

@@ -2,6 +2,8 @@ import pytest
 
 from pyvision_jax.agent.prompts import (
     ChatRenderer,
+    PromptTemplates,
+    default_prompt_templates,
     format_question,
     image_prompt_messages,
     observation_content,
@@ -25,13 +27,23 @@ def test_image_prompt_puts_the_image_in_context_with_its_size(tokenizer, image_t
     assert ids[start + 6] == tokenizer.convert_tokens_to_ids("<|vision_end|>")
     text = tokenizer.decode(ids)
     assert "<|im_start|>user\n<image_clue_0><|vision_start|>" in text
-    assert "<|vision_end|></image_clue_0>\n\n" in text
-    assert "1280 pixels wide and 960 pixels high" in text
-    assert "`image_clue_0`" in text and "counting up from 1" in text
+    assert "<|vision_end|></image_clue_0>\n\nImage Width: 1280; Image Height: 960\n" in text
+    assert "global variable `image_clue_i`" in text and "`image_clue_0`" in text
     assert "Question: What colour is the square?\nOptions:\n(A) red\n(B) blue\n" in text
-    assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
-    assert "<code>\n```python\n...\n```\n</code>" in text
-    assert "<answer>\n\\boxed{your answer}\n</answer>" in text
+    assert text.endswith("<answer>\n\\boxed{your answer}\n</answer><|im_end|>\n<|im_start|>assistant\n")
+    assert "<code>\n```python\n# your code\n```\n</code>" in text
+
+
+def test_the_default_templates_carry_the_released_facts_in_the_released_order():
+    image = default_prompt_templates().image.text
+    facts = ["Image Width: {width}; Image Height: {height}", "`image_clue_i`", "numpy, PIL",
+             "Question: {question}", "Format reminder"]
+    assert [image.index(f) for f in facts] == sorted(image.index(f) for f in facts)
+    video = default_prompt_templates().video.text
+    facts = ["Video Width: {width}; Video Height: {height}", "`video_clue_0`", "VideoReader()", "numpy, PIL",
+             "Question: {question}",
+             "Format reminder"]
+    assert [video.index(f) for f in facts] == sorted(video.index(f) for f in facts)
 
 
 def test_video_prompt_describes_the_video_without_showing_it(tokenizer):
@@ -41,9 +53,39 @@ def test_video_prompt_describes_the_video_without_showing_it(tokenizer):
         video_prompt_messages(task, VideoInfo(width=192, height=144, num_frames=32, fps=8.0)))
     text = tokenizer.decode(ids)
     assert PAD not in ids and tokenizer.convert_tokens_to_ids("<|video_pad|>") not in ids
-    assert "`video_clue_0`" in text and "32 frames of 192x144 pixels at 8.00 frames per second" in text
-    assert "counting up from 0" in text
-    assert "Question: How many red objects appear?<|im_end|>" in text
+    assert "`video_clue_0`" in text and "Video Width: 192; Video Height: 144; Frames: 32; FPS: 8.00" in text
+    assert "(4.0 seconds)" in text and "counting up from 0" in text
+    assert "Question: How many red objects appear?\n" in text
+
+
+RELEASED_LIKE = ("<image_clue_0>{image}</image_clue_0>\nImage Width: {width}; Image Height: {height}\n"
+                 "Solve it with code in {{curly}} braces, then \\boxed{} the answer: {question}")
+
+
+def test_a_users_own_template_renders_byte_for_byte(tmp_path, tokenizer, image_task):
+    path = tmp_path / "mine.txt"
+    path.write_text(RELEASED_LIKE + "\n")
+    templates = PromptTemplates.from_files(image_file=str(path))
+    messages = image_prompt_messages(image_task, 640, 480, templates.image)
+    expected_before = "<image_clue_0>"
+    expected_after = ("</image_clue_0>\nImage Width: 640; Image Height: 480\n"
+                      "Solve it with code in {{curly}} braces, then \\boxed{} the answer: "
+                      + format_question(image_task))
+    assert messages[0]["content"] == [{"type": "text", "text": expected_before}, {"type": "image"},
+                                      {"type": "text", "text": expected_after}]
+    ids = ChatRenderer(tokenizer).prompt_ids(messages, [[1, 2, 2]])
+    assert tokenizer.decode(ids).endswith(
+        "user\n<image_clue_0><|vision_start|><|image_pad|><|vision_end|>" + expected_after
+        + "<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_template_without_its_required_placeholders_names_the_file(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_text("Image Width: {width}\nQuestion: {question}")
+    with pytest.raises(ValueError, match=r"bad.txt: placeholders \['\{image\}'\] are missing"):
+        PromptTemplates.from_files(image_file=str(path))
+    with pytest.raises(FileNotFoundError, match="nowhere.txt"):
+        PromptTemplates.from_files(video_file=str(tmp_path / "nowhere.txt"))
 
 
 def test_observation_renders_as_a_user_turn_with_the_next_assistant_header(tokenizer):

@@ -39,9 +39,10 @@ def test_load_gives_the_contract_tree(hf_dir, hf_model):
     assert config == ModelConfig.from_hf_dir(hf_dir)
     state = {k: v.numpy() for k, v in hf_model.state_dict().items()}
     flat = flatten_params(params)
-    assert len(flat) == len(state)
+    stacked = [path for path in flat if path[1] in ("layers", "blocks")]
+    assert len(flat) - len(stacked) + sum(flat[path].shape[0] for path in stacked) == len(state)
     assert all(isinstance(leaf, jax.Array) for leaf in flat.values())
-    kernel = flat[("model", "layers", 1, "self_attn", "q_proj", "kernel")]
+    kernel = flat[("model", "layers", "self_attn", "q_proj", "kernel")][1]
     assert np.array_equal(kernel, state["model.language_model.layers.1.self_attn.q_proj.weight"].T)
     patch = flat[("visual", "patch_embed", "proj", "kernel")]
     assert np.array_equal(patch, state["model.visual.patch_embed.proj.weight"].reshape(32, -1).T)
@@ -157,7 +158,7 @@ def test_bf16_target_dtype_and_bf16_checkpoints(hf_dir, hf_model, tmp_path):
     flat = flatten_params(params)
     assert {leaf.dtype for leaf in flat.values()} == {jnp.dtype(jnp.bfloat16)}
     want = hf_model.state_dict()["model.language_model.layers.0.mlp.down_proj.weight"].to(torch.bfloat16)
-    got = np.asarray(flat[("model", "layers", 0, "mlp", "down_proj", "kernel")]).T
+    got = np.asarray(flat[("model", "layers", "mlp", "down_proj", "kernel")][0]).T
     assert np.ascontiguousarray(got).tobytes() == want.view(torch.int16).numpy().tobytes()
 
     copy.deepcopy(hf_model).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
@@ -199,13 +200,13 @@ from pyvision_jax.convert import load_hf, save_hf
 from pyvision_jax.convert.tree import flatten_params
 mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("fsdp", "tensor"))
 def placement(path, shape):
-    if len(shape) == 2 and shape[0] % 4 == 0 and shape[1] % 2 == 0:
-        return NamedSharding(mesh, P("fsdp", "tensor"))
+    if len(shape) == 3 and shape[1] % 4 == 0 and shape[2] % 2 == 0:
+        return NamedSharding(mesh, P(None, "fsdp", "tensor"))
     return NamedSharding(mesh, P())
 config, sharded = load_hf(sys.argv[1], sharding=placement, progress=False)
 _, plain = load_hf(sys.argv[1], progress=False)
-kernel = flatten_params(sharded)[("model", "layers", 0, "mlp", "down_proj", "kernel")]
-assert len(kernel.sharding.device_set) == 8 and kernel.addressable_shards[0].data.shape == (24, 32)
+kernel = flatten_params(sharded)[("model", "layers", "mlp", "down_proj", "kernel")]
+assert len(kernel.sharding.device_set) == 8 and kernel.addressable_shards[0].data.shape == (2, 24, 32)
 for path, leaf in flatten_params(plain).items():
     assert np.array_equal(np.asarray(flatten_params(sharded)[path]), np.asarray(leaf)), path
 save_hf(config, sharded, sys.argv[2], progress=False)

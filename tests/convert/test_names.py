@@ -10,11 +10,12 @@ def hf_config() -> dict:
 
 
 def test_paths_follow_the_contract():
-    assert names.flax_path("visual.blocks.1.attn.qkv.weight") == ("visual", "blocks", 1, "attn", "qkv", "kernel")
+    assert names.flax_slot("visual.blocks.1.attn.qkv.weight") == (("visual", "blocks", "attn", "qkv", "kernel"), 1)
+    assert names.flax_slot("visual.merger.mlp.2.bias") == (("visual", "merger", "mlp", 2, "bias"), None)
     assert names.flax_path("visual.merger.mlp.2.bias") == ("visual", "merger", "mlp", 2, "bias")
     assert names.flax_path("visual.merger.ln_q.weight") == ("visual", "merger", "ln_q", "scale")
     assert names.flax_path("model.embed_tokens.weight") == ("model", "embed_tokens", "embedding")
-    assert names.flax_path("model.layers.0.input_layernorm.weight") == ("model", "layers", 0, "input_layernorm", "scale")
+    assert names.flax_slot("model.layers.5.input_layernorm.weight") == (("model", "layers", "input_layernorm", "scale"), 5)
     assert names.flax_path("model.norm.weight") == ("model", "norm", "scale")
     assert names.flax_path("lm_head.weight") == ("lm_head", "kernel")
     assert names.flax_path("visual.patch_embed.proj.weight") == ("visual", "patch_embed", "proj", "kernel")
@@ -28,12 +29,33 @@ def test_v5_names_map_to_hub_paths():
     assert names.flax_path("model.language_model.norm.weight") == ("model", "norm", "scale")
 
 
-def test_every_checkpoint_name_round_trips_through_its_path(hf_config):
+def test_every_checkpoint_name_round_trips_through_its_slot(hf_config):
     shapes = names.checkpoint_shapes(hf_config)
-    paths = {names.flax_path(name) for name in shapes}
-    assert len(paths) == len(shapes)
+    slots = {names.flax_slot(name) for name in shapes}
+    assert len(slots) == len(shapes)
     for name in shapes:
-        assert names.hf_name(names.flax_path(name)) == name
+        assert names.hf_name(*names.flax_slot(name)) == name
+
+
+def test_param_leaves_stack_the_layers_in_order(hf_config):
+    leaves = names.param_leaves(hf_config)
+    q_proj = leaves[("model", "layers", "self_attn", "q_proj", "kernel")]
+    text = {**hf_config, **hf_config.get("text_config", {})}
+    layers, hidden = text["num_hidden_layers"], text["hidden_size"]
+    assert q_proj.stacked and q_proj.shape == (layers, hidden, hidden)
+    assert q_proj.tensors == tuple(f"model.layers.{i}.self_attn.q_proj.weight" for i in range(layers))
+    qkv = leaves[("visual", "blocks", "attn", "qkv", "bias")]
+    assert qkv.shape[0] == hf_config["vision_config"]["depth"]
+    norm = leaves[("model", "norm", "scale")]
+    assert not norm.stacked and norm.tensors == ("model.norm.weight",) and norm.shape == (hidden,)
+    assert sum(len(spec.tensors) for spec in leaves.values()) == len(names.checkpoint_shapes(hf_config))
+
+
+def test_layer_index_is_required_exactly_under_stacked_modules():
+    with pytest.raises(ValueError, match="layer index"):
+        names.hf_name(("model", "layers", "mlp", "up_proj", "kernel"))
+    with pytest.raises(ValueError, match="layer index"):
+        names.hf_name(("model", "norm", "scale"), 3)
 
 
 def test_shapes_match_transformers_model(hf_model, hf_config):

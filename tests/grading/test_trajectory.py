@@ -1,40 +1,9 @@
 """The per-trajectory scoring rule: answer types map to scorers, no answer or broken scores 0."""
 
-import numpy as np
 import pytest
 
-from pyvision_jax.data.tasks import Task
-from pyvision_jax.agent.trajectory import EndReason, Trajectory, TurnRecord
 from pyvision_jax.grading.trajectory import final_turn_text, score_trajectory, task_scorer
-
-
-class CharTokenizer:
-    """Token id = character code."""
-
-    def decode(self, ids, skip_special_tokens=False):
-        return "".join(chr(i) for i in ids)
-
-
-def trajectory(response: str, *, answered: bool = True, broken: bool = False) -> Trajectory:
-    prompt = [ord(c) for c in "Q?"]
-    ids = prompt + [ord(c) for c in "thinking"] + [ord("|")] + [ord(c) for c in response]
-    n = len(ids)
-    turns = (TurnRecord(2, 10, 11, "stop", "code", 0),
-             TurnRecord(11, n, n, "stop", "answer" if answered else "none", 0))
-    return Trajectory(task_id="t", rollout_index=0, token_ids=ids, loss_mask=np.ones(n),
-                      logprobs=np.zeros(n), prompt_length=2, images=(), turns=turns,
-                      num_tool_calls=1, num_successful_tool_calls=1,
-                      end_reason=EndReason.DONE if answered else EndReason.EXCEED_MAX_TURNS,
-                      broken=broken, final_answer="x" if answered else None, policy_version=0)
-
-
-def task(answer_type: str, answer: str, options=()) -> Task:
-    return Task(id="t", question="q", answer=answer, answer_type=answer_type, data_source="s",
-                image_path="i.png", options=tuple(options))
-
-
-def boxed(text: str) -> str:
-    return f"<answer>\n\\boxed{{{text}}}\n</answer>"
+from tests.grading.trajectories import CharTokenizer, boxed, task, trajectory
 
 
 def test_final_turn_text_is_the_last_generated_span():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
 import numpy as np
 import torch
 from safetensors.numpy import load_file
@@ -55,6 +56,10 @@ def hf_dir_to_params(hf_dir: Path, config: ModelConfig) -> dict:
         for p in path:
             node = node.setdefault(p, {})
         node[key] = np.ascontiguousarray(value)
+    for group, stack in (("model", "layers"), ("visual", "blocks")):
+        numbered = params[group][stack]
+        params[group][stack] = jax.tree.map(lambda *layers: np.stack(layers),
+                                            *(numbered[i] for i in sorted(numbered)))
     return params
 
 

@@ -37,16 +37,18 @@ def main() -> None:
     mesh = jax.make_mesh((1, 4, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
     shardings = params_sharding(config, mesh)
     sharded_params = jax.device_put(params, shardings)
-    kernel = sharded_params["model"]["layers"][0]["mlp"]["gate_proj"]["kernel"]
-    assert kernel.sharding.spec == PartitionSpec("fsdp", "tensor"), kernel.sharding
-    assert len(kernel.addressable_shards) == 8 and kernel.addressable_shards[0].data.shape == (16, 64)
+    kernel = sharded_params["model"]["layers"]["mlp"]["gate_proj"]["kernel"]
+    assert kernel.sharding.spec == PartitionSpec(None, "fsdp", "tensor"), kernel.sharding
+    assert len(kernel.addressable_shards) == 8 and kernel.addressable_shards[0].data.shape == (2, 16, 64)
     sharded = logits(config, sharded_params, inputs)
     assert len(sharded.devices()) == 8
     diff = float(np.abs(np.asarray(sharded) - single)[mask.astype(bool)].max())
     scale = float(np.abs(single).max())
     print(f"max_abs_diff={diff} max_abs_logit={scale} times={timings}")
     assert scale > 0.1, scale
-    sys.exit(0 if diff <= 1e-5 else 1)
+    # fsdp x tensor splits the matmul reductions (and the scanned layers are partitioned as
+    # one body), so sums are reassociated: fp32 rounding, ~2e-5 relative to the logits.
+    sys.exit(0 if diff <= 5e-5 * scale else 1)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,18 @@ def test_every_parameter_has_one_known_logical_axis_per_dimension():
         assert len(names) == len(shape) and all(n in known for n in names), (names, shape)
 
 
+def test_stacked_layers_lead_with_the_replicated_layers_axis():
+    config = ModelConfig.preset("tiny")
+    axes, shapes = param_logical_axes(config), param_shapes(config)
+    q_proj = axes["model"]["layers"]["self_attn"]["q_proj"]["kernel"]
+    assert q_proj == ("layers", "embed", "heads")
+    assert shapes["model"]["layers"]["self_attn"]["q_proj"]["kernel"].shape[0] == config.num_hidden_layers
+    assert axes["visual"]["blocks"]["attn"]["qkv"]["kernel"] == ("layers", "vit_embed", "vit_qkv")
+    assert axes["model"]["norm"]["scale"] == ("norm",)
+    fake_mesh = type("FakeMesh", (), {"shape": {"data": 1, "fsdp": 2, "tensor": 1}})()
+    assert tuple(mesh_partition_spec(q_proj, (2, 64, 64), fake_mesh)) == (None, "fsdp", "tensor")
+
+
 def test_mesh_axes_that_do_not_divide_are_dropped():
     mesh = jax.make_mesh((1, 1, 1), ("data", "fsdp", "tensor"))
     spec = mesh_partition_spec(("embed", "kv_heads"), (64, 3), mesh)

@@ -1,4 +1,5 @@
-"""A throwaway `redis-server` for tests: free loopback port, no persistence, private directory."""
+"""A throwaway `redis-server` for tests: free loopback port, private directory, no persistence
+unless asked (AOF with fsync always), and kill/restart on the same port for outage tests."""
 
 from __future__ import annotations
 
@@ -20,26 +21,43 @@ def free_loopback_port() -> int:
 class RedisServer:
     """Runs `redis-server` in `workdir` until `stop()`; `url` points at database 0."""
 
-    def __init__(self, workdir: str | os.PathLike[str], attempts: int = 3) -> None:
-        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-        if not os.path.exists(binary):
+    def __init__(self, workdir: str | os.PathLike[str], attempts: int = 3, persistent: bool = False) -> None:
+        self.binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+        if not os.path.exists(self.binary):
             raise RuntimeError("redis-server is not installed (Debian package redis-server)")
         self.workdir = os.fspath(workdir)
+        self.persistent = persistent
         last_log = ""
         for _ in range(attempts):  # another process may take the port between probe and bind
             self.port = free_loopback_port()
-            log_path = os.path.join(self.workdir, f"redis-{self.port}.log")
-            self._process = subprocess.Popen(
-                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", self.workdir, "--logfile", log_path,
-                 "--daemonize", "no"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-            )
-            if self._wait_ready():
+            if self._launch():
                 return
             self.stop()
-            last_log = open(log_path).read() if os.path.exists(log_path) else ""
+            last_log = open(self._log_path).read() if os.path.exists(self._log_path) else ""
         raise RuntimeError(f"redis-server did not start after {attempts} attempts:\n{last_log}")
+
+    @property
+    def _log_path(self) -> str:
+        return os.path.join(self.workdir, f"redis-{self.port}.log")
+
+    def _launch(self) -> bool:
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else ["--appendonly", "no"]
+        self._process = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *persistence,
+             "--dir", self.workdir, "--logfile", self._log_path, "--daemonize", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        )
+        return self._wait_ready()
+
+    def kill(self) -> None:
+        """SIGKILL: the server dies at once (an outage)."""
+        self._process.kill()
+        self._process.wait()
+
+    def restart(self) -> None:
+        """Starts again on the same port (with the same data when persistent)."""
+        if not self._launch():
+            raise RuntimeError(f"redis-server did not restart on port {self.port}")
 
     @property
     def url(self) -> str:

@@ -3,26 +3,8 @@
 import pytest
 import redis
 
-from pyvision_jax.agent.trajectory import EndReason, Trajectory, TrajectoryGroup
-from pyvision_jax.data.tasks import Task
 from pyvision_jax.rollout.queue import DeliveredGroups, QueueConfig
-
-GROUP_SIZE = 2
-
-
-def make_group(task_id: str, epoch: int) -> TrajectoryGroup:
-    """A group of `task_id` whose rollout indices are those of `epoch`."""
-    task = Task(id=task_id, question="q", answer="a", answer_type="text", data_source="test",
-                image_path="image.png")
-    trajectories = tuple(
-        Trajectory(task_id=task_id, rollout_index=epoch * GROUP_SIZE + k, token_ids=[1, 2],
-                   loss_mask=[0, 1], logprobs=[0.0, -0.5], prompt_length=1, images=(), turns=(),
-                   num_tool_calls=0, num_successful_tool_calls=0, end_reason=EndReason.DONE,
-                   broken=False, final_answer="a", policy_version=0)
-        for k in range(GROUP_SIZE)
-    )
-    return TrajectoryGroup(task, trajectories)
-
+from tests.rollout.minimal_groups import make_group
 
 def test_key_names_task_and_epoch_and_survives_regeneration():
     assert make_group("t0", 0).key == "t0#0"

@@ -1,5 +1,7 @@
 """The train step: chunked logprobs and gradients against a direct full-logits computation,
 exact micro-batch accumulation, the frozen vision tower and the non-finite guard."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -65,6 +67,26 @@ def test_micro_batch_accumulation_equals_the_full_batch(tiny_config, tiny_params
     assert float(full[2]) == float(split[2])
     for a, b in zip(jax.tree.leaves(full[1]), jax.tree.leaves(split[1])):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-7)
+
+
+def test_packed_rows_give_the_loss_and_gradients_of_unpacked_rows(tiny_config, tiny_params, trajectories):
+    """Per-sequence aggregation and sequence-level importance ratios see each packed
+    trajectory alone; the packed side also runs the layer scan under a remat policy."""
+    loss = PPOLossConfig(aggregation="seq-mean-token-mean", importance_sampling="sequence")
+    plain_config = dataclasses.replace(STEP, loss=loss)
+    packed_config = dataclasses.replace(plain_config, remat="save_dots")
+    plain, _ = pack_batch(tiny_config, trajectories, ADVANTAGES, BatchingConfig((128,), 2))
+    packed, stats = pack_batch(tiny_config, trajectories, ADVANTAGES, BatchingConfig((128,), 2, pack=True))
+    assert packed.input_ids.shape[:2] == (1, 2) and plain.input_ids.shape[:2] == (2, 2)
+    fn = jax.jit(loss_and_grads, static_argnums=(0, 1))
+    want = fn(tiny_config, plain_config, tiny_params, plain)
+    got = fn(tiny_config, packed_config, tiny_params, packed)
+    assert float(got[2]) == float(want[2]) == 4  # four sequences with loss tokens
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    assert float(got[3].token_count) == float(want[3].token_count) == stats.loss_tokens
+    for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-7)
+    assert float(optax_norm(got[1])) > 0
 
 
 @pytest.fixture(scope="module")

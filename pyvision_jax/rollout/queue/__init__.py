@@ -65,5 +65,6 @@ def make_queue(
         max_staleness=config.max_staleness,
         put_timeout_s=config.put_timeout_s,
         claim_idle_ms=config.claim_idle_ms,
+        outage_s=config.outage_s,
         decode=decode,
     )

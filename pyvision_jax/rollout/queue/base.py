@@ -71,6 +71,8 @@ class QueueConfig:
       consumer: this process's consumer name within the group; None picks a unique one. Give
         a resuming trainer a fixed name to get its unacknowledged groups back at once.
       claim_idle_ms: items pending this long on a consumer are reclaimed by another one.
+      outage_s: how long an unreachable server is waited for (with backoff) before an
+        operation fails; an outage shorter than this costs nothing but time.
     """
 
     backend: str = "local"
@@ -82,8 +84,11 @@ class QueueConfig:
     group: str = "trainer"
     consumer: str | None = None
     claim_idle_ms: int = 600_000
+    outage_s: float = 600.0
 
     def __post_init__(self) -> None:
+        if not self.outage_s >= 0:
+            raise ValueError(f"queue.outage_s must be >= 0, got {self.outage_s}")
         if self.backend not in BACKENDS:
             raise ValueError(f"queue.backend must be one of {BACKENDS}, got {self.backend!r}")
         check_limits(self.max_backlog, self.max_staleness, self.put_timeout_s)

@@ -19,6 +19,13 @@ that have been pending on any consumer (a dead one, typically) for `claim_idle_m
 restarted under the same name (e.g. a trainer resuming with a fixed `consumer`) first gets back
 the entries it held unacknowledged before, without waiting for `claim_idle_ms`.
 
+Outages. Every operation survives the server being unreachable for up to `outage_s`: it
+retries with backoff, then fails with one line naming the server and how long it waited. A
+server restarted without persistence comes back empty: the consumer group is created again
+on first use (NOGROUP), and the trainer re-asserts its version and weights announcement on
+every poll. What was in the stream is lost with such a restart; run Redis with AOF
+(`appendonly yes`, `appendfsync everysec` or `always`) for groups to survive it.
+
 Delivery is at-least-once: an entry is redelivered only when it stayed unacknowledged for
 `claim_idle_ms` or its consumer restarted; XACK is not bound to a consumer, so whichever holder
 acknowledges first removes it and the other's `ack` returns 0.
@@ -26,6 +33,7 @@ acknowledges first removes it and the other's `ack` returns 0.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import socket
@@ -74,6 +82,16 @@ return done
 
 _STREAM_ID = re.compile(r"^\d+-\d+$")
 _MAX_POLL_S = 1.0
+_MAX_BACKOFF_S = 2.0
+_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+
+
+def _through_outages(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Runs a backend operation through `RedisTrajectoryQueue._resilient`."""
+    @functools.wraps(method)
+    def wrapper(self: "RedisTrajectoryQueue", *args: Any, **kwargs: Any) -> Any:
+        return self._resilient(lambda: method(self, *args, **kwargs))
+    return wrapper
 
 
 def _text(value: bytes | str) -> str:
@@ -103,6 +121,7 @@ class RedisTrajectoryQueue(TrajectoryQueue):
         max_staleness: int | None = 1,
         put_timeout_s: float = 600.0,
         claim_idle_ms: int = 600_000,
+        outage_s: float = 600.0,
         decode: Callable[[bytes], Any] | None = None,
     ) -> None:
         super().__init__(max_backlog=max_backlog, max_staleness=max_staleness,
@@ -112,6 +131,7 @@ class RedisTrajectoryQueue(TrajectoryQueue):
         self.group = group
         self.consumer = consumer or default_consumer_name()
         self.claim_idle_ms = int(claim_idle_ms)
+        self.outage_s = float(outage_s)
         self._stream = f"{namespace}:groups"
         self._stats_key = f"{namespace}:stats"
         self._version_key = f"{namespace}:trainer_version"
@@ -127,12 +147,40 @@ class RedisTrajectoryQueue(TrajectoryQueue):
             raise ConnectionError(f"cannot reach the Redis queue at {url}: {error}") from error
         self._put_script = self._client.register_script(_PUT_SCRIPT)
         self._ack_script = self._client.register_script(_ACK_SCRIPT)
+        self._ensure_group()
+
+    def _ensure_group(self) -> None:
+        """Creates the consumer group (and the stream) unless it exists."""
         try:
-            self._client.xgroup_create(self._stream, group, id="0", mkstream=True)
+            self._client.xgroup_create(self._stream, self.group, id="0", mkstream=True)
         except redis.ResponseError as error:
             if "BUSYGROUP" not in str(error):
                 raise
+        self._claim_cursor = "0-0"
 
+    def _resilient(self, operation: Callable[[], Any]) -> Any:
+        """Runs `operation`, retrying through an outage of up to `outage_s` and recreating the
+        consumer group when a restarted server lost it."""
+        first_failure = None
+        pause = 0.05
+        while True:
+            try:
+                return operation()
+            except _TRANSIENT as error:
+                now = time.monotonic()
+                first_failure = now if first_failure is None else first_failure
+                if now - first_failure >= self.outage_s:
+                    raise ConnectionError(f"the Redis queue at {self.url} has been unreachable for "
+                                          f"{now - first_failure:.0f} s (outage_s={self.outage_s:.0f}): "
+                                          f"{error}") from error
+                time.sleep(pause)
+                pause = min(pause * 2, _MAX_BACKOFF_S)
+            except redis.ResponseError as error:
+                if "NOGROUP" not in str(error):
+                    raise
+                self._ensure_group()
+
+    @_through_outages
     def _put(self, payload: bytes, version: int, deadline: float) -> str:
         start = time.monotonic()
         pause = 0.005
@@ -192,6 +240,7 @@ class RedisTrajectoryQueue(TrajectoryQueue):
             pipe.hincrby(self._stats_key, "reclaimed", reclaimed)
             pipe.execute()
 
+    @_through_outages
     def _take(self, max_groups: int, deadline: float) -> list[RawEntry]:
         if self._own_cursor is not None:
             recovered = self._own_pending(max_groups)
@@ -213,6 +262,7 @@ class RedisTrajectoryQueue(TrajectoryQueue):
             if seconds_left(deadline) <= 0:
                 return []
 
+    @_through_outages
     def _remove_pending(self, ids: Iterable[str], counter: str) -> int:
         ids = [_text(item_id) for item_id in ids]
         for item_id in ids:
@@ -223,23 +273,28 @@ class RedisTrajectoryQueue(TrajectoryQueue):
         return int(self._ack_script(keys=[self._stream, self._stats_key],
                                     args=[self.group, counter, *ids]))
 
+    @_through_outages
     def _store_trainer_version(self, version: int) -> None:
         self._client.set(self._version_key, version)
 
+    @_through_outages
     def trainer_version(self) -> int:
         value = self._client.get(self._version_key)
         return 0 if value is None else int(value)
 
+    @_through_outages
     def _store_weights(self, weights: PublishedWeights) -> None:
         self._client.hset(self._weights_key,
                           mapping={"version": weights.version, "location": weights.location})
 
+    @_through_outages
     def latest_weights(self) -> PublishedWeights | None:
         fields = self._client.hgetall(self._weights_key)
         if not fields:
             return None
         return PublishedWeights(int(fields[b"version"]), _text(fields[b"location"]))
 
+    @_through_outages
     def stats(self) -> QueueStats:
         with self._client.pipeline(transaction=True) as pipe:
             pipe.xlen(self._stream)

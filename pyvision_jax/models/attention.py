@@ -1,0 +1,170 @@
+"""Attention over packed sequences, the implementation chosen by name (`model.attention`).
+
+Every implementation takes token-major q [B, T, H, d], k/v [B, S, KVH, d] (grouped-query:
+H a multiple of KVH) and segment ids [B, T] / [B, S]: a query sees only keys of its own
+segment, segment id 0 is padding (it sees nothing and its output is zero), and with
+`causal` a query at position t sees keys at positions <= t. The softmax is fp32; the output
+has q's dtype.
+
+- "dense": the reference; materialises the [T, S] scores.
+- "blockwise": online softmax over blocks with a recomputing backward pass
+  (models/blockwise_attention.py); O(T x block) memory; the default, and the one for CPU.
+- "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")`, GPU only. The segment
+  mask is passed as a [B, 1, T, S] boolean mask, which cuDNN turns into a bias.
+- "splash": the Pallas TPU splash-attention kernel; on CPU it runs in Pallas interpret mode
+  (for tests: slow).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+from pyvision_jax.models.blockwise_attention import MASK_VALUE, blockwise_attention, block_count
+
+IMPLEMENTATIONS = ("dense", "blockwise", "cudnn", "splash")
+
+SPLASH_LANES = 128
+"""Splash block sizes must be multiples of the TPU lane width."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """Training/prefill and vision-tower attention: `implementation` (one of IMPLEMENTATIONS)
+    and the query/key block sizes of the blockwise and splash kernels."""
+
+    implementation: str = "blockwise"
+    block_q: int = 128
+    block_kv: int = 128
+
+    def __post_init__(self) -> None:
+        if self.implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"model.attention={self.implementation!r} is not an attention implementation; "
+                             f"choose one of {list(IMPLEMENTATIONS)}")
+        for name in ("block_q", "block_kv"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"model.attention_{name} must be a positive integer, got {value!r}")
+
+    @classmethod
+    def from_config(cls, section: Any) -> "AttentionConfig":
+        """From the `model` config section: attention, attention_block_q, attention_block_kv."""
+        return cls(implementation=section.attention, block_q=section.attention_block_q,
+                   block_kv=section.attention_block_kv)
+
+
+def query_groups(q: jax.Array, kv_heads: int) -> jax.Array:
+    """q [B, T, H, d] -> heads-major [B, KVH, G, T, d], the G query heads sharing each kv head."""
+    b, t, h, d = q.shape
+    return q.reshape(b, t, kv_heads, h // kv_heads, d).transpose(0, 2, 3, 1, 4)
+
+
+def _token_major(out: jax.Array) -> jax.Array:
+    """[B, KVH, G, T, d] -> [B, T, H, d]."""
+    b, kvh, g, t, d = out.shape
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, kvh * g, d)
+
+
+def _visible(q_segments: jax.Array, kv_segments: jax.Array, causal: bool) -> jax.Array:
+    """[B, T, S] boolean: same segment, query not padding, and key not after the query."""
+    same = (q_segments[:, :, None] == kv_segments[:, None, :]) & (q_segments[:, :, None] != 0)
+    if causal:
+        t, s = q_segments.shape[1], kv_segments.shape[1]
+        same = same & jnp.tril(jnp.ones((t, s), bool))[None]
+    return same
+
+
+def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array,
+                    kv_segments: jax.Array, *, causal: bool, scale: float) -> jax.Array:
+    """The reference, heads-major q [B, KVH, G, T, d], k/v [B, KVH, S, d] -> [B, KVH, G, T, d]."""
+    mask = _visible(q_segments, kv_segments, causal)[:, None, None]
+    scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+    probs = jnp.where(mask, jax.nn.softmax(jnp.where(mask, scores, MASK_VALUE), axis=-1), 0.0)
+    return jnp.einsum("bkgts,bksd->bkgtd", probs.astype(v.dtype), v).astype(q.dtype)
+
+
+def _zero_padding_queries(out: jax.Array, q_segments: jax.Array, dtype: Any) -> jax.Array:
+    """Token-major [B, T, H, d] with the rows of padding queries zeroed."""
+    return jnp.where((q_segments != 0)[:, :, None, None], out, 0).astype(dtype)
+
+
+def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array,
+                    kv_segments: jax.Array, *, causal: bool, scale: float) -> jax.Array:
+    """Token-major cuDNN flash attention (GPU). Padding queries attend to padding keys (never
+    an empty row inside the kernel) and are zeroed afterwards."""
+    backend = jax.default_backend()
+    if backend != "gpu":
+        raise ValueError(f"model.attention='cudnn' needs a GPU, but the JAX backend is {backend!r}; "
+                         "set --config.model.attention=blockwise (or splash on TPU)")
+    mask = (q_segments[:, :, None] == kv_segments[:, None, :])[:, None]
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal,
+                                       implementation="cudnn")
+    return _zero_padding_queries(out, q_segments, q.dtype)
+
+
+def _splash_blocks(length: int, block: int, field: str) -> tuple[int, int]:
+    """(block, padded length) for splash: both multiples of SPLASH_LANES."""
+    if block % SPLASH_LANES:
+        raise ValueError(f"model.attention='splash' needs {field} to be a multiple of {SPLASH_LANES}, "
+                         f"got {block}")
+    lanes = -(-length // SPLASH_LANES) * SPLASH_LANES
+    size, count = block_count(lanes, block)
+    return size, size * count
+
+
+def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array,
+                     kv_segments: jax.Array, *, causal: bool, scale: float, block_q: int,
+                     block_kv: int) -> jax.Array:
+    """Token-major Pallas splash attention, one kernel call per row (vmapped over the batch).
+    On CPU the kernel runs in Pallas interpret mode; GPUs have "cudnn" instead."""
+    backend = jax.default_backend()
+    if backend == "gpu":
+        raise ValueError("model.attention='splash' is a TPU kernel; on GPU set --config.model.attention=cudnn")
+    b, t, h, d = q.shape
+    s = k.shape[1]
+    bq, padded_q = _splash_blocks(t, block_q, "model.attention_block_q")
+    bk, padded_kv = _splash_blocks(s, block_kv, "model.attention_block_kv")
+    pad = lambda x, length: jnp.pad(x, [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
+    heads_first = lambda x, length: pad(x, length).transpose(0, 2, 1, 3)
+    shape = (padded_q, padded_kv)
+    base = splash.CausalMask(shape) if causal else splash.FullMask(shape)
+    sizes = splash.BlockSizes(block_q=bq, block_kv=bk, block_kv_compute=bk, block_q_dkv=bq,
+                              block_kv_dkv=bk, block_kv_dkv_compute=bk, block_q_dq=bq, block_kv_dq=bk)
+    kernel = splash.make_splash_mha(splash.MultiHeadMask([base] * h), block_sizes=sizes, head_shards=1,
+                                    q_seq_shards=1, interpret=backend != "tpu")
+    segments = splash.SegmentIds(pad(q_segments.astype(jnp.int32), padded_q),
+                                 pad(kv_segments.astype(jnp.int32), padded_kv))
+    out = jax.vmap(kernel)(heads_first(q * jnp.asarray(scale, q.dtype), padded_q),
+                           heads_first(k, padded_kv), heads_first(v, padded_kv), segments)
+    return _zero_padding_queries(out.transpose(0, 2, 1, 3)[:, :t], q_segments, q.dtype)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array, kv_segments: jax.Array,
+              *, causal: bool, scale: float, config: AttentionConfig = AttentionConfig()) -> jax.Array:
+    """q [B, T, H, d], k/v [B, S, KVH, d], segment ids [B, T] / [B, S] -> [B, T, H, d]."""
+    b, t, h, d = q.shape
+    s, kv_heads = k.shape[1], k.shape[2]
+    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d or h % kv_heads:
+        raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape} are not [B, T, H, d], "
+                         "[B, S, KVH, d] with H a multiple of KVH")
+    if q_segments.shape != (b, t) or kv_segments.shape != (b, s):
+        raise ValueError(f"attention: segment ids {q_segments.shape} / {kv_segments.shape} must be "
+                         f"{(b, t)} / {(b, s)}")
+    if causal and t != s:
+        raise ValueError(f"attention: causal self-attention needs as many queries as keys, got {t} and {s}")
+    impl = config.implementation
+    if impl == "cudnn":
+        return cudnn_attention(q, k, v, q_segments, kv_segments, causal=causal, scale=scale)
+    if impl == "splash":
+        return splash_attention(q, k, v, q_segments, kv_segments, causal=causal, scale=scale,
+                                block_q=config.block_q, block_kv=config.block_kv)
+    qg, kh, vh = query_groups(q, kv_heads), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    if impl == "dense":
+        out = dense_attention(qg, kh, vh, q_segments, kv_segments, causal=causal, scale=scale)
+    else:
+        out = blockwise_attention(qg, kh, vh, q_segments, kv_segments, causal=causal, scale=scale,
+                                  block_q=config.block_q, block_kv=config.block_kv)
+    return _token_major(out)

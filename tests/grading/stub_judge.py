@@ -1,0 +1,81 @@
+"""A stub OpenAI-compatible chat server on 127.0.0.1 that judges like a lenient grader:
+YES when the reference appears in the candidate (case-insensitive). Scripted failures
+("error": HTTP 500, "garbage": bad JSON, "slow") come first."""
+import contextlib
+import http.server
+import json
+import threading
+import time
+
+
+class StubChatServer(http.server.ThreadingHTTPServer):
+    """Answers YES when the reference appears in the candidate; scripted failures come first."""
+
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), StubChatHandler)
+        self.lock = threading.Lock()
+        self.requests: list[dict] = []
+        self.failures: list[str] = []  # "error" (HTTP 500), "garbage" (bad JSON) or "slow"
+        self.slow_seconds = 2.0
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class StubChatHandler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        server: StubChatServer = self.server
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with server.lock:
+            server.requests.append({"path": self.path, "body": body})
+            failure = server.failures.pop(0) if server.failures else None
+            server.in_flight += 1
+            server.max_in_flight = max(server.max_in_flight, server.in_flight)
+        try:
+            time.sleep(0.05)
+            if failure == "slow":
+                time.sleep(server.slow_seconds)
+            if failure == "error":
+                self.send_response(500)
+                self.end_headers()
+                self.wfile.write(b"overloaded")
+                return
+            prompt = body["messages"][0]["content"]
+            reference = prompt.rsplit("Reference answer: ")[-1].split("\n")[0]
+            candidate = prompt.rsplit("Model answer: ")[-1].split("\n")[0]
+            verdict = "YES" if reference.lower() in candidate.lower() else "NO"
+            payload = b"{not json" if failure == "garbage" else json.dumps(
+                {"choices": [{"message": {"role": "assistant", "content": verdict}}]}
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            with server.lock:
+                server.in_flight -= 1
+
+
+@contextlib.contextmanager
+def running_stub():
+    """A StubChatServer serving on a thread until the block ends."""
+    stub = StubChatServer()
+    thread = threading.Thread(target=stub.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield stub
+    finally:
+        stub.shutdown()
+        stub.server_close()
+        thread.join(timeout=5)

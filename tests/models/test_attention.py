@@ -1,0 +1,165 @@
+"""Attention implementations against the dense reference: forward and gradients on packed,
+ragged, causal and non-causal inputs with GQA; padding rows; compiled memory of blockwise."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from pyvision_jax.models import init_params, logits
+from pyvision_jax.models.attention import AttentionConfig, attention
+from pyvision_jax.models.blockwise_attention import live_blocks
+from tests.models.model_configs import TINY
+from tests.models.model_inputs import image_tokens, patches, right_padded, text
+
+SCALE = 0.3
+PACKED = np.stack([np.repeat([1, 2, 3, 0], [20, 30, 15, 10]),  # three trajectories, right padding
+                   np.repeat([0, 4, 0], [5, 60, 10]),          # left and right padding
+                   np.zeros(75, int)])                         # all padding
+
+
+def qkv(t, s, heads=4, kv_heads=2, d=16, batch=3, seed=0, dtype=jnp.float32):
+    r = np.random.default_rng(seed)
+    make = lambda length, h: jnp.asarray(r.normal(size=(batch, length, h, d)), dtype)
+    return make(t, heads), make(s, kv_heads), make(s, kv_heads), make(t, heads)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 7))
+def output_and_grads(config, q, k, v, weights, q_segments, kv_segments, causal):
+    run = lambda q, k, v: attention(q, k, v, q_segments, kv_segments, causal=causal, scale=SCALE, config=config)
+    loss = lambda q, k, v: jnp.sum(run(q, k, v).astype(jnp.float32) * weights.astype(jnp.float32))
+    return run(q, k, v), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+
+def assert_matches_dense(config, q, k, v, weights, q_segments, kv_segments, causal, tol=1e-5):
+    dense = output_and_grads(AttentionConfig("dense"), q, k, v, weights, q_segments, kv_segments, causal)
+    got = output_and_grads(config, q, k, v, weights, q_segments, kv_segments, causal)
+    assert np.abs(np.asarray(dense[0])).max() > 0.5  # not a comparison of near-zero outputs
+    for name, expected, actual in zip(("out", "dq", "dk", "dv"), (dense[0], *dense[1]), (got[0], *got[1])):
+        assert actual.dtype == expected.dtype and actual.shape == expected.shape, name
+        np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), atol=tol, rtol=tol, err_msg=name)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("blocks", [(16, 24), (32, 8), (512, 512)])
+def test_blockwise_matches_dense_on_packed_ragged_gqa(causal, blocks):
+    q, k, v, weights = qkv(75, 75)
+    segments = jnp.asarray(PACKED)
+    assert_matches_dense(AttentionConfig("blockwise", *blocks), q, k, v, weights, segments, segments, causal)
+
+
+def test_blockwise_matches_dense_for_cross_attention_and_one_kv_head():
+    q, k, v, weights = qkv(40, 57, heads=3, kv_heads=1, seed=1, batch=2)
+    q_segments = jnp.asarray(np.stack([np.repeat([1, 2], [25, 15]), np.repeat([3, 0], [30, 10])]))
+    kv_segments = jnp.asarray(np.stack([np.repeat([2, 1, 0], [20, 30, 7]), np.repeat([0, 3], [7, 50])]))
+    assert_matches_dense(AttentionConfig("blockwise", 16, 16), q, k, v, weights, q_segments, kv_segments,
+                         causal=False)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_splash_in_interpret_mode_matches_dense(causal):
+    t = 200  # padded to 256: two blocks of 128 per axis
+    q, k, v, weights = qkv(t, t, batch=2, seed=2)
+    segments = jnp.asarray(np.stack([np.repeat([1, 2, 3, 0], [90, 50, 40, 20]), np.repeat([0, 7], [30, 170])]))
+    assert_matches_dense(AttentionConfig("splash", 128, 128), q, k, v, weights, segments, segments, causal)
+
+
+@pytest.mark.parametrize("implementation", ["dense", "blockwise", "splash"])
+def test_padding_rows_are_zero_and_their_gradients_finite(implementation):
+    q, k, v, weights = qkv(75, 75)
+    segments = jnp.asarray(PACKED)
+    out, grads = output_and_grads(AttentionConfig(implementation, 128, 128), q, k, v, weights, segments,
+                                  segments, causal=True)
+    padding = PACKED == 0
+    assert np.all(np.asarray(out)[padding] == 0)
+    assert np.all(np.abs(np.asarray(out)[~padding]).max(axis=-1) > 0)
+    for grad in grads:
+        assert np.all(np.isfinite(np.asarray(grad)))
+    assert np.all(np.asarray(grads[0])[padding] == 0)  # a padding query influences nothing
+
+
+def test_bfloat16_blockwise_is_close_to_the_float32_reference():
+    q, k, v, weights = qkv(75, 75, dtype=jnp.bfloat16)
+    segments = jnp.asarray(PACKED)
+    out, grads = output_and_grads(AttentionConfig("blockwise", 16, 24), q, k, v, weights, segments, segments, True)
+    as32 = lambda x: x.astype(jnp.float32)
+    ref_out, ref_grads = output_and_grads(AttentionConfig("dense"), as32(q), as32(k), as32(v), weights,
+                                          segments, segments, True)
+    assert out.dtype == jnp.bfloat16 and all(g.dtype == jnp.bfloat16 for g in grads)
+    for actual, expected in zip((out, *grads), (ref_out, *ref_grads)):
+        actual, expected = np.asarray(as32(actual)), np.asarray(expected)
+        assert np.all(np.isfinite(actual))
+        np.testing.assert_allclose(actual, expected, atol=0.05 * np.abs(expected).max(), rtol=0)
+
+
+def test_live_blocks_skip_the_causal_upper_triangle_and_other_segments():
+    segments = jnp.asarray(np.repeat([1, 2, 0], [32, 24, 8])[None])  # blocks of 16: 1 1 2 2(+pad) 0
+    causal = np.asarray(live_blocks(segments, segments, True, 16, 16))
+    expected = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]], bool)
+    np.testing.assert_array_equal(causal, expected)
+    full = np.asarray(live_blocks(segments, segments, False, 16, 16))
+    np.testing.assert_array_equal(full, expected | expected.T)
+
+
+def compiled_temp_bytes(implementation, t):
+    config = AttentionConfig(implementation, 256, 256)
+    loss = lambda q, k, v, s: jnp.sum(attention(q, k, v, s, s, causal=True, scale=SCALE, config=config))
+    spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+    compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(
+        spec(1, t, 4, 32), spec(1, t, 2, 32), spec(1, t, 2, 32), jax.ShapeDtypeStruct((1, t), jnp.int32)).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+@pytest.mark.parametrize("implementation, linear", [("blockwise", True), ("dense", False)])
+def test_compiled_memory_of_forward_and_backward_grows_linearly_in_length(implementation, linear):
+    small, medium, large = (compiled_temp_bytes(implementation, t) for t in (1024, 2048, 4096))
+    growth = (large - medium) / (medium - small)  # 2 when linear in T, 4 when quadratic
+    assert (growth < 2.5) == linear, (small, medium, large)
+
+
+def test_cudnn_needs_a_gpu_and_says_which_key_to_change():
+    q, k, v, weights = qkv(64, 64, batch=2, dtype=jnp.bfloat16)
+    segments = jnp.asarray(np.stack([np.repeat([1, 2, 0], [20, 30, 14]), np.repeat([5, 0], [60, 4])]))
+    if jax.default_backend() == "gpu":
+        out = attention(q, k, v, segments, segments, causal=True, scale=SCALE, config=AttentionConfig("cudnn"))
+        ref = attention(q, k, v, segments, segments, causal=True, scale=SCALE, config=AttentionConfig("dense"))
+        np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=2e-2)
+    else:
+        with pytest.raises(ValueError, match="needs a GPU.*--config.model.attention=blockwise"):
+            attention(q, k, v, segments, segments, causal=True, scale=SCALE, config=AttentionConfig("cudnn"))
+
+
+def test_bad_inputs_and_configs_are_named():
+    q, k, v, _ = qkv(10, 12, batch=1)
+    segments = jnp.ones((1, 10), jnp.int32)
+    with pytest.raises(ValueError, match="causal self-attention needs as many queries as keys"):
+        attention(q, k, v, segments, jnp.ones((1, 12), jnp.int32), causal=True, scale=SCALE)
+    with pytest.raises(ValueError, match=r"segment ids \(1, 10\) / \(1, 10\) must be"):
+        attention(q, k, v, segments, segments, causal=False, scale=SCALE)
+    with pytest.raises(ValueError, match="model.attention='flash' is not an attention implementation"):
+        AttentionConfig("flash")
+    with pytest.raises(ValueError, match="model.attention_block_kv must be a positive integer, got 0"):
+        AttentionConfig("blockwise", 64, 0)
+    with pytest.raises(ValueError, match="model.attention_block_q to be a multiple of 128, got 100"):
+        attention(q, k, v, segments, jnp.ones((1, 12), jnp.int32), causal=False, scale=SCALE,
+                  config=AttentionConfig("splash", 100, 128))
+
+
+def test_from_config_reads_the_model_section():
+    section = ml_collections.ConfigDict({"attention": "dense", "attention_block_q": 64, "attention_block_kv": 32})
+    assert AttentionConfig.from_config(section) == AttentionConfig("dense", 64, 32)
+
+
+def test_model_logits_with_images_are_the_same_for_dense_and_blockwise_attention():
+    grids = [(1, 10, 12), (1, 4, 8)]  # two images: window blocks and full blocks over two frames
+    ids, mask = right_padded(text(2, 40) + image_tokens(grids[0]) + text(3, 41) + image_tokens(grids[1]) + text(2, 42),
+                             length=60)
+    inputs = {"input_ids": ids, "attention_mask": mask, "pixel_values": patches(TINY, grids, 43),
+              "image_grid_thw": np.array(grids)}
+    params = init_params(TINY, seed=1)
+    run = lambda config: np.asarray(logits(TINY.replace(attention=config), params, inputs))[mask.astype(bool)]
+    dense, blockwise = run(AttentionConfig("dense")), run(AttentionConfig("blockwise", 16, 16))
+    assert np.abs(dense).max() > 0.1
+    np.testing.assert_allclose(blockwise, dense, atol=1e-5, rtol=0)

@@ -1,0 +1,87 @@
+"""Pool arrays and rollout filters (item 2 of the recipe issue) in both positions: the
+released filters drop, after advantages, rollouts that showed no code-made image or whose
+end reason is not DONE / EXCEED_MAX_TURNS / ERROR_IN_ACTION; a grading failure is broken."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from pyvision_jax.agent.trajectory import ContextImage, EndReason, GroupScores, TrajectoryGroup
+from pyvision_jax.data.tasks import Task
+from pyvision_jax.models import ModelConfig
+from pyvision_jax.train.groups import SelectionConfig, pool_arrays, select_rows
+from tests.train.trajectories import make_trajectory
+
+RELEASED = SelectionConfig(batch_groups=1, train_end_reasons=("DONE", "EXCEED_MAX_TURNS", "ERROR_IN_ACTION"),
+                           require_code_image=True)
+TASK = Task(id="t0", question="q", answer="a", answer_type="text", data_source="s", image_path="i.png")
+CODE_IMAGE = ContextImage(1, "code", b"png", (1, 4, 4), 4)
+
+
+def rollout(reason, code_image=True):
+    base = make_trajectory(ModelConfig.preset("tiny"), seed=0, images=1)
+    images = base.images + ((CODE_IMAGE,) if code_image else ())
+    return dataclasses.replace(base, end_reason=reason, images=images)
+
+
+def group(rollouts, rewards, grading_failed=()):
+    n = len(rollouts)
+    scores = GroupScores(tuple(rewards), tuple(r > 0 for r in rewards), (0,) * n, tuple(rewards),
+                         tuple(grading_failed))
+    return TrajectoryGroup(TASK, tuple(rollouts), scores)
+
+
+ROLLOUTS = [rollout(EndReason.DONE), rollout(EndReason.OVER_LENGTH), rollout(EndReason.DONE, code_image=False),
+            rollout(EndReason.EXCEED_MAX_IMAGES), rollout(EndReason.ERROR_IN_ACTION),
+            rollout(EndReason.EXCEED_MAX_TURNS)]
+REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_our_default_trains_every_usable_rollout_of_a_selected_group():
+    pool = pool_arrays([group(ROLLOUTS, REWARDS)], 1, 6)
+    selected = select_rows(pool, SelectionConfig(batch_groups=1))
+    assert [r is not None for r in selected.rows] == [True] * 6 and selected.filtered == 0
+    np.testing.assert_allclose(selected.advantages, np.asarray(REWARDS) - 1 / 3, atol=1e-6)
+
+
+def test_released_filters_drop_after_advantages():
+    pool = pool_arrays([group(ROLLOUTS, REWARDS)], 1, 6)
+    selected = select_rows(pool, RELEASED)
+    assert [r is not None for r in selected.rows] == [True, False, False, False, True, True]
+    assert selected.filtered == 3
+    # the mean still counts the dropped rollouts: the filters come after the advantages
+    np.testing.assert_allclose(selected.advantages, [2 / 3, 0, 0, 0, -1 / 3, -1 / 3], atol=1e-6)
+
+
+@pytest.mark.parametrize("config, kept", [
+    (SelectionConfig(batch_groups=1, require_code_image=True), [True, True, False, True, True, True]),
+    (SelectionConfig(batch_groups=1, train_end_reasons=("DONE",)), [True, False, True, False, False, False]),
+])
+def test_each_filter_alone(config, kept):
+    selected = select_rows(pool_arrays([group(ROLLOUTS, REWARDS)], 1, 6), config)
+    assert [r is not None for r in selected.rows] == kept
+
+
+def test_a_grading_failure_marks_the_rollout_broken():
+    rollouts = [rollout(EndReason.DONE)] * 3
+    pool = pool_arrays([group(rollouts, [1.0, 0.0, 0.0], grading_failed=(False, False, True))], 1, 3)
+    np.testing.assert_array_equal(pool.broken[0], [False, False, True])
+    selected = select_rows(pool, SelectionConfig(batch_groups=1))
+    assert selected.rows[2] is None and selected.counts.broken_rollouts == 1
+    np.testing.assert_allclose(selected.advantages, [0.5, -0.5, 0.0], atol=1e-6)
+    released_stats = select_rows(pool, dataclasses.replace(RELEASED, stats_include_broken=True))
+    np.testing.assert_allclose(released_stats.advantages, [2 / 3, -1 / 3, 0.0], atol=1e-6)
+
+
+def test_group_scores_without_a_broken_field_read_as_not_broken():
+    scores = GroupScores((1.0,), (True,), (0,), (1.0,))
+    assert scores.broken == (False,)
+    legacy = {k: v for k, v in scores.to_dict().items() if k != "broken"}
+    assert GroupScores.from_dict(legacy) == scores
+    with pytest.raises(ValueError, match="unequal lengths"):
+        GroupScores((1.0,), (True,), (0,), (1.0,), (False, True))
+
+
+def test_unknown_end_reasons_name_the_config_key():
+    with pytest.raises(ValueError, match="rl.train_end_reasons"):
+        SelectionConfig(train_end_reasons=("FINISHED",))
