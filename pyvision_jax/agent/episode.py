@@ -328,6 +328,12 @@ class EpisodeMachine:
         return self._observe(episode, turn, self._text_result(result.stdout, error), [], error=error)
 
     @staticmethod
+    def fail_start(episode: EpisodeState) -> None:
+        """START when the task's media could not be read: nothing enters the context and the
+        episode is broken (an infrastructure failure, never trained on)."""
+        episode.end_reason = EndReason.SANDBOX_FAILURE
+
+    @staticmethod
     def fail_preload(episode: EpisodeState, err: Exception) -> None:
         """Ends the episode when a new image could not be preloaded into the sandbox."""
         episode.end_reason = EndReason.SANDBOX_FAILURE

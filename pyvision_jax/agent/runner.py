@@ -23,6 +23,8 @@ The transitions of each trajectory are ``pyvision_jax.agent.episode.EpisodeMachi
 
 from __future__ import annotations
 
+import logging
+
 import concurrent.futures as futures
 import dataclasses
 import threading
@@ -46,6 +48,8 @@ from pyvision_jax.agent.episode import (
 from pyvision_jax.agent.prompts import ChatRenderer
 from pyvision_jax.agent.trajectory import Trajectory, TrajectoryGroup
 from pyvision_jax.data.tasks import Task
+
+logger = logging.getLogger(__name__)
 
 
 class SandboxLike(Protocol):
@@ -189,7 +193,14 @@ class EpisodeRunner:
 
     def _start(self, episode: _SandboxedEpisode, prompts: _PromptCache) -> None:
         episode.started_at = time.perf_counter()
-        self.machine.begin(episode, prompts.get(episode.task, self.machine.render_prompt))
+        try:
+            prompt = prompts.get(episode.task, self.machine.render_prompt)
+        except Exception as err:  # noqa: BLE001 - unreadable media end this episode, not the run
+            logger.warning("task %s: its media could not be read (%s: %s); the episode ends broken",
+                           episode.task.id, type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+            self.machine.fail_start(episode)
+            return
+        self.machine.begin(episode, prompt)
 
     def _tool(self, episode: _SandboxedEpisode, pending: PendingAction) -> None:
         """Runs the action's code (or shows its format feedback) and preloads the images

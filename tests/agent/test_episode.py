@@ -310,3 +310,16 @@ def test_a_group_renders_its_prompt_once_and_shares_it(tokenizer, image_task, mo
         np.testing.assert_array_equal(t.token_ids[:t.prompt_length],
                                       first.token_ids[:first.prompt_length])
         assert t.images == first.images
+
+
+def test_unreadable_media_end_that_episode_broken_and_the_others_run(tokenizer, image_task, tmp_path):
+    """A video corrupted after validation (or deleted) must not take the whole batch down."""
+    (tmp_path / "gone.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42 not a video at all")
+    bad = Task(id="bad", question="?", answer="1", answer_type="numeric", data_source="test",
+               video_path=str(tmp_path / "gone.mp4"))
+    engine = ScriptedEngine(tokenizer, {"img": [answer_turn("A")], "bad": [answer_turn("1")]})
+    runner = EpisodeRunner(engine, tokenizer, FakePool(), EpisodeConfig(max_total_tokens=2048))
+    good, broken = runner.run_trajectories([(image_task, 0), (bad, 0)])
+    assert good.end_reason is EndReason.DONE and not good.broken
+    assert broken.end_reason is EndReason.SANDBOX_FAILURE and broken.broken
+    assert len(broken.token_ids) == 0 and broken.turns == ()
