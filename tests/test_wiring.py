@@ -15,7 +15,7 @@ from tests.agent.fake_sandbox import FakePool
 
 def test_lists_in_configs_are_tuples_and_strings_are_refused_naming_the_field():
     config = tiny_config()
-    assert wiring.int_tuple(config.train.length_buckets, "train.length_buckets") == (512, 1024)
+    assert wiring.int_tuple(config.train.length_buckets, "train.length_buckets") == tuple(config.train.length_buckets)
     with pytest.raises(ValueError, match="train.length_buckets must be a tuple of integers"):
         wiring.int_tuple("512,1024", "train.length_buckets")
     with pytest.raises(ValueError, match="data.train_files must be a tuple of strings"):
@@ -45,6 +45,7 @@ def test_episode_config_takes_eval_budgets_only_for_evaluation():
 
 def test_tokenizer_directory_rules(tmp_path):
     config = tiny_config()
+    config.model.hf_dir = ""
     assert wiring.tokenizer_dir(config) == TINY_TOKENIZER_DIR
     assert wiring.tokenizer_dir(config, carried=tmp_path) == tmp_path  # a checkpoint's own tokenizer wins
     config.model.tokenizer = ""

@@ -50,7 +50,8 @@ from pyvision_jax.eval.records import (
 )
 from pyvision_jax.eval.report import write_report
 from pyvision_jax.grading.scoring import GroundTruthError
-from pyvision_jax.grading.trajectory import score_task_response, score_trajectory
+from pyvision_jax.grading.routes import ScorerRoutes, grade_trajectories
+from pyvision_jax.grading.trajectory import score_task_response
 from pyvision_jax.processing.tokens import video_token_count
 
 _PRESENTATION_SETTINGS = ("report", "report_rollouts_per_task", "progress")
@@ -118,8 +119,9 @@ class Evaluator:
                  episode: EpisodeConfig = EpisodeConfig.evaluation(),
                  settings: EvalSettings = EvalSettings(),
                  run_info: Mapping[str, Any] | None = None,
-                 temporal_patch_size: int = 2) -> None:
+                 temporal_patch_size: int = 2, routes: ScorerRoutes = ScorerRoutes()) -> None:
         self.engine = engine
+        self.routes = routes
         self.tokenizer = tokenizer
         self.episode = episode
         self.settings = settings
@@ -232,6 +234,6 @@ class Evaluator:
                                f"{[t.task_id for t in trajectories]}")
         uniform = uniform_video_tokens(task, self.episode.patch_size, self.episode.merge_size,
                                        self.temporal_patch_size)
-        return [trajectory_record(task, t, score_trajectory(t, task, self.tokenizer),
-                                  self.tokenizer, uniform)
-                for t in trajectories]
+        graded = grade_trajectories([(t, task) for t in trajectories], self.tokenizer, self.routes)
+        return [trajectory_record(task, t, g.score, self.tokenizer, uniform, grading_failed=g.broken)
+                for t, g in zip(trajectories, graded)]

@@ -9,6 +9,8 @@ answers; ``correct`` is score == 1, or MRA >= 0.5):
 - ``pass@k``: fraction of tasks with at least one correct rollout among the k.
 
 Every task weighs the same whatever its k, so a task missing rollouts never skews the mean.
+A rollout whose grading failed (the LLM judge gave no verdict) is left out of the score
+metrics, as a missing rollout would be, and counted in ``num_grading_failures``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class RolloutOutcome:
     response_tokens: int
     is_video: bool = False
     uniform_video_tokens: int | None = None
+    grading_failed: bool = False
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> "RolloutOutcome":
@@ -64,11 +67,13 @@ def _by_task(outcomes: Iterable[RolloutOutcome]) -> dict[str, list[RolloutOutcom
 
 
 def score_summary(tasks: Mapping[str, Sequence[RolloutOutcome]]) -> dict[str, float | int]:
-    """accuracy, avg@k and pass@k over the given tasks."""
-    groups = list(tasks.values())
+    """accuracy, avg@k and pass@k over the given tasks (rollouts whose grading failed left out)."""
+    failures = sum(o.grading_failed for g in tasks.values() for o in g)
+    groups = [graded for g in tasks.values() if (graded := [o for o in g if not o.grading_failed])]
     return {
         "num_tasks": len(groups),
         "num_rollouts": sum(len(g) for g in groups),
+        "num_grading_failures": failures,
         "accuracy": avg_at_k([[float(o.correct) for o in g] for g in groups]),
         "avg_at_k": avg_at_k([[o.score for o in g] for g in groups]),
         "pass_at_k": pass_at_k([[o.correct for o in g] for g in groups]),

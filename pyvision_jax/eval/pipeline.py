@@ -105,7 +105,8 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | os.
         sandboxes = wiring.sandbox_pool(config)
     try:
         evaluator = Evaluator(engine, tokenizer, sandboxes, episode, settings, run_info,
-                              temporal_patch_size=policy.model_config.vision.temporal_patch_size)
+                              temporal_patch_size=policy.model_config.vision.temporal_patch_size,
+                              routes=wiring.scorer_routes(config))
         return evaluator.run(tasks, out_dir)
     finally:
         if own_pool:

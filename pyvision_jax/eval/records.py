@@ -48,10 +48,11 @@ def _decode_collapsed(tokenizer: Any, ids: Sequence[int], image_pad_id: int) -> 
 
 
 def trajectory_record(task: Task, trajectory: Trajectory, score: Score, tokenizer: Any,
-                      uniform_tokens: int | None) -> dict[str, Any]:
+                      uniform_tokens: int | None, grading_failed: bool = False) -> dict[str, Any]:
     """One line of trajectories.jsonl: the metrics fields of ``metrics.RolloutOutcome``, the
     task row, and a decoded view for people (prompt, per-turn text / code / interpreter
-    output / images as base64 PNG). Token ids are not kept (see the trainer's samples)."""
+    output / images as base64 PNG). Token ids are not kept (see the trainer's samples). A
+    rollout whose grading failed (the judge did not answer) counts as broken, never wrong."""
     image_pad_id = tokenizer.convert_tokens_to_ids(_IMAGE_PAD)
     ids = trajectory.token_ids.tolist()
     code_images = [im for im in trajectory.images if im.source == "code"]
@@ -77,7 +78,8 @@ def trajectory_record(task: Task, trajectory: Trajectory, score: Score, tokenize
         "score": float(score.score), "correct": bool(score.correct), "extracted": score.extracted,
         "num_tool_calls": trajectory.num_tool_calls,
         "num_successful_tool_calls": trajectory.num_successful_tool_calls,
-        "end_reason": trajectory.end_reason.value, "broken": trajectory.broken,
+        "end_reason": trajectory.end_reason.value, "broken": trajectory.broken or grading_failed,
+        "grading_failed": grading_failed,
         "visual_tokens": trajectory.num_visual_tokens,
         "response_tokens": trajectory.num_generated_tokens,
         "total_tokens": len(ids),

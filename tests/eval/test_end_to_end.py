@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs.tiny_cpu import get_config
+from configs.tiny_cpu import get_config as tiny_cpu_config
 from pyvision_jax.data.tasks import write_tasks_jsonl
 from pyvision_jax.convert import save_hf, save_params
 from pyvision_jax.eval.policy import detect_checkpoint_kind, load_policy
@@ -22,6 +22,13 @@ from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_opt
 from tests.agent.fake_sandbox import FakePool
 
 TRAIN_STEP = 3
+
+
+def get_config():
+    """The tiny random-init model these checkpoints are made of (not the packaged SFT one)."""
+    config = tiny_cpu_config()
+    config.model.hf_dir, config.model.preset = "", "tiny"
+    return config
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ def test_summary_of_mixed_rollouts():
     assert s["accuracy"] == pytest.approx((0.5 + 0.5 + 0.0) / 3)
     assert s["avg_at_k"] == pytest.approx((0.5 + 0.45 + 0.0) / 3)
     assert s["pass_at_k"] == pytest.approx(2 / 3)
-    assert s["per_data_source"]["x"] == {"num_tasks": 1, "num_rollouts": 2, "accuracy": 0.5,
+    assert s["per_data_source"]["x"] == {"num_tasks": 1, "num_rollouts": 2, "num_grading_failures": 0, "accuracy": 0.5,
                                          "avg_at_k": 0.5, "pass_at_k": 1.0}
     assert s["per_data_source"]["y"]["avg_at_k"] == pytest.approx(0.45 / 2)
     assert s["per_data_source"]["y"]["pass_at_k"] == pytest.approx(0.5)
@@ -64,3 +64,15 @@ def test_outcome_from_a_record_ignores_the_view_fields():
               "response_tokens": 7, "is_video": False, "uniform_video_tokens": None,
               "turns": [], "prompt": "..."}
     assert RolloutOutcome.from_record(record) == outcome("a", 0, 1.0, True, tools=1, response=7)
+
+
+def test_rollouts_whose_grading_failed_are_left_out_and_counted():
+    def outcome(task, index, correct, failed=False):
+        return RolloutOutcome(task_id=task, data_source="s", rollout_index=index, score=float(correct),
+                              correct=correct, num_tool_calls=0, end_reason="DONE", visual_tokens=0,
+                              response_tokens=1, grading_failed=failed)
+
+    results = summarize([outcome("a", 0, True), outcome("a", 1, False, failed=True),
+                         outcome("b", 0, False, failed=True)])
+    assert (results["num_tasks"], results["num_rollouts"], results["num_grading_failures"]) == (1, 1, 2)
+    assert results["accuracy"] == 1.0 and results["pass_at_k"] == 1.0

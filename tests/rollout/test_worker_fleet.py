@@ -44,6 +44,8 @@ _spec.loader.exec_module(_tiny)
 
 def get_config():
     c = _tiny.get_config()
+    c.model.hf_dir = ""
+    c.model.preset = "tiny"
     c.data.train_files = ({tasks!r},)
     c.rl.group_size = {group_size}
     c.rollout.engine = "scripted"

@@ -19,7 +19,7 @@ from tests.train.compilation_cache import COMPILATION_CACHE
 from tests.train.tensorboard_events import read_scalars
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = ["--config.rl.group_size=2", "--config.rl.batch_groups=1", "--config.rl.max_gen_rounds=1",
+SMALL = ["--config.model.hf_dir=", "--config.model.preset=tiny", "--config.rl.group_size=2", "--config.rl.batch_groups=1", "--config.rl.max_gen_rounds=1",
          "--config.episode.max_new_tokens_per_turn=8", "--config.data.synthetic_per_kind=1",
          "--config.sandbox.pool_size=1", "--config.train.checkpoint_every=1", "--config.train.length_buckets=512",
          "--config.rollout.length_buckets=512,1024", "--progress=false"]
