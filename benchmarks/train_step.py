@@ -6,15 +6,20 @@ divided by the rollout temperature, old logprobs = the current ones detached), g
 clipping and AdamW. Reported: real (non-padding) tokens per second of a full optimizer step,
 median over the timed steps, after warm-up (compilation) steps; ratio = JAX / PyTorch. The
 timed JAX and PyTorch steps alternate, so that a change of machine load hits both alike.
+PyTorch runs transformers' SDPA attention. Then each side runs alone in a child process
+(`--side`), which reports its peak resident memory (ru_maxrss: loading, compiling and steps).
 
     python benchmarks/train_step.py [--rows 8] [--length 512] [--steps 5]
+    python benchmarks/train_step.py --rows 2 --length 4096 --steps 3
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import os
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -137,22 +142,53 @@ def torch_step(model, config, batch):
     return step
 
 
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def load_sides(hf_dir: str, side: str) -> tuple:
+    """(torch model with SDPA attention or None, JAX params or None) from the saved checkpoint."""
+    model = params = None
+    if side in ("both", "torch"):
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32,
+                                                                   attn_implementation="sdpa")
+    if side in ("both", "jax"):
+        _, params = load_hf(hf_dir, dtype="float32", progress=False)
+    return model, params
+
+
+def child_peak_rss(args: argparse.Namespace, hf_dir: str, side: str) -> float:
+    """Peak RSS (MiB) of one side's warm-up and steps, alone in a child process."""
+    command = [sys.executable, __file__, "--side", side, "--hf-dir", hf_dir, "--rows", str(args.rows),
+               "--length", str(args.length), "--steps", "1", "--warmup", "1"]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return float(out.split("peak_rss_mib=")[1].split()[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--side", choices=("both", "jax", "torch"), default="both",
+                        help="jax/torch: run that side alone and print its peak RSS (used by the parent)")
+    parser.add_argument("--hf-dir", default="", help="the saved model (children)")
     args = parser.parse_args()
     config = bench_config()
-    torch.manual_seed(0)
-    model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**config.to_hf_dict())).to(torch.float32)
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp)
-        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(tmp, dtype=torch.float32)
-        _, params = load_hf(tmp, dtype="float32", progress=False)
     rows = trajectories(config, args.rows, args.length)
     batch, stats = pack_batch(config, rows, np.linspace(-1, 1, args.rows), BatchingConfig((args.length,), args.rows))
+    if args.side != "both":
+        model, params = load_sides(args.hf_dir, args.side)
+        step = jax_step(config, params, batch) if args.side == "jax" else torch_step(model, config, batch)
+        interleaved_times({args.side: step}, args.warmup, args.steps)
+        print(f"peak_rss_mib={peak_rss_mib():.0f}")
+        return
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**config.to_hf_dict())).to(torch.float32).save_pretrained(tmp)
+        model, params = load_sides(tmp, "both")
+        rss = {side: child_peak_rss(args, tmp, side) for side in ("jax", "torch")}
     print(f"model: hidden {config.hidden_size}, {config.num_hidden_layers} layers, vocab {config.vocab_size}, "
           f"vision depth {config.vision.depth} (frozen); batch {stats.rows} x {stats.length}, "
           f"{stats.real_tokens} real tokens, {stats.loss_tokens} loss tokens, {stats.images} images; "
@@ -166,6 +202,8 @@ def main() -> None:
     print(f"JAX     step: median {statistics.median(jax_times):.3f} s  -> {jax_tps:,.0f} tokens/s")
     print(f"PyTorch step: median {statistics.median(torch_times):.3f} s  -> {torch_tps:,.0f} tokens/s")
     print(f"ratio JAX / PyTorch: {jax_tps / torch_tps:.2f}x")
+    print(f"peak RSS alone: JAX {rss['jax']:,.0f} MiB, PyTorch {rss['torch']:,.0f} MiB "
+          f"(JAX / PyTorch {rss['jax'] / rss['torch']:.2f}x)")
     print("load average (1, 5, 15 min) after: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 

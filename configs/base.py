@@ -22,6 +22,8 @@ def get_config() -> ml_collections.ConfigDict:
                                      # "dense" (the reference; materialises [T, T] scores)
     c.model.attention_block_q = 128  # query/key block sizes of blockwise and splash (multiples of 128
     c.model.attention_block_kv = 128  # for splash; 128 is the fastest blockwise size on CPU)
+    c.model.remat = "none"           # train step's decoder layer scan: "none", "full" (keep each layer's
+                                     # input only), "save_dots" (keep weight-matmul outputs), "save_all_dots"
 
     c.data = ml_collections.ConfigDict()
     c.data.train_files = ()          # JSON/JSONL task files; empty: synthetic tasks
@@ -126,6 +128,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.freeze_vision = True
     c.train.micro_batch = 4
     c.train.length_buckets = (512, 1024)
+    c.train.pack = True              # several trajectories per row (segment ids), rows of the smallest
+                                     # length bucket holding the longest; False: one trajectory per row
     c.train.mesh_data = 1
     c.train.mesh_fsdp = 1
     c.train.mesh_tensor = 1

@@ -27,7 +27,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.preset = "7b"
     c.model.hf_dir = ""              # required: --config.model.hf_dir=/path/to/Qwen2.5-VL-7B-Instruct
     c.model.tokenizer = ""           # empty: the tokenizer of model.hf_dir
-    c.model.param_dtype = "float32"
+    c.model.param_dtype = "float32"  # fp32 master weights (AdamW at lr 1e-6 moves a weight by ~1e-6,
+                                     # below bf16's resolution); compute in bf16; see README "7B memory"
+    c.model.remat = "full"           # keep each decoder layer's input only; recompute the rest
+    c.model.attention = "cudnn"      # GPU hosts; the v5p-8 config uses "splash"
+    c.model.attention_block_q = 512
+    c.model.attention_block_kv = 512
     c.model.compute_dtype = "bfloat16"
 
     c.data.train_files = ()          # required: the image RL training set (JSON/JSONL task rows)
@@ -89,7 +94,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.weight_decay = 0.01
     c.train.grad_clip = 1.0
     c.train.freeze_vision = True
-    c.train.micro_batch = 8          # rows per micro-batch (a multiple of mesh data * fsdp)
+    c.train.micro_batch = 8          # rows per micro-batch (a multiple of mesh data * fsdp): one
+                                     # packed row of up to 32,768 tokens per device
+    c.train.pack = True
     c.train.length_buckets = (4096, 8192, 16384, 32768)
     c.train.logprob_chunk = 512
     c.train.mesh_data = 1

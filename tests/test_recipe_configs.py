@@ -20,7 +20,7 @@ def test_the_7b_configs_use_the_released_positions(module):
             episode.stdout_strip) == (20_480, "released", "newline", "reach", "both")
     assert episode_config(c, ModelConfig.preset("7b"), evaluation=True).max_response_tokens == 0
     selection = SelectionConfig.from_config(c.rl)
-    assert selection.stats_include_broken and selection.require_code_image and selection.mode == "trajectory"
+    assert selection.stats_include_broken and selection.require_code_image and selection.mode == "group"  # splitting groups is a defect we do not copy
     assert selection.train_end_reasons == (EndReason.DONE, EndReason.EXCEED_MAX_TURNS, EndReason.ERROR_IN_ACTION)
     assert PPOLossConfig.from_config(c.rl).aggregation == "token-mean-per-micro-batch"
     with pytest.raises(ValueError, match="grading.judge_url"):

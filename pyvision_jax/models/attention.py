@@ -11,8 +11,9 @@ has q's dtype.
   (models/blockwise_attention.py); O(T x block) memory; the default, and the one for CPU.
 - "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")`, GPU only. The segment
   mask is passed as a [B, 1, T, S] boolean mask, which cuDNN turns into a bias.
-- "splash": the Pallas TPU splash-attention kernel; on CPU it runs in Pallas interpret mode
-  (for tests: slow).
+- "splash": the Pallas TPU splash-attention kernel, one call per row; under a mesh set with
+  `jax.set_mesh` it runs in a `shard_map` over the batch axes (a Pallas call is not
+  partitioned by the compiler). On CPU it runs in Pallas interpret mode (for tests: slow).
 """
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
+from jax.sharding import PartitionSpec
 
 from pyvision_jax.models.blockwise_attention import MASK_VALUE, blockwise_attention, block_count
+from pyvision_jax.models.sharding import mesh_partition_spec
 
 IMPLEMENTATIONS = ("dense", "blockwise", "cudnn", "splash")
 
@@ -135,11 +138,22 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.A
                               block_kv_dkv=bk, block_kv_dkv_compute=bk, block_q_dq=bq, block_kv_dq=bk)
     kernel = splash.make_splash_mha(splash.MultiHeadMask([base] * h), block_sizes=sizes, head_shards=1,
                                     q_seq_shards=1, interpret=backend != "tpu")
-    segments = splash.SegmentIds(pad(q_segments.astype(jnp.int32), padded_q),
-                                 pad(kv_segments.astype(jnp.int32), padded_kv))
-    out = jax.vmap(kernel)(heads_first(q * jnp.asarray(scale, q.dtype), padded_q),
-                           heads_first(k, padded_kv), heads_first(v, padded_kv), segments)
+    run_rows = lambda q, k, v, q_ids, kv_ids: jax.vmap(kernel)(q, k, v, splash.SegmentIds(q_ids, kv_ids))
+    out = _on_batch_shards(run_rows, heads_first(q * jnp.asarray(scale, q.dtype), padded_q),
+                           heads_first(k, padded_kv), heads_first(v, padded_kv),
+                           pad(q_segments.astype(jnp.int32), padded_q), pad(kv_segments.astype(jnp.int32), padded_kv))
     return _zero_padding_queries(out.transpose(0, 2, 1, 3)[:, :t], q_segments, q.dtype)
+
+
+def _on_batch_shards(run_rows: Any, *arrays: jax.Array) -> jax.Array:
+    """`run_rows(*arrays)` (all batch-major) on each device's rows of the current mesh's
+    batch axes; directly when no mesh is set."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return run_rows(*arrays)
+    batch = mesh_partition_spec(("batch",), arrays[0].shape[:1], mesh)[0]
+    rows = [PartitionSpec(batch, *([None] * (x.ndim - 1))) for x in arrays]
+    return jax.shard_map(run_rows, in_specs=tuple(rows), out_specs=rows[0], check_vma=False)(*arrays)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array, kv_segments: jax.Array,

@@ -159,7 +159,7 @@ def _backward(causal, scale, block_q, block_kv, residuals, d_out):
     return d_q.astype(q.dtype), to_keys(d_k, k), to_keys(d_v, v), None, None
 
 
-_blockwise.defvjp(_forward, _backward)
+_blockwise.defvjp(_forward, _backward, optimize_remat=True)
 
 
 def _pad_axis(x: jax.Array, length: int, axis: int) -> jax.Array:

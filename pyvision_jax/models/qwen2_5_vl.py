@@ -78,7 +78,10 @@ class Qwen2_5_VL(nnx.Module):
 
 @functools.lru_cache(maxsize=16)
 def _abstract(config: ModelConfig, compute_dtype: str) -> tuple[nnx.GraphDef, nnx.State]:
-    model = nnx.eval_shape(lambda: Qwen2_5_VL(config, rngs=nnx.Rngs(0), dtype=jnp.dtype(compute_dtype)))
+    # Built outside any mesh (a first call may come from a step traced under one): the
+    # logical axis names stay metadata instead of becoming shardings on that mesh.
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+        model = nnx.eval_shape(lambda: Qwen2_5_VL(config, rngs=nnx.Rngs(0), dtype=jnp.dtype(compute_dtype)))
     graphdef, state = nnx.split(model, nnx.Param)
     return graphdef, state
 

@@ -18,7 +18,7 @@ from flax import nnx, struct
 from pyvision_jax.models.attention import attention, query_groups
 from pyvision_jax.models.blockwise_attention import MASK_VALUE
 from pyvision_jax.models.config import ModelConfig
-from pyvision_jax.models.layer_scan import scan_layers, stacked
+from pyvision_jax.models.layer_scan import REMAT_POLICIES, check_remat, scan_layers, stacked
 from pyvision_jax.models.sharding import linear, shard_activation
 from pyvision_jax.models.vision import RMSNorm, apply_rotary
 
@@ -143,20 +143,31 @@ class TextAttention(nnx.Module):
         self.v_proj = linear(d, self.num_kv_heads * hd, ("embed", "kv_heads"), use_bias=True, **kw)
         self.o_proj = linear(self.num_heads * hd, d, ("heads", "embed"), use_bias=False, **kw)
 
+    def project(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """q [B, T, H, d], k and v [B, T, KVH, d] of `x`, rotary applied."""
+        b, t, _ = x.shape
+        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        # In the compute dtype, as transformers does: fp32 rotary tables would otherwise
+        # promote q and k (and the attention's saved inputs) to fp32 under bf16 compute.
+        q = apply_rotary(self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim), cos, sin).astype(v.dtype)
+        k = apply_rotary(self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim), cos, sin).astype(v.dtype)
+        return q, k, v
+
+    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array) -> jax.Array:
+        """Causal attention within segments (no cache): [B, T, H, d]."""
+        return attention(q, k, v, segments, segments, causal=True, scale=self.head_dim**-0.5, config=self.attention)
+
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
                  cached: "LayerCache | None" = None):
         """`mask`: segment ids [B, T] without a cache, the [B, T, S] cache mask with one."""
         b, t, _ = x.shape
-        q = apply_rotary(self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim), cos, sin)
-        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
-        scale = self.head_dim**-0.5
+        q, k, v = self.project(x, cos, sin)
         if cached is None:
-            out = attention(q, k, v, mask, mask, causal=True, scale=scale, config=self.attention)
+            out = self.attend(q, k, v, mask)
         else:
             cached = cached.write(k, v)
             keys, values = cached.read()
-            out = cached_gqa_attention(q, keys.astype(q.dtype), values.astype(q.dtype), mask, scale)
+            out = cached_gqa_attention(q, keys.astype(q.dtype), values.astype(q.dtype), mask, self.head_dim**-0.5)
         return self.o_proj(out.reshape(b, t, -1)), cached
 
 
@@ -219,10 +230,28 @@ class DecoderLayer(nnx.Module):
         self.self_attn = TextAttention(config, **kw)
         self.mlp = TextMLP(config, **kw)
 
-    def __call__(self, x, cos, sin, mask, cached=None):
+    def __call__(self, x, cos, sin, mask, cached=None, remat: str = "none"):
+        if cached is None and check_remat(remat) != "none":
+            return self._rematerialised(x, cos, sin, mask, REMAT_POLICIES[remat]), None
         attn, cached = self.self_attn(self.input_layernorm(x), cos, sin, mask, cached)
         x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x)), cached
+
+    def _rematerialised(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segments: jax.Array,
+                        policy: Any) -> jax.Array:
+        """The layer with the remat `policy` on everything but the attention kernel, whose
+        custom gradient already recomputes block by block and keeps only its output and
+        logsumexp. (Under remat inside the layer scan JAX would differentiate the kernel's
+        forward loops and keep every block's scores: quadratic memory.)"""
+        attn = self.self_attn
+        q, k, v = jax.checkpoint(lambda x: attn.project(self.input_layernorm(x), cos, sin), policy=policy)(x)
+        out = attn.attend(q, k, v, segments)
+
+        def finish(x: jax.Array, out: jax.Array) -> jax.Array:
+            x = x + attn.o_proj(out.reshape(*out.shape[:2], -1))
+            return x + self.mlp(self.post_attention_layernorm(x))
+
+        return jax.checkpoint(finish, policy=policy)(x, out)
 
 
 class TextModel(nnx.Module):
@@ -257,9 +286,9 @@ class TextModel(nnx.Module):
 
             def layer_step(layer: DecoderLayer, x: jax.Array, _: Any) -> tuple[jax.Array, None]:
                 x = shard_activation(x, ("batch", "length", "act_embed"))
-                return layer(x, cos, sin, segments)[0], None
+                return layer(x, cos, sin, segments, remat=remat)[0], None
 
-            x, _ = scan_layers(self.layers, layer_step, embeds, remat=remat)
+            x, _ = scan_layers(self.layers, layer_step, embeds)
             return self.norm(x), None
         index = cache.index
         valid = jax.lax.dynamic_update_slice(cache.valid, attention_mask, (0, index))

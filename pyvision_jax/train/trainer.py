@@ -127,11 +127,12 @@ class Trainer:
         del params
         self.step_config = StepConfig(loss=PPOLossConfig.from_config(c.rl), temperature=c.rollout.temperature,
                                       logprob_chunk=c.train.logprob_chunk, old_logprobs=c.train.old_logprobs,
-                                      compute_dtype=c.model.compute_dtype, frozen_prefixes=frozen)
+                                      compute_dtype=c.model.compute_dtype, frozen_prefixes=frozen,
+                                      remat=c.model.remat)
         self.train_step = make_train_step(self.model_config, self.step_config, self.optimizer, self.mesh,
                                           self.shardings, donate=not self.source.holds_params)
         self.batching = BatchingConfig(wiring.int_tuple(c.train.length_buckets, "train.length_buckets"),
-                                       c.train.micro_batch)
+                                       c.train.micro_batch, c.train.pack)
         self._drop_outputs_after(int(self.state.step))
         self.writer = MetricsWriter(self.workdir / TB_DIR)
         self.source.start(self.state.params, int(self.state.step), cursors)

@@ -1,6 +1,10 @@
 """Attention implementations against the dense reference: forward and gradients on packed,
 ragged, causal and non-causal inputs with GQA; padding rows; compiled memory of blockwise."""
 import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +18,7 @@ from pyvision_jax.models.blockwise_attention import live_blocks
 from tests.models.model_configs import TINY
 from tests.models.model_inputs import image_tokens, patches, right_padded, text
 
+REPO = Path(__file__).resolve().parents[2]
 SCALE = 0.3
 PACKED = np.stack([np.repeat([1, 2, 3, 0], [20, 30, 15, 10]),  # three trajectories, right padding
                    np.repeat([0, 4, 0], [5, 60, 10]),          # left and right padding
@@ -64,6 +69,14 @@ def test_splash_in_interpret_mode_matches_dense(causal):
     q, k, v, weights = qkv(t, t, batch=2, seed=2)
     segments = jnp.asarray(np.stack([np.repeat([1, 2, 3, 0], [90, 50, 40, 20]), np.repeat([0, 7], [30, 170])]))
     assert_matches_dense(AttentionConfig("splash", 128, 128), q, k, v, weights, segments, segments, causal)
+
+
+def test_splash_under_a_four_device_mesh_runs_per_shard_and_matches_dense():
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-m", "tests.models.splash_mesh_check"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert "OK splash sharded" in result.stdout
 
 
 @pytest.mark.parametrize("implementation", ["dense", "blockwise", "splash"])

@@ -35,15 +35,11 @@ ROOT = Path(__file__).resolve().parents[2]
 NUM_TASKS, GROUP_SIZE, SEED = 12, 2, 0
 
 CONFIG_TEMPLATE = """
-import importlib.util
-
-_spec = importlib.util.spec_from_file_location("tiny_cpu", {tiny!r})
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+from configs.tiny_cpu import get_config as tiny_cpu_config
 
 
 def get_config():
-    c = _tiny.get_config()
+    c = tiny_cpu_config()
     c.model.hf_dir = ""
     c.model.preset = "tiny"
     c.data.train_files = ({tasks!r},)
@@ -73,7 +69,7 @@ def write_inputs(directory: Path, redis_url: str) -> tuple[Path, list[Task]]:
     (directory / "script.json").write_text(json.dumps({"*": [answer_turn("A")]}))
     config = directory / "fleet_config.py"
     config.write_text(CONFIG_TEMPLATE.format(
-        tiny=str(ROOT / "configs" / "tiny_cpu.py"), tasks=str(directory / "tasks.jsonl"),
+        tasks=str(directory / "tasks.jsonl"),
         group_size=GROUP_SIZE, script=str(directory / "script.json"), redis_url=redis_url))
     return config, tasks
 

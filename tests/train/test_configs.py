@@ -2,7 +2,7 @@
 in values, never in schema."""
 import pytest
 
-from configs import pyvision_image_7b, pyvision_video_7b, tiny_cpu
+from configs import pyvision_image_7b, pyvision_image_7b_v5p8, pyvision_video_7b, tiny_cpu
 
 
 def flat_keys(config, prefix=""):
@@ -33,3 +33,13 @@ def test_eval_and_worker_keys_have_the_documented_defaults(module):
     assert (c.eval.tasks_per_batch, c.eval.report_rollouts_per_task) == (0, 0)
     assert (c.rollout.script_file, c.rollout.max_epochs, c.rollout.poll_s,
             c.rollout.queue_namespace) == ("", 0, 0.5, "pyvision")
+
+
+def test_v5p8_config_is_the_image_recipe_on_four_chips():
+    c, image = pyvision_image_7b_v5p8.get_config(), pyvision_image_7b.get_config()
+    assert c.train.mesh_data * c.train.mesh_fsdp * c.train.mesh_tensor == 4
+    assert c.train.micro_batch % (c.train.mesh_data * c.train.mesh_fsdp) == 0
+    assert (c.model.attention, c.model.remat, c.train.pack) == ("splash", "full", True)
+    assert flat_keys(c) == flat_keys(image)
+    for section in ("rl", "episode", "rollout"):
+        assert c[section].to_dict() == image[section].to_dict(), section

@@ -21,15 +21,11 @@ from tests.train.tensorboard_events import read_scalars
 ROOT = Path(__file__).resolve().parents[2]
 
 CONFIG = """
-import importlib.util
-
-_spec = importlib.util.spec_from_file_location("tiny_cpu", {tiny!r})
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+from configs.tiny_cpu import get_config as tiny_cpu_config
 
 
 def get_config():
-    c = _tiny.get_config()
+    c = tiny_cpu_config()
     c.model.hf_dir = ""
     c.model.preset = "tiny"
     c.model.tokenizer = "tiny"
@@ -69,7 +65,7 @@ def write_config(directory: Path, redis_url: str, steps: int) -> Path:
     write_tasks_jsonl(directory / "tasks.jsonl", tasks)
     (directory / "script.json").write_text(json.dumps({"*": [answer_turn("A")]}))
     path = directory / f"config_{steps}.py"
-    path.write_text(CONFIG.format(tiny=str(ROOT / "configs" / "tiny_cpu.py"), tasks=str(directory / "tasks.jsonl"),
+    path.write_text(CONFIG.format(tasks=str(directory / "tasks.jsonl"),
                                   script=str(directory / "script.json"), redis_url=redis_url,
                                   weights=str(directory / "weights"), steps=steps))
     return path
