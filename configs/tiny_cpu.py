@@ -2,9 +2,9 @@
 
 Runs a handful of GRPO steps in a few minutes on 2 cores:
     python launch/train.py --config configs/tiny_cpu.py --workdir /tmp/pyvision_tiny
-Override any field: --config.rl.group_size=4 --config.train.steps=2. GRPO from an SFT
-checkpoint of the "small" model (configs/sft_tiny.py, README "The SFT stage"):
---config.model.preset=small --config.model.hf_dir=SFT_WORKDIR/hf
+Override any field: --config.rl.group_size=4 --config.train.steps=2. GRPO from the packaged
+SFT checkpoint of the "small" model (configs/sft_tiny.py, README "The SFT stage"):
+--config.model.preset=small --config.model.hf_dir=packaged:small_sft
 """
 import ml_collections
 

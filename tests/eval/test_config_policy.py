@@ -35,3 +35,12 @@ def test_a_missing_packaged_checkpoint_is_named_in_the_error():
     with pytest.raises(FileNotFoundError, match=r"model.hf_dir='packaged:no_such_checkpoint': no packaged "
                                                 r"checkpoint at .*assets/no_such_checkpoint"):
         config_policy(config, progress=False)
+
+
+def test_the_packaged_sft_checkpoint_loads_as_the_small_preset():
+    config = get_config()
+    config.model.preset, config.model.hf_dir = "small", "packaged:small_sft"
+    policy = config_policy(config, progress=False)
+    assert policy.kind == "hf" and policy.path.endswith("assets/small_sft")
+    assert policy.model_config.to_hf_dict() == ModelConfig.preset("small").to_hf_dict()
+    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(policy.params))
