@@ -78,7 +78,23 @@ class SyncSource:
         _close_all(self._closers)
 
 
-class BackgroundSource:
+class QueueBackedSource:
+    """What the queue-backed sources share: receipts, acknowledgements and counters are the
+    intake's."""
+
+    intake: QueueIntake
+
+    def receipt(self) -> Receipt:
+        return self.intake.receipt()
+
+    def acknowledge(self, receipt: Receipt) -> None:
+        self.intake.acknowledge(receipt)
+
+    def stats(self) -> dict[str, float]:
+        return self.intake.stats()
+
+
+class BackgroundSource(QueueBackedSource):
     """In-process, a rollout thread running ahead into a local queue."""
 
     holds_params = True
@@ -126,15 +142,6 @@ class BackgroundSource:
     def state(self) -> dict[str, Any]:
         return {TASKS_DRAWN: self.taken}
 
-    def receipt(self) -> Receipt:
-        return self.intake.receipt()
-
-    def acknowledge(self, receipt: Receipt) -> None:
-        self.intake.acknowledge(receipt)
-
-    def stats(self) -> dict[str, float]:
-        return self.intake.stats()
-
     def close(self) -> None:
         self.worker.request_stop()
         if self._thread is not None:
@@ -142,7 +149,7 @@ class BackgroundSource:
         _close_all(self._closers)
 
 
-class FleetSource:
+class FleetSource(QueueBackedSource):
     """External workers over a queue; weights exported to a shared directory. Every poll
     re-asserts the trainer's version and the announcement of its newest published weights,
     so a Redis server restarted without persistence is repopulated."""
@@ -189,15 +196,6 @@ class FleetSource:
 
     def state(self) -> dict[str, Any]:
         return {}
-
-    def receipt(self) -> Receipt:
-        return self.intake.receipt()
-
-    def acknowledge(self, receipt: Receipt) -> None:
-        self.intake.acknowledge(receipt)
-
-    def stats(self) -> dict[str, float]:
-        return self.intake.stats()
 
     def close(self) -> None:
         _close_all(self._closers)
