@@ -140,7 +140,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.checkpoint_every = 2
     c.train.keep_checkpoints = 2
     c.train.sample_groups_per_step = 1  # trajectory groups appended to workdir/trajectories.jsonl per step
-    c.train.distributed = False      # multi-host: call jax.distributed.initialize
+    c.train.distributed = False      # multi-host: jax.distributed.initialize before any other JAX call
+    c.train.coordinator_address = ""  # "host:port" of process 0 ("": autodetect: TPU pods, SLURM, ...)
+    c.train.num_processes = 0        # processes of the run (0: autodetect)
+    c.train.process_id = -1          # this process's index (-1: autodetect); process 0 reads the
+                                     # rollouts and writes TensorBoard, samples and weights
 
     c.sft = ml_collections.ConfigDict()  # algorithm "sft"; optimizer, steps, mesh, buckets: `train`
     c.sft.train_files = ()           # released-schema SFT files (conversations, images,
@@ -165,4 +169,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.max_total_tokens = 1024
     c.eval.tasks_per_batch = 0       # tasks run together (0: enough to fill episode.max_concurrent)
     c.eval.report_rollouts_per_task = 0  # trajectories per task in report.html (0: all)
+    c.eval.heldout_per_kind = 0      # launch/train.py: held-out accuracy before and after training (0: off)
+    c.eval.heldout_seed = 4242       # synthetic seed of the held-out tasks (never a training seed)
+    c.eval.heldout_k = 2             # rollouts per held-out task
     return c

@@ -11,6 +11,7 @@ vLLM (`rollout.engine="vllm"`) is built only on request: the main .venv has no v
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import math
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 import ml_collections
 from transformers import AutoTokenizer
 
@@ -128,12 +130,20 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     return model.replace(attention=AttentionConfig.from_config(config.model))
 
 
-def load_model(config: ml_collections.ConfigDict) -> tuple[ModelConfig, Any]:
-    """(ModelConfig, params) from model.hf_dir, or a random init of model.preset."""
+def param_shapes(config: ml_collections.ConfigDict, model: ModelConfig) -> Any:
+    """The params tree of `load_model` as ShapeDtypeStructs (nothing allocated)."""
+    return jax.eval_shape(functools.partial(init_params, model, config.seed, config.model.param_dtype))
+
+
+def load_model(config: ml_collections.ConfigDict, sharding: Any = None) -> tuple[ModelConfig, Any]:
+    """(ModelConfig, params) from model.hf_dir, or a random init of model.preset. `sharding`
+    (a params-shaped tree of shardings) places each leaf straight where it belongs: HF
+    tensors leaf by leaf as they are read, a random init computed sharded."""
     model = model_config(config)
     if config.model.hf_dir:
-        return model, load_hf(hf_dir(config), dtype=config.model.param_dtype, progress=False)[1]
-    return model, init_params(model, config.seed, config.model.param_dtype)
+        return model, load_hf(hf_dir(config), dtype=config.model.param_dtype, sharding=sharding, progress=False)[1]
+    init = functools.partial(init_params, model, config.seed, config.model.param_dtype)
+    return model, init() if sharding is None else jax.jit(init, out_shardings=sharding)()
 
 
 # ----------------------------------------------------------------------------- tasks and episodes

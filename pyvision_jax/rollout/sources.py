@@ -21,8 +21,6 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import jax
-
 from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.data.task_order import TaskShard
 from pyvision_jax.rollout.intake import GroupSpool, QueueIntake, Receipt
@@ -58,6 +56,9 @@ class SyncSource:
         items = self.shard.take(self.cursor, count)
         self.cursor += count
         return self.producer.produce(items)
+
+    def wants_params(self, version: int, *, final: bool = False) -> bool:
+        return True
 
     def publish(self, params: Any, version: int, *, final: bool = False) -> None:
         self.producer.engine.update_weights(params, version)
@@ -135,6 +136,9 @@ class BackgroundSource(QueueBackedSource):
         self.taken += len(groups)
         return groups
 
+    def wants_params(self, version: int, *, final: bool = False) -> bool:
+        return True
+
     def publish(self, params: Any, version: int, *, final: bool = False) -> None:
         self.queue.set_trainer_version(version)
         self.inbox.offer(params, version)
@@ -169,7 +173,7 @@ class FleetSource(QueueBackedSource):
         self._closers = tuple(closers)
 
     def _announce(self, version: int, params: Any) -> None:
-        path = self.publisher.publish(version, jax.device_get(params))
+        path = self.publisher.publish(version, params)  # streamed to disk layer by layer
         self._announced = (version, str(path))
 
     def _refresh(self) -> None:
@@ -188,10 +192,13 @@ class FleetSource(QueueBackedSource):
     def collect(self, count: int, stop: threading.Event) -> list[TrajectoryGroup]:
         return self.intake.take(count, stop)
 
+    def wants_params(self, version: int, *, final: bool = False) -> bool:
+        return final or version % self.publish_every == 0
+
     def publish(self, params: Any, version: int, *, final: bool = False) -> None:
         self.version = version
         self.queue.set_trainer_version(version)
-        if final or version % self.publish_every == 0:
+        if self.wants_params(version, final=final):
             self._announce(version, params)
 
     def state(self) -> dict[str, Any]:

@@ -1,16 +1,21 @@
 """The device mesh of the trainer: `data` x `fsdp` x `tensor` axes, from config.
 
 Sizes multiply to the number of devices; one size may be -1 to take whatever is left.
-Multi-host runs call `jax.distributed.initialize` first (when `distributed` is set), after
-which `jax.devices()` lists the devices of every host.
+Multi-host runs call `initialize_distributed` before any other JAX call (the trainer does it
+first when `train.distributed` is set), after which `jax.devices()` lists the devices of
+every process. With several processes the mesh is hybrid: the processes (DCN, slow links)
+split the `data` axis first, then `fsdp`, then `tensor`, and each process's own devices
+(ICI, fast links) hold the rest, so the collectives of fsdp and tensor stay within a host
+whenever the sizes allow it.
 """
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh
 
 from pyvision_jax.models.sharding import MESH_AXES
@@ -36,19 +41,40 @@ def resolve_mesh_shape(data: int, fsdp: int, tensor: int, num_devices: int) -> t
     return tuple(sizes)
 
 
+def split_over_processes(shape: Sequence[int], num_processes: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(per-process ICI shape, across-process DCN shape) of a mesh `shape`, their product per
+    axis being `shape`: the processes take the data axis first, then fsdp, then tensor."""
+    left, dcn = int(num_processes), []
+    for size in shape:
+        share = math.gcd(int(size), left)
+        dcn.append(share)
+        left //= share
+    if left != 1:
+        raise ValueError(f"mesh (data, fsdp, tensor) = {tuple(shape)} cannot be split over {num_processes} "
+                         f"processes (each axis split must divide it); make data or fsdp a multiple of it")
+    return tuple(size // share for size, share in zip(shape, dcn)), tuple(dcn)
+
+
 def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A Mesh with axes ("data", "fsdp", "tensor") over `devices` (default: all devices)."""
+    """A Mesh with axes ("data", "fsdp", "tensor") over `devices` (default: all devices), hybrid
+    (`split_over_processes`) when they belong to several processes."""
     devices = list(jax.devices() if devices is None else devices)
     shape = resolve_mesh_shape(data, fsdp, tensor, len(devices))
-    return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES)
+    processes = len({d.process_index for d in devices})
+    if processes == 1:
+        return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES)
+    ici, dcn = split_over_processes(shape, processes)
+    return Mesh(mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=True), MESH_AXES)
 
 
 def initialize_distributed(coordinator_address: str = "", num_processes: int = 0,
                            process_id: int = -1) -> None:
-    """`jax.distributed.initialize` for multi-host runs; empty arguments let JAX autodetect
-    (TPU pods, SLURM, ...)."""
-    kwargs = {}
+    """`jax.distributed.initialize` for multi-host runs (once: a second call does nothing);
+    empty arguments let JAX autodetect (TPU pods, SLURM, ...)."""
+    if jax.distributed.is_initialized():
+        return
+    kwargs: dict[str, Any] = {}
     if coordinator_address:
         kwargs["coordinator_address"] = coordinator_address
     if num_processes > 0:
@@ -58,9 +84,15 @@ def initialize_distributed(coordinator_address: str = "", num_processes: int = 0
     jax.distributed.initialize(**kwargs)
 
 
-def mesh_from_config(train_config) -> Mesh:
-    """The mesh of a `config.train` block (mesh_data, mesh_fsdp, mesh_tensor, distributed)."""
+def distributed_from_config(train_config: Any) -> None:
+    """`initialize_distributed` with the keys of a `config.train` block when `distributed` is
+    set; must run before any other JAX call of the process."""
     if train_config.get("distributed", False):
         initialize_distributed(train_config.get("coordinator_address", ""),
                                train_config.get("num_processes", 0), train_config.get("process_id", -1))
+
+
+def mesh_from_config(train_config: Any) -> Mesh:
+    """The mesh of a `config.train` block (mesh_data, mesh_fsdp, mesh_tensor, distributed)."""
+    distributed_from_config(train_config)
     return make_mesh(train_config.mesh_data, train_config.mesh_fsdp, train_config.mesh_tensor)

@@ -25,8 +25,13 @@ class GroupSource(Protocol):
     def collect(self, count: int, stop: threading.Event) -> list[TrajectoryGroup]:
         """`count` scored groups (fewer only when `stop` is set)."""
 
+    def wants_params(self, version: int, *, final: bool = False) -> bool:
+        """Whether `publish(params, version, final=final)` reads the params (a fleet exports
+        only every few steps; a multi-process run gathers them only then)."""
+
     def publish(self, params: Any, version: int, *, final: bool = False) -> None:
-        """New trainer params of `version` (`final`: the run's last step)."""
+        """New trainer params of `version` (`final`: the run's last step); None when
+        `wants_params` said no."""
 
     def state(self) -> dict[str, Any]:
         """The source's resumable position, saved with each checkpoint."""

@@ -37,7 +37,9 @@ from pyvision_jax.train import metric_names as tags
 from pyvision_jax.train.batching import BatchingConfig, pack_batch
 from pyvision_jax.train.checkpoint import TrainCheckpoints
 from pyvision_jax.train.groups import GroupPool, SelectedRows, SelectionConfig, pool_arrays, rollout_scalars, select_rows
-from pyvision_jax.train.mesh import mesh_from_config
+from pyvision_jax.train.broadcast_source import BroadcastSource
+from pyvision_jax.train.mesh import distributed_from_config, mesh_from_config
+from pyvision_jax.train.multihost import agree, is_primary
 from pyvision_jax.train.run_outputs import append_jsonl, truncate_events, truncate_jsonl
 from pyvision_jax.train.metrics import MetricsWriter, format_console_line
 from pyvision_jax.train.source import GroupSource
@@ -92,6 +94,7 @@ class Trainer:
         self.writer: MetricsWriter | None = None
         self._receipts: list[Any] = []
         self._covered: list[Any] = []
+        self.primary = True
 
     def request_stop(self) -> None:
         """Stop after the current round or step, saving a checkpoint (what SIGTERM does)."""
@@ -101,16 +104,22 @@ class Trainer:
 
     def _setup(self) -> None:
         c = self.config
+        distributed_from_config(c.train)  # before any other JAX call of this process
+        self.primary = is_primary()
+        if not self.primary:  # process 0 alone logs and writes the run's files
+            self.log, self.progress = (lambda line: None), False
         for sub in (CHECKPOINT_DIR, TB_DIR):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
-        (self.workdir / RESOLVED_CONFIG).write_text(c.to_json_best_effort(indent=2, sort_keys=True))
+        if self.primary:
+            (self.workdir / RESOLVED_CONFIG).write_text(c.to_json_best_effort(indent=2, sort_keys=True))
         self.tokenizer = self._tokenizer or wiring.load_tokenizer(c)
-        self.model_config, params = self._model or wiring.load_model(c)
         self.mesh = mesh_from_config(c.train)
+        self.model_config = self._model[0] if self._model else wiring.model_config(c)
+        shapes = jax.eval_shape(lambda: self._model[1]) if self._model else wiring.param_shapes(c, self.model_config)
         frozen = ("visual",) if c.train.freeze_vision else ()
         self.optimizer = make_optimizer(OptimizerConfig.from_config(c.train, frozen_prefixes=frozen))
         init = functools.partial(init_train_state, optimizer=self.optimizer, seed=c.seed, frozen_prefixes=frozen)
-        abstract = jax.eval_shape(init, params)
+        abstract = jax.eval_shape(init, shapes)
         self.shardings = state_shardings(abstract, param_logical_axes(self.model_config), self.mesh)
         self.checkpoints = TrainCheckpoints(self.workdir / CHECKPOINT_DIR, c.train.checkpoint_every,
                                             c.train.keep_checkpoints)
@@ -118,13 +127,13 @@ class Trainer:
         if self.checkpoints.latest_step() is not None:
             _, state, cursors = self.checkpoints.restore_intact(abstract, self.shardings, warn=self.log)
             self.log(f"resumed from {self.checkpoints.directory} at step {int(state.step)}")
-        else:  # built sharded: optimizer moments never exist unsharded on one device
-            state = jax.jit(init, out_shardings=self.shardings)(jax.device_put(params, self.shardings.params))
+        else:  # loaded and built sharded: no leaf or optimizer moment whole on one device
+            params = (jax.device_put(self._model[1], self.shardings.params) if self._model
+                      else wiring.load_model(c, sharding=self.shardings.params)[1])
+            state = jax.jit(init, out_shardings=self.shardings)(params)
+            del params
         self.state: TrainState = state
-        if self.source is None:
-            self.source = wiring.group_source(c, self.workdir, self.model_config, params, self.tokenizer,
-                                              **self._source_parts)
-        del params
+        self.source = self._group_source()
         self.step_config = StepConfig(loss=PPOLossConfig.from_config(c.rl), temperature=c.rollout.temperature,
                                       logprob_chunk=c.train.logprob_chunk, old_logprobs=c.train.old_logprobs,
                                       compute_dtype=c.model.compute_dtype, frozen_prefixes=frozen,
@@ -133,10 +142,24 @@ class Trainer:
                                           self.shardings, donate=not self.source.holds_params)
         self.batching = BatchingConfig(wiring.int_tuple(c.train.length_buckets, "train.length_buckets"),
                                        c.train.micro_batch, c.train.pack)
-        self._drop_outputs_after(int(self.state.step))
-        self.writer = MetricsWriter(self.workdir / TB_DIR)
+        if self.primary:
+            self._drop_outputs_after(int(self.state.step))
+            self.writer = MetricsWriter(self.workdir / TB_DIR)
         self.source.start(self.state.params, int(self.state.step), cursors)
         self._source_state = self.source.state()
+
+    def _group_source(self) -> GroupSource:
+        """The given source or the config's; with several processes, process 0 alone runs it
+        and every process gets its groups (`BroadcastSource`)."""
+        given = self.source
+
+        def build(params: Any) -> GroupSource:
+            return given or wiring.group_source(self.config, self.workdir, self.model_config, params,
+                                                self.tokenizer, **self._source_parts)
+
+        if jax.process_count() > 1:
+            return BroadcastSource(build)
+        return build(self.state.params)
 
     def _drop_outputs_after(self, step: int) -> None:
         """A resumed (or restarted) run redoes the steps after `step`: what a killed run wrote
@@ -173,7 +196,7 @@ class Trainer:
             bar = tqdm(total=total, initial=min(first, total), desc="train", unit="step",
                        disable=not self.progress, dynamic_ncols=True)
             try:
-                while int(self.state.step) < total and not self._stop.is_set():
+                while int(self.state.step) < total and not self._stopping():
                     self._one_step(bar)
             finally:
                 bar.close()
@@ -182,12 +205,17 @@ class Trainer:
             self.checkpoints.wait()
             self._acknowledge_covered()
             failed = False
-            return TrainSummary(first, last, self._stop.is_set() and last < total, self.checkpoints.directory,
-                                self.writer.logdir, str(self.workdir))
+            return TrainSummary(first, last, self._stopping() and last < total, self.checkpoints.directory,
+                                str(self.workdir / TB_DIR), str(self.workdir))
         finally:
             self._close(quiet=failed)
             if previous_handler is not None:
                 signal.signal(signal.SIGTERM, previous_handler)
+
+    def _stopping(self) -> bool:
+        """Whether the run stops (SIGTERM, `request_stop`); with several processes, process
+        0's answer, so that all of them take the same path."""
+        return agree(self._stop.is_set())
 
     def _cursor_state(self) -> dict[str, Any]:
         """The source's position as of the last completed step (tasks drawn by an interrupted
@@ -219,7 +247,7 @@ class Trainer:
         pool = selected = None
         waited, rounds = 0.0, 0
         for _ in range(c.rl.max_gen_rounds):
-            if self._stop.is_set():
+            if self._stopping():
                 break
             start = time.perf_counter()
             groups.extend(self.source.collect(self.prompts_per_round, self._stop))
@@ -235,7 +263,7 @@ class Trainer:
         c = self.config
         step = int(self.state.step)
         pool, selected, rounds, waited = self._collect()
-        if self._stop.is_set() or pool is None or not pool.groups:
+        if self._stopping() or pool is None or not pool.groups:
             return
         start = time.perf_counter()
         batch, stats = pack_batch(self.model_config, selected.rows, selected.advantages, self.batching)
@@ -258,9 +286,10 @@ class Trainer:
             tags.BATCH_REAL_TOKENS: stats.real_tokens,
             **{tags.SOURCE_STATS[name]: value for name, value in self.source.stats().items()},
         })
-        self.writer.write(new_step, scalars)
-        self.writer.flush()
-        self._sample_trajectories(new_step, pool.groups)
+        if self.primary:
+            self.writer.write(new_step, scalars)
+            self.writer.flush()
+            self._sample_trajectories(new_step, pool.groups)
         if selected.counts.kept < c.rl.batch_groups:
             self.log(f"step {new_step}: only {selected.counts.kept}/{c.rl.batch_groups} informative groups after "
                      f"{rounds} generation round(s) (rl.max_gen_rounds={c.rl.max_gen_rounds}); "
