@@ -7,7 +7,8 @@
 
 The workdir holds checkpoints/, tb/ (TensorBoard), trajectories.jsonl (a sample) and
 config.json (the resolved config). Rerunning with the same workdir resumes from the latest
-checkpoint. SIGTERM saves a checkpoint and exits.
+checkpoint. SIGTERM saves a checkpoint and exits. With `eval.heldout_per_kind` > 0 the model
+is evaluated on held-out synthetic tasks before and after training (WORKDIR/heldout/).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pyvision_jax.eval.heldout import train_with_heldout  # noqa: E402
 from pyvision_jax.train.sft import train_sft  # noqa: E402
 from pyvision_jax.train.trainer import train  # noqa: E402
 
@@ -40,7 +42,7 @@ def main(argv: list[str]) -> None:
     algorithm = _CONFIG.value.algorithm
     if algorithm not in ALGORITHMS:
         raise app.UsageError(f"config algorithm={algorithm!r} must be one of {sorted(ALGORITHMS)}")
-    summary = ALGORITHMS[algorithm](_CONFIG.value, _WORKDIR.value, progress=_PROGRESS.value)
+    summary, _ = train_with_heldout(_CONFIG.value, _WORKDIR.value, ALGORITHMS[algorithm], progress=_PROGRESS.value)
     state = "interrupted at" if summary.interrupted else "finished at"
     print(f"training {state} step {summary.last_step} (started at step {summary.first_step})")
     print(f"TensorBoard logs: {summary.tensorboard_dir}  (tensorboard --logdir {summary.tensorboard_dir})")
