@@ -91,6 +91,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.group_size = 4              # G: rollouts per prompt
     c.rl.tool_reward_coef = 0.1
     c.rl.selection_mode = "group"    # "group" or "trajectory" (official behaviour)
+    c.rl.rank_by = "std"             # informative groups ranked by reward std, or "arrival" (ablation)
     c.rl.drop_groups_with_broken = False
     c.rl.min_members = 2
     c.rl.normalize_std = False

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from pyvision_jax.rl.group_stats import group_statistics, usable_mask
 
 SelectionMode = Literal["group", "trajectory"]
+RankBy = Literal["std", "arrival"]
 
 
 class SelectionCounts(NamedTuple):
@@ -56,6 +57,7 @@ def select_rollouts(
     num_select: int,
     *,
     mode: SelectionMode = "group",
+    rank_by: RankBy = "std",
     std_eps: float = 1e-6,
     min_members: int = 2,
     drop_groups_with_broken: bool = False,
@@ -73,11 +75,14 @@ def select_rollouts(
     surviving group is ranked by its group's unbiased std, ties to the lower flat index, and
     `num_select` single rollouts are returned (so a group may be split at the cut).
 
+    `rank_by="arrival"` (an ablation) keeps the informative groups (or rollouts) in the order
+    they arrived instead of by std.
+
     `stats_include_broken=True` reproduces the released code: the std and the member count
     (for `min_members`) are over every valid rollout, broken ones included (they still never
     train). By default they are over usable rollouts only.
 
-    `num_select`, `mode`, `min_members`, `drop_groups_with_broken` and `stats_include_broken`
+    `num_select`, `mode`, `rank_by`, `min_members`, `drop_groups_with_broken` and `stats_include_broken`
     are static under jit.
     """
     rewards = jnp.asarray(rewards, jnp.float32)
@@ -86,6 +91,8 @@ def select_rollouts(
     num_groups, group_size = rewards.shape
     if mode not in ("group", "trajectory"):
         raise ValueError(f"select_rollouts: mode must be 'group' or 'trajectory', got {mode!r}")
+    if rank_by not in ("std", "arrival"):
+        raise ValueError(f"select_rollouts: rank_by must be 'std' or 'arrival', got {rank_by!r}")
     capacity = num_groups if mode == "group" else num_groups * group_size
     if not 1 <= num_select <= capacity:
         raise ValueError(
@@ -108,14 +115,17 @@ def select_rollouts(
     eligible = remaining & ~zero_variance
 
     if mode == "group":
-        key = jnp.where(eligible, stats.std, -jnp.inf)
+        order = stats.std if rank_by == "std" else -jnp.arange(num_groups, dtype=jnp.float32)
+        key = jnp.where(eligible, order, -jnp.inf)
         _, indices = jax.lax.top_k(key, num_select)
         real = eligible[indices]
         rollout_indices = (indices[:, None] * group_size + jnp.arange(group_size)[None, :]).reshape(-1)
         rollout_real = (real[:, None] & usable[indices]).reshape(-1)
     else:
         trainable = (eligible[:, None] & usable).reshape(-1)
-        key = jnp.where(trainable, jnp.repeat(stats.unbiased_std, group_size), -jnp.inf)
+        order = (jnp.repeat(stats.unbiased_std, group_size) if rank_by == "std"
+                 else -jnp.arange(num_groups * group_size, dtype=jnp.float32))
+        key = jnp.where(trainable, order, -jnp.inf)
         _, indices = jax.lax.top_k(key, num_select)
         real = trainable[indices]
         rollout_indices, rollout_real = indices, real

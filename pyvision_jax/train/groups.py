@@ -77,11 +77,12 @@ def pool_arrays(groups: Sequence[TrajectoryGroup], capacity: int, group_size: in
     return GroupPool(tuple(groups), rewards, correct, valid, broken)
 
 
-@functools.partial(jax.jit, static_argnames=("num_select", "mode", "min_members", "drop_groups_with_broken",
-                                             "normalize_std", "stats_include_broken"))
-def _select(rewards, valid, broken, *, num_select, mode, min_members, drop_groups_with_broken, normalize_std,
-            stats_include_broken):
-    selection = select_rollouts(rewards, valid, broken, num_select, mode=mode, min_members=min_members,
+@functools.partial(jax.jit, static_argnames=("num_select", "mode", "rank_by", "min_members",
+                                             "drop_groups_with_broken", "normalize_std", "stats_include_broken"))
+def _select(rewards, valid, broken, *, num_select, mode, rank_by, min_members, drop_groups_with_broken,
+            normalize_std, stats_include_broken):
+    selection = select_rollouts(rewards, valid, broken, num_select, mode=mode, rank_by=rank_by,
+                                min_members=min_members,
                                 drop_groups_with_broken=drop_groups_with_broken,
                                 stats_include_broken=stats_include_broken)
     advantages = group_advantages(rewards, valid, broken, normalize_std=normalize_std,
@@ -93,13 +94,15 @@ def _select(rewards, valid, broken, *, num_select, mode, min_members, drop_group
 @dataclasses.dataclass(frozen=True)
 class SelectionConfig:
     """How a pool becomes a batch: the top `batch_groups` groups (or `batch_groups * G`
-    trajectories in "trajectory" mode). stats_include_broken: group statistics, the
+    trajectories in "trajectory" mode), ranked by reward std (rank_by="std") or taken in
+    arrival order ("arrival", an ablation). stats_include_broken: group statistics, the
     advantage mean and `min_members` over every valid rollout (released) instead of the
     usable ones. train_end_reasons (empty: all) and require_code_image: the rollout filters
     applied after advantages (released: DONE, EXCEED_MAX_TURNS, ERROR_IN_ACTION; True)."""
 
     batch_groups: int = 2
     mode: str = "group"
+    rank_by: str = "std"
     min_members: int = 2
     drop_groups_with_broken: bool = False
     normalize_std: bool = False
@@ -117,7 +120,8 @@ class SelectionConfig:
 
     @classmethod
     def from_config(cls, rl) -> "SelectionConfig":
-        return cls(batch_groups=int(rl.batch_groups), mode=rl.selection_mode, min_members=int(rl.min_members),
+        return cls(batch_groups=int(rl.batch_groups), mode=rl.selection_mode, rank_by=rl.rank_by,
+                   min_members=int(rl.min_members),
                    drop_groups_with_broken=bool(rl.drop_groups_with_broken), normalize_std=bool(rl.normalize_std),
                    stats_include_broken=bool(rl.stats_include_broken),
                    train_end_reasons=tuple(rl.train_end_reasons), require_code_image=bool(rl.require_code_image))
@@ -134,7 +138,7 @@ def select_rows(pool: GroupPool, config: SelectionConfig) -> SelectedRows:
     None with advantage 0."""
     num_select = config.batch_groups if config.mode == "group" else config.batch_groups * pool.group_size
     selection, advantages = _select(pool.rewards, pool.valid, pool.broken, num_select=num_select,
-                                    mode=config.mode, min_members=config.min_members,
+                                    mode=config.mode, rank_by=config.rank_by, min_members=config.min_members,
                                     drop_groups_with_broken=config.drop_groups_with_broken,
                                     normalize_std=config.normalize_std,
                                     stats_include_broken=config.stats_include_broken)

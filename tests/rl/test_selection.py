@@ -127,6 +127,21 @@ def test_ranking_by_std_with_ties_to_lower_index():
     assert not np.asarray(selection.rollout_real)[4 * G:].any()
 
 
+@pytest.mark.parametrize("mode, num_select", [("group", 1), ("trajectory", 4)])
+def test_arrival_order_takes_the_first_informative_group_not_the_highest_std(mode, num_select):
+    batch = padded_batch([
+        [1, 1, 1, 1],  # zero variance
+        [1, 0, 0, 0],  # informative, arrived first
+        [1, 1, 0, 0],  # the highest std
+        [0, 0, 0, 1],
+    ])
+    groups = lambda s: {int(i) // G for i, r in zip(s.rollout_indices, s.rollout_real) if r}
+    assert groups(select_rollouts(*batch, num_select, mode=mode)) == {2}
+    assert groups(select_rollouts(*batch, num_select, mode=mode, rank_by="arrival")) == {1}
+    with pytest.raises(ValueError, match="rank_by must be"):
+        select_rollouts(*batch, num_select, mode=mode, rank_by="random")
+
+
 def test_trajectory_mode_ranks_by_unbiased_std_and_may_split_groups():
     broken = np.zeros((3, 4), bool)
     broken[1, 3] = True  # group 1 usable [1, 1, 0]: unbiased std 0.577 > group 0's 0.5
