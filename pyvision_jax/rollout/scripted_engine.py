@@ -106,7 +106,8 @@ class ScriptedEngine:
 
 
 def script_from_file(path: str | os.PathLike) -> Callable[[GenerationRequest, int], str]:
-    """A script from a JSON file `{task id or "*": [turn texts]}` ("*" answers any task)."""
+    """A script from a JSON file `{request id, task id or "*": [turn texts]}`: a request id
+    (`"{task_id}/{rollout}"`) scripts one rollout, a task id its rollouts, "*" any task."""
     script = json.loads(Path(path).read_text())
     if not isinstance(script, dict) or not all(
             isinstance(turns, list) and all(isinstance(t, str) for t in turns) for turns in script.values()):
@@ -114,7 +115,7 @@ def script_from_file(path: str | os.PathLike) -> Callable[[GenerationRequest, in
 
     def respond(request: GenerationRequest, turn: int) -> str:
         task_id = request.request_id.rsplit("/", 1)[0]
-        turns = script.get(task_id, script.get("*"))
+        turns = script.get(request.request_id, script.get(task_id, script.get("*")))
         if turns is None:
             raise KeyError(f"{path}: no script for task {task_id!r} and no '*' entry")
         return turns[min(turn, len(turns) - 1)]
