@@ -39,7 +39,8 @@ class HeldoutConfig:
         if held.per_kind < 0 or (held.per_kind and held.k < 1):
             raise ValueError(f"eval.heldout_per_kind must be >= 0 and eval.heldout_k >= 1, got "
                              f"{held.per_kind} and {held.k}")
-        used = {"data.synthetic_seed": int(config.data.synthetic_seed), "sft.synthetic_seed": int(config.sft.synthetic_seed)}
+        used = {"data.synthetic_seed": int(config.data.synthetic_seed),
+                "sft.synthetic_seed": int(config.sft.synthetic_seed)}
         clash = [name for name, seed in used.items() if seed == held.seed]
         if held.per_kind and clash:
             raise ValueError(f"eval.heldout_seed={held.seed} is also {clash[0]}: held-out tasks must come "

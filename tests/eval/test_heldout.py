@@ -11,13 +11,10 @@ import pytest
 
 from configs.tiny_cpu import get_config
 from pyvision_jax.eval.heldout import HeldoutConfig, train_with_heldout
+from tests.eval.tiny_run import TINY
 from tests.train.compilation_cache import COMPILATION_CACHE
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["--config.model.hf_dir=", "--config.model.preset=tiny", "--config.rl.group_size=2", "--config.rl.batch_groups=1",
-        "--config.rl.max_gen_rounds=1", "--config.episode.max_new_tokens_per_turn=8",
-        "--config.data.synthetic_per_kind=1", "--config.sandbox.pool_size=1", "--config.train.length_buckets=512",
-        "--config.rollout.length_buckets=512,1024", "--progress=false"]
 
 
 @pytest.mark.parametrize("field", ["data.synthetic_seed", "sft.synthetic_seed"])
@@ -40,8 +37,8 @@ def test_without_heldout_tasks_only_the_training_runs(tmp_path):
 
 def test_launch_train_prints_heldout_accuracy_before_and_after(tmp_path):
     command = [sys.executable, str(ROOT / "launch" / "train.py"), "--config", str(ROOT / "configs" / "tiny_cpu.py"),
-               f"--workdir={tmp_path}", *TINY, "--config.train.steps=1", "--config.eval.heldout_per_kind=1",
-               "--config.eval.heldout_k=1", "--config.eval.max_new_tokens_per_turn=8"]
+               f"--workdir={tmp_path}", "--progress=false", *TINY, "--config.train.steps=1",
+               "--config.eval.heldout_per_kind=1", "--config.eval.heldout_k=1", "--config.eval.max_new_tokens_per_turn=8"]
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=COMPILATION_CACHE,
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
