@@ -143,7 +143,7 @@ def load_model(config: ml_collections.ConfigDict, sharding: Any = None) -> tuple
     if config.model.hf_dir:
         return model, load_hf(hf_dir(config), dtype=config.model.param_dtype, sharding=sharding, progress=False)[1]
     init = functools.partial(init_params, model, config.seed, config.model.param_dtype)
-    return model, init() if sharding is None else jax.jit(init, out_shardings=sharding)()
+    return model, jax.jit(init, out_shardings=sharding)()  # jitted either way: the same values
 
 
 # ----------------------------------------------------------------------------- tasks and episodes

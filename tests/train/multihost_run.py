@@ -5,7 +5,8 @@ sandboxes, three colour tasks), on the devices XLA_FLAGS gives it:
 
 With a coordinator it is one of NUM_PROCESSES `jax.distributed` processes. Process 0 prints
 `ENGINE-WEIGHTS version sum` for the last params its engine received (host copies gathered
-from every process's devices).
+from every process's devices) and `GATHER-BLOCKS equal` when gathering the final params in
+blocks of 4 KiB rows gives what one gather per leaf gives.
 """
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import numpy as np
 
 from pyvision_jax import wiring
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
+from pyvision_jax.train.multihost import gather_to_host
 from pyvision_jax.train.trainer import Trainer
 from tests.agent.fake_sandbox import FakePool
 from tests.train.scripted_runs import colour_tasks, small_config
@@ -66,6 +68,10 @@ def main(workdir: str, steps: str, coordinator: str = "", processes: str = "0", 
     print(f"FINISHED {summary.first_step} {summary.last_step}", flush=True)
     if engine.received is not None:
         print(f"ENGINE-WEIGHTS {engine.received[0]} {engine.received[1]!r}", flush=True)
+    whole, blocks = gather_to_host(trainer.state.params), gather_to_host(trainer.state.params, chunk_bytes=4096)
+    if whole is not None:
+        equal = all(np.array_equal(a, b) for a, b in zip(_leaves(whole), _leaves(blocks)))
+        print(f"GATHER-BLOCKS {'equal' if equal else 'different'}", flush=True)
 
 
 if __name__ == "__main__":

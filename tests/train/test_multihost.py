@@ -120,6 +120,7 @@ def test_two_processes_train_sync_mode_like_one_and_resume_together(tmp_path):
     engine_version, engine_sum = logs[0].split("ENGINE-WEIGHTS ")[1].split()[:2]
     _, params = final_params(two, 2)
     assert int(engine_version) == 2 and "ENGINE-WEIGHTS" not in logs[1]
+    assert "GATHER-BLOCKS equal" in logs[0] and "GATHER-BLOCKS" not in logs[1]
     assert np.isclose(float(engine_sum), sum(float(np.asarray(x, np.float64).sum()) for x in jax.tree.leaves(params)),
                       rtol=1e-9, atol=1e-6)  # process 0's engine got the params gathered from both
     logs = run_processes(sync_command(two, 3), 2, tmp_path, "resume")
