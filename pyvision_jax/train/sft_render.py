@@ -3,8 +3,9 @@
 The pieces are tokenized the way `agent.episode` appends them: the messages up to the first
 assistant turn with `ChatRenderer.prompt_ids` (the episode's first prompt); each assistant
 content on its own (what an engine generates; loss 1); after an assistant turn that a user
-turn follows, the template's turn closing and that user turn with `observation_ids` (the
-episode's observation; loss 0); the last assistant turn ends with the end-of-turn token
+turn follows, the turn boundary (`episode.turn_boundary`: the template's turn closing, or the
+released newline) and that user turn with `observation_ids` (the episode's observation; loss
+0); the last assistant turn ends with the end-of-turn token
 (loss 1: the model learns to stop). Images are resized to their context size by the
 episode's own `context_image`. A sample is a `Trajectory`, so the trainer's batching packs it.
 """
@@ -51,6 +52,11 @@ class SftRenderer:
         self.config = config
         self.chat = ChatRenderer(tokenizer, merge_size=config.merge_size)
 
+    def _turn_end_ids(self) -> list[int]:
+        """What closes an assistant turn before a tool response, as in the episode
+        (`episode.turn_boundary`: the template's turn closing, or the released newline)."""
+        return self.chat.newline_ids if self.config.turn_boundary == "newline" else self.chat.turn_closing_ids
+
     def render(self, row: SftRow) -> Trajectory:
         """The sample of `row` (a Trajectory whose loss mask marks the assistant tokens)."""
         messages = row.messages
@@ -78,7 +84,7 @@ class SftRenderer:
                 mask += [1] * len(piece)
             else:
                 count = message.content.count(IMAGE_PLACEHOLDER)
-                piece = self.chat.turn_closing_ids + self.chat.observation_ids(
+                piece = self._turn_end_ids() + self.chat.observation_ids(
                     content_parts(message.content), grids[used:used + count])
                 used += count
                 ids += piece

@@ -1,6 +1,8 @@
 """Token-exact agreement: a scripted episode (real episode code, real sandbox) written as a
 released-schema row and rendered as an SFT sample has the episode's tokens, loss mask and
 images, for every synthetic task kind and plan shape (measure, look first, guess)."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -19,8 +21,10 @@ EPISODE = EpisodeConfig(max_new_tokens_per_turn=384, max_total_tokens=2048, imag
                         max_concurrent=4)
 
 
-@pytest.fixture(scope="module")
-def episodes(tmp_path_factory):
+@pytest.fixture(scope="module", params=["im_end", "newline"])
+def episodes(tmp_path_factory, request):
+    """Scripted episodes under both turn boundaries (ours and the released one)."""
+    episode = dataclasses.replace(EPISODE, turn_boundary=request.param)
     root = tmp_path_factory.mktemp("sft_render")
     files = synthetic.generate_synthetic_suite(root / "tasks", 3, 77)
     tasks = [t for f in files.values() for t in load_tasks(f).tasks]
@@ -31,12 +35,12 @@ def episodes(tmp_path_factory):
                                                     look_first_share=look)
     tokenizer = load_tiny_tokenizer()
     with SandboxPool(SandboxConfig(timeout_s=60), size=2) as pool:
-        trajectories = run_plans(tasks, plans, tokenizer=tokenizer, sandboxes=pool, episode=EPISODE)
-    return root, tasks, plans, trajectories, tokenizer
+        trajectories = run_plans(tasks, plans, tokenizer=tokenizer, sandboxes=pool, episode=episode)
+    return root, tasks, plans, trajectories, tokenizer, episode
 
 
 def test_every_kind_and_plan_shape_ran_to_an_answer(episodes):
-    _, tasks, plans, trajectories, _ = episodes
+    _, tasks, plans, trajectories, _, _ = episodes
     assert [t.end_reason for t in trajectories] == [EndReason.DONE] * len(plans)
     assert {task_kind(t) for t in tasks} == {"counting", "visual_search", "video_count", "video_order"}
     looked = [t for t, key in zip(trajectories, plans) if "/look" in plans[key].strategy]
@@ -45,14 +49,14 @@ def test_every_kind_and_plan_shape_ran_to_an_answer(episodes):
 
 
 def test_sft_rendering_matches_the_episode_tokens(episodes):
-    root, tasks, plans, trajectories, tokenizer = episodes
+    root, tasks, plans, trajectories, tokenizer, episode = episodes
     by_id = {t.id: t for t in tasks}
     image_dir = root / "images"
     image_dir.mkdir(exist_ok=True)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     rows = [trajectory_row(t, by_id[t.task_id], tokenizer, image_dir, eos) for t in trajectories]
     write_sft_rows(root / "sft.jsonl", rows)
-    renderer = SftRenderer(tokenizer, EPISODE)
+    renderer = SftRenderer(tokenizer, episode)
     for row, trajectory in zip(load_sft_rows(root / "sft.jsonl"), trajectories):
         sample = renderer.render(row)
         assert sample.token_ids.tolist() == trajectory.token_ids.tolist(), row.where
@@ -62,7 +66,7 @@ def test_sft_rendering_matches_the_episode_tokens(episodes):
 
 
 def test_answers_copy_what_the_code_printed(episodes):
-    _, _, plans, trajectories, tokenizer = episodes
+    _, _, plans, trajectories, tokenizer, _ = episodes
     for key, trajectory in zip(plans, trajectories):
         if plans[key].strategy == "guess":
             assert trajectory.num_tool_calls == 0
