@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -43,6 +44,8 @@ def main(argv: list[str]) -> None:
     if algorithm not in ALGORITHMS:
         raise app.UsageError(f"config algorithm={algorithm!r} must be one of {sorted(ALGORITHMS)}")
     summary, _ = train_with_heldout(_CONFIG.value, _WORKDIR.value, ALGORITHMS[algorithm], progress=_PROGRESS.value)
+    if jax.process_index() != 0:
+        return
     state = "interrupted at" if summary.interrupted else "finished at"
     print(f"training {state} step {summary.last_step} (started at step {summary.first_step})")
     print(f"TensorBoard logs: {summary.tensorboard_dir}  (tensorboard --logdir {summary.tensorboard_dir})")

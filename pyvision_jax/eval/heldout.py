@@ -39,6 +39,9 @@ class HeldoutConfig:
         if held.per_kind < 0 or (held.per_kind and held.k < 1):
             raise ValueError(f"eval.heldout_per_kind must be >= 0 and eval.heldout_k >= 1, got "
                              f"{held.per_kind} and {held.k}")
+        if held.per_kind and config.train.get("distributed", False):
+            raise ValueError("eval.heldout_per_kind needs a single-process run (train.distributed is set); "
+                             "evaluate the checkpoint afterwards with launch/eval.py")
         used = {"data.synthetic_seed": int(config.data.synthetic_seed),
                 "sft.synthetic_seed": int(config.sft.synthetic_seed)}
         clash = [name for name, seed in used.items() if seed == held.seed]

@@ -27,6 +27,13 @@ def test_a_heldout_seed_that_is_also_a_training_seed_is_refused(field):
         HeldoutConfig.from_config(config)
 
 
+def test_heldout_evaluation_is_refused_in_a_multi_process_run():
+    config = get_config()
+    config.eval.heldout_per_kind, config.train.distributed = 1, True
+    with pytest.raises(ValueError, match="single-process run"):
+        HeldoutConfig.from_config(config)
+
+
 def test_without_heldout_tasks_only_the_training_runs(tmp_path):
     calls = []
     summary, results = train_with_heldout(get_config(), tmp_path, lambda c, w, progress: calls.append(w) or "done",
