@@ -68,7 +68,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.queue = "local"        # "local" or "redis"
     c.rollout.redis_url = "redis://127.0.0.1:6379/0"
     c.rollout.max_backlog = 64
-    c.rollout.max_staleness = 0      # async/external: admit groups at most this many versions old
+    c.rollout.max_staleness = 0      # async/external: admit groups at most this many versions older than
+                                     # the newest weights delivered to the generators (announced complete
+                                     # export, or loaded by the rollout thread); async needs >= 1
     c.rollout.mode = "sync"          # "sync" (generate then train, on-policy as in the paper),
                                      # "async" (in-process worker thread runs ahead) or
                                      # "external" (a fleet fills the queue; weights exported)
@@ -105,6 +107,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.loss_agg = "token-mean"     # or "token-mean-per-micro-batch" (released), "seq-mean-token-mean", ...
     c.rl.kl_coef = 0.0
     c.rl.entropy_coef = 0.0
+    c.rl.importance_sampling = "none"  # off-policy correction of stale groups (decoupled PPO): "token" or
+                                     # "sequence" weights exp(proximal - behaviour logprobs), truncated
+                                     # at rl.is_truncation; needs train.old_logprobs="current"
+    c.rl.is_truncation = 2.0         # cap of the importance weight
 
     c.grading = ml_collections.ConfigDict()
     c.grading.routes = (("*", "answer_type"),)  # (data_source glob, scorer), first match wins; scorers:
@@ -137,7 +143,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.schedule = "constant"    # "constant", "cosine" or "linear" (decay to 0 at train.steps)
     c.train.warmup_steps = 0
     c.train.logprob_chunk = 128      # positions per lm_head/log-softmax chunk in the train step
-    c.train.old_logprobs = "current" # PPO ratio against the current params ("current") or the engine ("behaviour")
+    c.train.old_logprobs = "current" # PPO ratio against the proximal policy: the current params before the
+                                     # update ("current", decoupled PPO) or the engine's ("behaviour")
     c.train.checkpoint_every = 2
     c.train.keep_checkpoints = 2
     c.train.sample_groups_per_step = 1  # trajectory groups appended to workdir/trajectories.jsonl per step

@@ -337,6 +337,10 @@ def group_source(config: ml_collections.ConfigDict, workdir: str | os.PathLike, 
     r = config.rollout
     if r.mode not in MODES:
         raise ValueError(f"rollout.mode={r.mode!r} must be one of {MODES}")
+    if r.mode == "async" and r.max_staleness < 1:
+        raise ValueError(f"rollout.mode='async' generates during each train step, so its groups are at least one "
+                         f"version old: set rollout.max_staleness >= 1 (got {r.max_staleness}; with "
+                         f"rl.importance_sampling to correct them) or use rollout.mode='sync'")
     if r.mode == "external":
         settings = queue_config(config, max_staleness=r.max_staleness, consumer=TRAINER_CONSUMER)
         queue, delivered = make_queue(settings), DeliveredGroups.for_queue(settings, ttl_s=r.dedup_ttl_s)
@@ -359,7 +363,7 @@ def group_source(config: ml_collections.ConfigDict, workdir: str | os.PathLike, 
     if r.mode == "sync":
         return SyncSource(made, TaskShard(tasks, task_order_seed(config)), closers)
     queue = trajectory_queue(config, max_staleness=r.max_staleness)
-    inbox = WeightsInbox(engine)
+    inbox = WeightsInbox(engine, on_loaded=queue.set_trainer_version)
     worker = RolloutWorker(WorkerConfig(seed=task_order_seed(config), groups_per_batch=prompts_per_round(config),
                                         max_staleness=None, poll_s=r.poll_s),
                            tasks=tasks, producer=made, queue=queue, weights=inbox)

@@ -64,6 +64,9 @@ def test_group_source_follows_rollout_mode(tmp_path):
     parts["tasks"] = ("a task",)
     assert isinstance(wiring.group_source(config, tmp_path, model, None, None, **parts), SyncSource)
     config.rollout.mode = "async"
+    with pytest.raises(ValueError, match="set rollout.max_staleness >= 1"):
+        wiring.group_source(config, tmp_path, model, None, None, **parts)
+    config.rollout.max_staleness = 1
     source = wiring.group_source(config, tmp_path, model, None, None, **parts)
     assert isinstance(source, BackgroundSource) and source.holds_params
     source.close()

@@ -39,7 +39,9 @@ class PPOLossConfig:
     micro-batches must share T for exact accumulation)."""
     importance_sampling: Literal["none", "token", "sequence"] = "none"
     """Truncated IS correction between the rollout engine (behaviour) and the trainer's old
-    logprobs, per token or per sequence."""
+    logprobs (the proximal policy of decoupled PPO), per token or per sequence: the loss is
+    weighted by min(exp(old - behaviour), is_truncation), summed over the sequence first
+    at "sequence" level."""
     is_truncation: float = 2.0
     kl_coef: float = 0.0
     kl_estimator: Literal["k1", "k3"] = "k3"
@@ -49,7 +51,8 @@ class PPOLossConfig:
     def from_config(cls, rl) -> "PPOLossConfig":
         """From the `rl` config section (dual_clip 0 disables the dual clip)."""
         return cls(eps_low=rl.eps_low, eps_high=rl.eps_high, dual_clip=rl.dual_clip or None,
-                   aggregation=rl.loss_agg, kl_coef=rl.kl_coef, entropy_coef=rl.entropy_coef)
+                   aggregation=rl.loss_agg, kl_coef=rl.kl_coef, entropy_coef=rl.entropy_coef,
+                   importance_sampling=rl.importance_sampling, is_truncation=rl.is_truncation)
 
     def __post_init__(self):
         problems = []

@@ -10,6 +10,14 @@
   `publish` exports versioned HF safetensors every `publish_every` steps and announces them
   on the queue; groups a restarted worker delivers twice are dropped by key.
 
+Version accounting. The queue judges staleness against the newest weights delivered to the
+generators, never against the trainer's step: the fleet's reference moves when an export is
+complete and announced, the thread's when it has loaded the offered params. A group made
+with the newest weights its producer could have is never stale, however many steps ran
+(`publish_every`) or however long the export and reload took; the updates between its
+weights and the trained params are the trainer's `version/staleness_*` metrics, corrected
+by truncated importance sampling (`rl.importance_sampling`).
+
 The fleet's groups are spooled to disk until the step that trained them is checkpointed
 (`receipt` / `acknowledge`, see `rollout.intake`), so a trainer killed mid-step loses nothing.
 
@@ -110,6 +118,8 @@ class BackgroundSource(QueueBackedSource):
         self._thread: threading.Thread | None = None
 
     def start(self, params: Any, version: int, state: Mapping[str, Any]) -> None:
+        """The inbox moves the queue's version on from here each time the thread loads
+        an offer (see `wiring.group_source`)."""
         self.taken = int(state.get(TASKS_DRAWN, 0))
         self.queue.set_trainer_version(version)
         self.worker.producer.engine.update_weights(params, version)
@@ -140,7 +150,6 @@ class BackgroundSource(QueueBackedSource):
         return True
 
     def publish(self, params: Any, version: int, *, final: bool = False) -> None:
-        self.queue.set_trainer_version(version)
         self.inbox.offer(params, version)
 
     def state(self) -> dict[str, Any]:
@@ -154,9 +163,9 @@ class BackgroundSource(QueueBackedSource):
 
 
 class FleetSource(QueueBackedSource):
-    """External workers over a queue; weights exported to a shared directory. Every poll
-    re-asserts the trainer's version and the announcement of its newest published weights,
-    so a Redis server restarted without persistence is repopulated."""
+    """External workers over a queue; weights exported to a shared directory. The queue's
+    version is that of the newest announced weights. Every poll re-asserts it and the
+    announcement, so a Redis server restarted without persistence is repopulated."""
 
     holds_params = False
 
@@ -168,23 +177,25 @@ class FleetSource(QueueBackedSource):
         self.queue, self.publisher = queue, publisher
         self.publish_every, self.max_staleness = publish_every, max_staleness
         self.intake = QueueIntake(queue, wait_timeout_s, dedup=delivered, spool=spool, refresh=self._refresh)
-        self.version = 0
+        self.published = 0
         self._announced: tuple[int, str] | None = None
         self._closers = tuple(closers)
 
     def _announce(self, version: int, params: Any) -> None:
         path = self.publisher.publish(version, params)  # streamed to disk layer by layer
         self._announced = (version, str(path))
+        self.published = version
+        self.queue.set_trainer_version(version)
 
     def _refresh(self) -> None:
-        if self.queue.trainer_version() != self.version:
-            self.queue.set_trainer_version(self.version)
+        if self.queue.trainer_version() != self.published:
+            self.queue.set_trainer_version(self.published)
         latest = self.queue.latest_weights()
         if self._announced is not None and (latest is None or latest.version != self._announced[0]):
             self.queue.publish_weights(*self._announced)
 
     def start(self, params: Any, version: int, state: Mapping[str, Any]) -> None:
-        self.version = version
+        self.published = version
         self.queue.set_trainer_version(version)
         self.intake.load_spool(version, self.max_staleness)
         self._announce(version, params)
@@ -196,8 +207,6 @@ class FleetSource(QueueBackedSource):
         return final or version % self.publish_every == 0
 
     def publish(self, params: Any, version: int, *, final: bool = False) -> None:
-        self.version = version
-        self.queue.set_trainer_version(version)
         if self.wants_params(version, final=final):
             self._announce(version, params)
 

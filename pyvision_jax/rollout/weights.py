@@ -33,7 +33,7 @@ import re
 import shutil
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -316,10 +316,12 @@ class HfTensorsWatcher(WeightsWatcher):
 
 class WeightsInbox:
     """In-process hand-over to a background rollout thread: the trainer `offer`s params, the
-    thread's loop `poll`s between batches and loads the newest offer into its engine."""
+    thread's loop `poll`s between batches and loads the newest offer into its engine, then
+    calls `on_loaded(version)` (the queue's version: what staleness is judged against)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, on_loaded: Callable[[int], None] = lambda version: None) -> None:
         self.engine = engine
+        self.on_loaded = on_loaded
         self._lock = threading.Lock()
         self._offer: tuple[Any, int] | None = None
 
@@ -333,4 +335,5 @@ class WeightsInbox:
         if offer is None:
             return None
         self.engine.update_weights(*offer)
+        self.on_loaded(offer[1])
         return offer[1]

@@ -16,6 +16,7 @@ ACTOR_GRAD_NORM = "actor/grad_norm"
 ACTOR_CLIPFRAC = "actor/clipfrac"
 ACTOR_APPROX_KL = "actor/approx_kl"
 ACTOR_IS_RATIO_MAX = "actor/is_ratio_max"
+ACTOR_IS_RATIO_MEAN = "actor/is_ratio_mean"
 FILTER_ZERO_VARIANCE_FRAC = "filter/zero_variance_frac"
 FILTER_BROKEN_FRAC = "filter/broken_frac"
 FILTER_GROUPS_KEPT = "filter/groups_kept"
@@ -23,6 +24,9 @@ PERF_STEP_TIME = "perf/step_time"
 PERF_ROLLOUT_WAIT = "perf/rollout_wait"
 PERF_TOKENS_PER_SEC = "perf/tokens_per_sec"
 VERSION_STALENESS_MEAN = "version/staleness_mean"
+VERSION_STALENESS_MAX = "version/staleness_max"
+"""Staleness of the rows trained: the trainer's step minus each group's policy version (the
+version its rollouts started with), i.e. the updates between behaviour and trained params."""
 END_REASON_PREFIX = "end_reason/"
 
 ACTOR_LOSS = "actor/loss"
@@ -56,6 +60,7 @@ TRAINER_SCALARS: tuple[str, ...] = (
     ACTOR_CLIPFRAC,
     ACTOR_APPROX_KL,
     ACTOR_IS_RATIO_MAX,
+    ACTOR_IS_RATIO_MEAN,
     FILTER_ZERO_VARIANCE_FRAC,
     FILTER_BROKEN_FRAC,
     FILTER_GROUPS_KEPT,
@@ -63,6 +68,7 @@ TRAINER_SCALARS: tuple[str, ...] = (
     PERF_ROLLOUT_WAIT,
     PERF_TOKENS_PER_SEC,
     VERSION_STALENESS_MEAN,
+    VERSION_STALENESS_MAX,
     ACTOR_LOSS,
     ACTOR_LOSS_TOKENS,
     ACTOR_UPDATED,

@@ -71,9 +71,11 @@ class StepConfig:
     logprob_chunk: int = 256
     """Positions per lm_head/log-softmax chunk."""
     old_logprobs: Literal["current", "behaviour"] = "current"
-    """"current": the ratio's denominator is the current params' logprobs (stop-gradient),
-    which is what recomputing them before a single update per batch gives, at no extra cost;
-    "behaviour": the engine's logprobs."""
+    """"current": the ratio's denominator is the current params' logprobs (stop-gradient):
+    the proximal policy of decoupled PPO, which is what recomputing them before the single
+    update per batch gives, at no extra cost; the engine's (behaviour) logprobs then enter
+    only through the truncated importance weight (`loss.importance_sampling`).
+    "behaviour": the engine's logprobs (classic PPO; no separate importance weight)."""
     compute_dtype: str = "float32"
     frozen_prefixes: tuple[str, ...] = ("visual",)
     remat: str = "none"
@@ -87,6 +89,10 @@ class StepConfig:
         if self.old_logprobs not in ("current", "behaviour"):
             raise ValueError(f"StepConfig.old_logprobs must be 'current' or 'behaviour', "
                              f"got {self.old_logprobs!r}")
+        if self.loss.importance_sampling != "none" and self.old_logprobs != "current":
+            raise ValueError(f"importance_sampling={self.loss.importance_sampling!r} weighs behaviour -> "
+                             f"proximal logprobs and needs old_logprobs='current' (got {self.old_logprobs!r}: "
+                             f"the weight would be identically 1)")
         check_remat(self.remat, "model.remat")
 
 

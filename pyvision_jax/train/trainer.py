@@ -276,9 +276,11 @@ class Trainer:
         scalars.update({
             tags.ACTOR_ENTROPY: out["entropy"], tags.ACTOR_GRAD_NORM: out["grad_norm"],
             tags.ACTOR_CLIPFRAC: out["clip_fraction"], tags.ACTOR_APPROX_KL: out["approx_kl"],
-            tags.ACTOR_IS_RATIO_MAX: out["is_ratio_max"], tags.PERF_STEP_TIME: step_time,
+            tags.ACTOR_IS_RATIO_MAX: out["is_ratio_max"], tags.ACTOR_IS_RATIO_MEAN: out["is_ratio_mean"],
+            tags.PERF_STEP_TIME: step_time,
             tags.PERF_ROLLOUT_WAIT: waited, tags.PERF_TOKENS_PER_SEC: stats.real_tokens / max(step_time, 1e-9),
             tags.VERSION_STALENESS_MEAN: float(np.mean([step - v for v in versions])) if versions else 0.0,
+            tags.VERSION_STALENESS_MAX: float(max([step - v for v in versions], default=0)),
             tags.ACTOR_LOSS: out["loss"], tags.ACTOR_LOSS_TOKENS: out["loss_tokens"],
             tags.ACTOR_UPDATED: out["updated"], tags.ACTOR_SKIPPED_NONFINITE: out["skipped_updates"],
             tags.FILTER_GEN_ROUNDS: rounds, tags.FILTER_GROUPS_DRAWN: len(pool.groups),

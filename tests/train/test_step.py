@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs.base import get_config as base_config
 from pyvision_jax.models import forward, param_logical_axes
 from pyvision_jax.models.qwen2_5_vl import ModelInputs
 from pyvision_jax.rl.losses import PPOLossConfig, ppo_loss
@@ -35,7 +36,9 @@ def direct_loss(config, params, batch, step_config):
         logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]), batch.input_ids[m][:, 1:, None], -1)[..., 0]
         logprobs = jnp.pad(logprobs, ((0, 0), (1, 0)))
         mask = batch.loss_mask[m] & batch.attention_mask[m]
-        out = ppo_loss(logprobs, batch.behaviour_logprobs[m], batch.advantages[m], mask, step_config.loss)
+        behaviour = batch.behaviour_logprobs[m]
+        old = jax.lax.stop_gradient(logprobs) if step_config.old_logprobs == "current" else behaviour
+        out = ppo_loss(logprobs, old, batch.advantages[m], mask, step_config.loss, behaviour_logprobs=behaviour)
         total, denominator = total + out.loss_sum, denominator + out.denominator
     return total / denominator
 
@@ -73,7 +76,7 @@ def test_packed_rows_give_the_loss_and_gradients_of_unpacked_rows(tiny_config, t
     """Per-sequence aggregation and sequence-level importance ratios see each packed
     trajectory alone; the packed side also runs the layer scan under a remat policy."""
     loss = PPOLossConfig(aggregation="seq-mean-token-mean", importance_sampling="sequence")
-    plain_config = dataclasses.replace(STEP, loss=loss)
+    plain_config = dataclasses.replace(STEP, loss=loss, old_logprobs="current")
     packed_config = dataclasses.replace(plain_config, remat="save_dots")
     plain, _ = pack_batch(tiny_config, trajectories, ADVANTAGES, BatchingConfig((128,), 2))
     packed, stats = pack_batch(tiny_config, trajectories, ADVANTAGES, BatchingConfig((128,), 2, pack=True))
@@ -131,3 +134,25 @@ def test_a_batch_without_loss_tokens_steps_without_changing_params(tiny_config, 
     assert int(new_state.step) == 1 and float(out["updated"]) == 0.0 and float(out["loss_tokens"]) == 0
     for old, new in zip(jax.tree.leaves(state.params), jax.tree.leaves(new_state.params)):
         assert np.array_equal(old, new)
+
+
+def test_truncated_is_needs_the_proximal_policy_and_comes_from_the_rl_config():
+    rl = base_config().rl
+    rl.importance_sampling, rl.is_truncation = "sequence", 1.5
+    loss = PPOLossConfig.from_config(rl)
+    assert (loss.importance_sampling, loss.is_truncation) == ("sequence", 1.5)
+    assert StepConfig(loss=loss, old_logprobs="current").loss is loss
+    with pytest.raises(ValueError, match="needs old_logprobs='current'"):
+        StepConfig(loss=loss, old_logprobs="behaviour")
+
+
+def test_truncated_is_weighs_each_token_by_the_capped_behaviour_to_proximal_ratio(tiny_config, tiny_params,
+                                                                                 trajectories):
+    batch, _ = pack_batch(tiny_config, trajectories, ADVANTAGES, BatchingConfig((64, 128), 4, pack=False))
+    config = StepConfig(temperature=0.7, logprob_chunk=16, old_logprobs="current",
+                        loss=PPOLossConfig(importance_sampling="token", is_truncation=1.2))
+    loss, grads, _, metrics = jax.jit(loss_and_grads, static_argnums=(0, 1))(tiny_config, config, tiny_params, batch)
+    np.testing.assert_allclose(loss, direct_loss(tiny_config, tiny_params, batch, config), rtol=1e-5)
+    plain = jax.jit(loss_and_grads, static_argnums=(0, 1))(
+        tiny_config, dataclasses.replace(config, loss=PPOLossConfig()), tiny_params, batch)[0]
+    assert abs(float(loss) - float(plain)) > 1e-4 and float(metrics.is_ratio_max) != 1.0

@@ -69,19 +69,30 @@ def test_no_informative_group_still_steps_after_max_gen_rounds(tmp_path, tiny_co
         assert np.array_equal(x, y)
 
 
-def test_async_mode_trains_from_a_worker_thread_within_max_staleness(tmp_path, tiny_config, tiny_params, tokenizer,
-                                                                      tasks):
+def test_async_staleness_one_with_truncated_is_trains_and_drops_no_group(tmp_path, tiny_config, tiny_params,
+                                                                         tokenizer, tasks):
+    """The acceptance run of off-policy training: a rollout thread generating during each
+    step (max_staleness 1), token-level truncated IS against the proximal policy; the
+    thread's groups are one version old or more, and none is dropped for the bookkeeping."""
     config = small_config(3)
     config.rollout.mode = "async"
     config.rollout.max_staleness = 1
-    config.rollout.max_backlog = 4
+    config.rollout.max_backlog = 2
+    config.rl.importance_sampling = "token"
+    config.rl.is_truncation = 2.0
     summary, trainer = run(config, tmp_path, tiny_config, tiny_params, tokenizer, tasks, answers_by_rollout)
     assert summary.last_step == 3 and not summary.interrupted
     assert not trainer.source.alive and trainer.source.error is None
+    assert trainer.step_config.loss.importance_sampling == "token" and trainer.step_config.old_logprobs == "current"
     scalars = read_scalars(str(tmp_path / "tb"))
-    assert [s for s, _ in scalars[tags.VERSION_STALENESS_MEAN]] == [1, 2, 3]
-    assert all(0 <= v <= 1 for _, v in scalars[tags.VERSION_STALENESS_MEAN])
+    assert [s for s, _ in scalars[tags.VERSION_STALENESS_MAX]] == [1, 2, 3]
+    assert all(v == 0 for _, v in scalars[tags.QUEUE_STALE_DROPPED])
+    assert max(v for _, v in scalars[tags.VERSION_STALENESS_MAX]) >= 1, "the thread's groups must be off-policy"
     assert all(v == 1.0 for _, v in scalars[tags.FILTER_GROUPS_KEPT])
+    assert all(v == 1.0 for _, v in scalars[tags.ACTOR_UPDATED])
+    assert all(v > 0 for _, v in scalars[tags.ACTOR_LOSS_TOKENS])
+    # the scripted engine's logprobs are far from the model's: the IS ratio is far from 1
+    assert all(v < 0.5 for _, v in scalars[tags.ACTOR_IS_RATIO_MEAN])
 
 
 def test_external_fleet_trains_through_the_same_trainer(tmp_path, tiny_config, tiny_params, tokenizer, tasks):

@@ -22,8 +22,9 @@ reaches `max_backlog`, `put` blocks until consumers acknowledge; after its timeo
 `QueueFullError`. Data is never dropped to make room.
 
 The trainer also shares two small values through the backend for the workers to watch: its
-current version (`set_trainer_version`) and the latest published weights
-(`publish_weights(version, location)` / `latest_weights()`).
+version (`set_trainer_version`: the version of the newest weights delivered to the generators,
+which admission judges staleness against; see `rollout.sources`) and the latest published
+weights (`publish_weights(version, location)` / `latest_weights()`).
 
 Backends: `local` (in-process, thread-safe; the embedded default) in `local.py` and `redis`
 (Streams with a consumer group) in `redis_streams.py`; `make_queue(config)` (the package's
@@ -343,7 +344,8 @@ class TrajectoryQueue(abc.ABC):
         return self._remove_pending(ids, "acked")
 
     def set_trainer_version(self, version: int) -> None:
-        """Records the trainer's current policy version for admission and for the workers."""
+        """Records the trainer's version (its newest weights delivered to the generators) for
+        admission and for the workers."""
         self._store_trainer_version(checked_version(version, "trainer version"))
 
     def publish_weights(self, version: int, location: str) -> None:
