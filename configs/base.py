@@ -79,6 +79,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.wait_timeout_s = 1800.0  # give up when no group arrives for this long
     c.rollout.publish_every = 1      # external mode: export weights every N steps
     c.rollout.weights_dir = ""       # external mode: shared weights directory (default WORKDIR/weights)
+    c.rollout.publish_dtype = "bfloat16"  # external mode: dtype of the published weights (engines cast);
+                                     # trainable groups each version, the frozen vision tower once
     c.rollout.queue_namespace = "pyvision"  # Redis key prefix (trainer and workers must agree)
     c.rollout.dedup_ttl_s = 7 * 24 * 3600  # external mode: keys of trained groups expire this long after the last
     c.rollout.script_file = ""       # engine "scripted": JSON {task id or "*": [turn texts]}

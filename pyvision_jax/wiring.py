@@ -55,6 +55,7 @@ from pyvision_jax.rollout.weights import (
     WeightsWatcher,
     check_complete,
     latest_complete,
+    published_files,
 )
 from pyvision_jax.rollout.worker import CursorFile, RolloutWorker, WorkerConfig, cursor_path
 
@@ -263,18 +264,21 @@ def _link_or_copy(source: Path, target: Path) -> None:
 
 
 def vllm_model_dir(source: str | os.PathLike, target: str | os.PathLike, model: ModelConfig,
-                   tokenizer_source: str | os.PathLike, *, min_pixels: int, max_pixels: int) -> Path:
+                   tokenizer_source: str | os.PathLike, *, min_pixels: int, max_pixels: int,
+                   weight_files: Sequence[Path] = ()) -> Path:
     """A directory vLLM can load: `source` itself when it has a preprocessor config and a
-    tokenizer, else `target` with `source`'s files (hard links, or copies across file
-    systems, so a pruned published version stays readable), the tokenizer files of
-    `tokenizer_source` and a written preprocessor_config.json."""
+    tokenizer and no `weight_files` live elsewhere, else `target` with `source`'s files and
+    `weight_files` (hard links, or copies across file systems, so a pruned published version
+    stays readable), the tokenizer files of `tokenizer_source` and a written
+    preprocessor_config.json."""
     source, target = Path(source), Path(target)
-    if (source / PREPROCESSOR_CONFIG).is_file() and (source / "tokenizer_config.json").is_file():
+    elsewhere = [Path(f) for f in weight_files if Path(f).parent != source]
+    if (source / PREPROCESSOR_CONFIG).is_file() and (source / "tokenizer_config.json").is_file() and not elsewhere:
         return source
     if target.exists():
         shutil.rmtree(target)
     target.mkdir(parents=True)
-    for entry in source.iterdir():
+    for entry in [*source.iterdir(), *elsewhere]:
         if entry.is_file():
             _link_or_copy(entry, target / entry.name)
     for name in TOKENIZER_FILES:
@@ -345,7 +349,8 @@ def group_source(config: ml_collections.ConfigDict, workdir: str | os.PathLike, 
         settings = queue_config(config, max_staleness=r.max_staleness, consumer=TRAINER_CONSUMER)
         queue, delivered = make_queue(settings), DeliveredGroups.for_queue(settings, ttl_s=r.dedup_ttl_s)
         publisher = WeightsPublisher(r.weights_dir or Path(workdir) / WEIGHTS_DIR, model, queue=queue,
-                                     dtype=config.model.param_dtype)
+                                     dtype=r.publish_dtype,
+                                     frozen_groups=("visual",) if config.train.freeze_vision else ())
         return FleetSource(queue, publisher, delivered, publish_every=r.publish_every,
                            wait_timeout_s=r.wait_timeout_s, spool=GroupSpool(Path(workdir) / SPOOL_DIR),
                            max_staleness=r.max_staleness, closers=(queue.close, delivered.close))
@@ -375,6 +380,7 @@ def group_source(config: ml_collections.ConfigDict, workdir: str | os.PathLike, 
 def _fleet_vllm_engine(config: ml_collections.ConfigDict, queue: TrajectoryQueue,
                        local_dir: Path) -> tuple[ModelConfig, Engine]:
     """(ModelConfig, VllmEngine) on model.hf_dir, else on the newest published weights."""
+    weight_files: list[Path] = []
     if config.model.hf_dir:
         source, version = Path(hf_dir(config)), 0
     else:
@@ -388,10 +394,11 @@ def _fleet_vllm_engine(config: ml_collections.ConfigDict, queue: TrajectoryQueue
         else:
             raise ValueError("rollout.engine='vllm' needs model.hf_dir or weights published by the trainer "
                              "(rollout.weights_dir, or announced on the queue)")
+        weight_files = published_files(source)  # with the frozen tower's file
     model = ModelConfig.from_hf_dir(source)
     e = config.episode
-    model_dir = vllm_model_dir(source, local_dir, model, tokenizer_dir(config),
-                               min_pixels=e.image_min_pixels, max_pixels=e.image_max_pixels)
+    model_dir = vllm_model_dir(source, local_dir, model, tokenizer_dir(config), min_pixels=e.image_min_pixels,
+                               max_pixels=e.image_max_pixels, weight_files=weight_files)
     return model, vllm_engine(config, model_dir, version=version, max_total_tokens=e.max_total_tokens)
 
 

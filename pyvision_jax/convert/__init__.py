@@ -1,6 +1,6 @@
 """Hugging Face safetensors <-> Flax parameter conversion (streaming, Hub and transformers-v5 names)."""
 
-from pyvision_jax.convert.hf import CheckpointMismatchError, load_hf, save_hf, side_files
+from pyvision_jax.convert.hf import CheckpointMismatchError, load_hf, save_hf, save_tensors, side_files
 from pyvision_jax.convert.orbax_io import hf_side_files, load_params, save_params
 
 __all__ = [
@@ -10,5 +10,6 @@ __all__ = [
     "load_params",
     "save_hf",
     "save_params",
+    "save_tensors",
     "side_files",
 ]

@@ -14,7 +14,7 @@ import os
 import shutil
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from pyvision_jax.convert import names
 from pyvision_jax.convert.layout import hf_chunks, read_flax_leaf
 from pyvision_jax.convert.safetensors_io import TensorEntry, TensorSpec, read_header, write_file
+from pyvision_jax.convert.names import ParamPath
 from pyvision_jax.convert.tree import Params, ShardingSpec, flatten_params, host_copy, leaf_sharding, set_leaf
 from pyvision_jax.models.config import ModelConfig
 
@@ -109,11 +110,19 @@ def _weight_files(hf_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
     return files, None
 
 
-def _checkpoint_entries(hf_dir: Path, hf_config: Mapping[str, Any]) -> dict[str, TensorEntry]:
+def _checkpoint_entries(hf_dir: Path, hf_config: Mapping[str, Any], files: Sequence[Path] | None = None,
+                        include: Callable[[ParamPath], bool] | None = None) -> dict[str, TensorEntry]:
     """Header entries of every stored tensor, keyed by Hub name, after checking them all
-    against the shapes the config implies; raises one error listing every problem."""
-    files, weight_map = _weight_files(hf_dir)
+    against the shapes the config implies; raises one error listing every problem. `files`
+    replace the directory's own weight files; tensors whose Flax path `include` rejects are
+    neither expected nor read."""
+    weight_map = None
+    if files is None:
+        files, weight_map = _weight_files(hf_dir)
     expected = names.checkpoint_shapes(hf_config)
+    if include is not None:
+        skipped = {n for n in expected if not include(names.flax_path(n))}
+        expected = {n: shape for n, shape in expected.items() if n not in skipped}
     entries: dict[str, TensorEntry] = {}
     seen: dict[str, str] = {}
     unexpected, mis_shaped, duplicated = [], [], []
@@ -122,7 +131,7 @@ def _checkpoint_entries(hf_dir: Path, hf_config: Mapping[str, Any]) -> dict[str,
         for stored_name, entry in file_entries.items():
             name = names.hub_name(stored_name)
             where = f"{stored_name} (in {file.name})"
-            if names.is_tied_lm_head(name, hf_config):
+            if names.is_tied_lm_head(name, hf_config) or (include is not None and name in skipped):
                 continue
             if name not in expected:
                 unexpected.append(where)
@@ -146,8 +155,15 @@ def load_hf(
     dtype: Any = None,
     sharding: ShardingSpec = None,
     progress: bool = True,
+    *,
+    weight_files: Sequence[Path] | None = None,
+    include: Callable[[ParamPath], bool] | None = None,
 ) -> tuple[ModelConfig, Params]:
     """Loads an HF Qwen2.5-VL directory as ``(ModelConfig, params)``.
+
+    ``weight_files`` (safetensors files, possibly in other directories) replace the
+    directory's own; ``include(flax_path)`` restricts the load to some leaves (a published
+    version's trainable groups, its frozen tower read once).
 
     Accepts a single ``model.safetensors`` or shards with ``model.safetensors.index.json``,
     Hub names or transformers-v5 names. ``dtype`` (e.g. ``"bfloat16"``) casts every tensor,
@@ -158,9 +174,10 @@ def load_hf(
     hf_dir = Path(hf_dir)
     hf_config = read_hf_config(hf_dir)
     config = ModelConfig.from_hf_dict(hf_config, source=str(hf_dir / CONFIG_FILE))
-    entries = _checkpoint_entries(hf_dir, hf_config)
+    entries = _checkpoint_entries(hf_dir, hf_config, weight_files, include)
     target = None if dtype is None else np.dtype(jnp.dtype(dtype))
-    leaves = sorted(names.param_leaves(hf_config).items(),
+    leaves = sorted(((path, spec) for path, spec in names.param_leaves(hf_config).items()
+                     if include is None or include(path)),
                     key=lambda item: (str(entries[item[1].tensors[0]].file), entries[item[1].tensors[0]].start))
     params: Params = {}
     total = sum(e.nbytes for e in entries.values())
@@ -190,9 +207,10 @@ def load_hf(
 # ---------------------------------------------------------------------------- save
 
 
-def checked_tensors(config: ModelConfig, params: Mapping) -> dict[str, LayerOf]:
+def checked_tensors(config: ModelConfig, params: Mapping, complete: bool = True) -> dict[str, LayerOf]:
     """Every Hub tensor name of ``config``'s checkpoint -> (leaf, layer index or None) in
-    ``params``, in checkpoint order, after checking the tree; one error lists every problem."""
+    ``params``, in checkpoint order, after checking the tree; one error lists every problem.
+    ``complete=False`` accepts a tree of some leaves only (the names of the others are left out)."""
     hf_config = config.to_hf_dict()
     expected = names.param_leaves(hf_config)
     found: dict[str, LayerOf] = {}
@@ -209,11 +227,11 @@ def checked_tensors(config: ModelConfig, params: Mapping) -> dict[str, LayerOf]:
         else:
             found |= {name: (leaf, layer if spec.stacked else None) for layer, name in enumerate(spec.tensors)}
     missing = ["/".join(map(str, path)) + f" ({spec.tensors[0]}{', ...' if spec.stacked else ''})"
-               for path, spec in expected.items() if path not in flat]
+               for path, spec in expected.items() if path not in flat and complete]
     mismatch = CheckpointMismatchError("params tree", missing, unexpected, mis_shaped)
     if mismatch.problems:
         raise mismatch
-    return {name: found[name] for name in names.checkpoint_shapes(hf_config)}
+    return {name: found[name] for name in names.checkpoint_shapes(hf_config) if name in found}
 
 
 def layer_value(leaf: Any, layer: int | None) -> np.ndarray:
@@ -336,3 +354,15 @@ def _replace_dir(staging: Path, out_dir: Path) -> None:
     os.rename(out_dir, previous)
     os.rename(staging, out_dir)
     shutil.rmtree(previous)
+
+
+def save_tensors(config: ModelConfig, params: Mapping, path: str | os.PathLike, dtype: Any = None) -> int:
+    """Writes the leaves of ``params`` (all of ``config``'s or some top-level groups) as
+    Hub-named tensors into one safetensors file, cast to ``dtype``; returns the bytes
+    written. Leaves are copied to the host one tensor (one layer) at a time."""
+    target = None if dtype is None else np.dtype(jnp.dtype(dtype))
+    shapes = names.checkpoint_shapes(config.to_hf_dict())
+    tensors = checked_tensors(config, params, complete=False)
+    specs = [TensorSpec(n, np.dtype(target or leaf.dtype), shapes[n]) for n, (leaf, _) in tensors.items()]
+    write_file(Path(path), specs, lambda spec: _host_chunks(tensors[spec.name], spec))
+    return sum(spec.nbytes for spec in specs)

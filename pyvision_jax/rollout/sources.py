@@ -7,8 +7,9 @@
   that admits groups at most `max_staleness` versions old; `publish` hands params to the
   thread through a `WeightsInbox` (loaded between batches).
 - `FleetSource`: external rollout workers (`launch/rollout_worker.py`) fill a queue (Redis);
-  `publish` exports versioned HF safetensors every `publish_every` steps and announces them
-  on the queue; groups a restarted worker delivers twice are dropped by key.
+  `publish` snapshots the params every `publish_every` steps and returns; a background thread
+  exports the snapshot (bf16, trainable groups, the frozen tower once; `rollout.weights`) and
+  announces it on the queue; groups a restarted worker delivers twice are dropped by key.
 
 Version accounting. The queue judges staleness against the newest weights delivered to the
 generators, never against the trainer's step: the fleet's reference moves when an export is
@@ -34,6 +35,7 @@ from pyvision_jax.data.task_order import TaskShard
 from pyvision_jax.rollout.intake import GroupSpool, QueueIntake, Receipt
 from pyvision_jax.rollout.producer import GroupProducer
 from pyvision_jax.rollout.queue import DeliveredGroups, TrajectoryQueue
+from pyvision_jax.rollout.weight_sync import BackgroundPublisher, snapshot
 from pyvision_jax.rollout.weights import WeightsInbox, WeightsPublisher
 from pyvision_jax.rollout.worker import RolloutWorker
 
@@ -163,9 +165,10 @@ class BackgroundSource(QueueBackedSource):
 
 
 class FleetSource(QueueBackedSource):
-    """External workers over a queue; weights exported to a shared directory. The queue's
-    version is that of the newest announced weights. Every poll re-asserts it and the
-    announcement, so a Redis server restarted without persistence is repopulated."""
+    """External workers over a queue; weights exported to a shared directory off the
+    trainer's thread. The queue's version is that of the newest announced weights. Every poll
+    re-asserts it and the announcement, so a Redis server restarted without persistence is
+    repopulated."""
 
     holds_params = False
 
@@ -180,9 +183,16 @@ class FleetSource(QueueBackedSource):
         self.published = 0
         self._announced: tuple[int, str] | None = None
         self._closers = tuple(closers)
+        self.sync = BackgroundPublisher(publisher, on_published=self._on_published)
+        self._frozen_sent = False
 
-    def _announce(self, version: int, params: Any) -> None:
-        path = self.publisher.publish(version, params)  # streamed to disk layer by layer
+    def _submit(self, version: int, params: Any) -> None:
+        """Hands a snapshot to the publisher thread (the frozen groups only the first time)."""
+        frozen = self.publisher.frozen_groups if self._frozen_sent else ()
+        self.sync.submit(version, snapshot(params, [g for g in params if g not in frozen], self.publisher.dtype))
+        self._frozen_sent = True
+
+    def _on_published(self, version: int, path: Any) -> None:
         self._announced = (version, str(path))
         self.published = version
         self.queue.set_trainer_version(version)
@@ -198,7 +208,7 @@ class FleetSource(QueueBackedSource):
         self.published = version
         self.queue.set_trainer_version(version)
         self.intake.load_spool(version, self.max_staleness)
-        self._announce(version, params)
+        self._submit(version, params)
 
     def collect(self, count: int, stop: threading.Event) -> list[TrajectoryGroup]:
         return self.intake.take(count, stop)
@@ -208,10 +218,15 @@ class FleetSource(QueueBackedSource):
 
     def publish(self, params: Any, version: int, *, final: bool = False) -> None:
         if self.wants_params(version, final=final):
-            self._announce(version, params)
+            self._submit(version, params)
+        if final:
+            self.sync.flush()
 
     def state(self) -> dict[str, Any]:
         return {}
 
     def close(self) -> None:
-        _close_all(self._closers)
+        try:
+            self.sync.close()
+        finally:
+            _close_all(self._closers)

@@ -25,6 +25,7 @@ def test_fleet_judges_staleness_by_the_newest_announced_weights(tmp_path):
     source = FleetSource(queue, WeightsPublisher(tmp_path, config, queue=queue), DeliveredGroups(None, "t"),
                          publish_every=2, wait_timeout_s=5)
     source.start(params, 0, {})
+    source.sync.flush()
     stop = threading.Event()
     assert not source.wants_params(1)
     source.publish(None, 1)  # a step without an export: version 0 is still the newest weights
@@ -32,6 +33,7 @@ def test_fleet_judges_staleness_by_the_newest_announced_weights(tmp_path):
     assert [g.key for g in source.collect(1, stop)] == [scored_group("a", 0).key]
     assert queue.trainer_version() == 0 and source.stats()["stale_dropped"] == 0
     source.publish(params, 2)
+    source.sync.flush()
     assert queue.trainer_version() == 2 and queue.latest_weights().version == 2
     queue.put(scored_group("b", 0, version=0))  # made from weights two versions behind the newest
     queue.put(scored_group("c", 0, version=2))

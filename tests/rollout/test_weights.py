@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -25,6 +26,8 @@ from pyvision_jax.rollout.weights import (
     WeightsInbox,
     WeightsPublisher,
     WeightsWatcher,
+    FROZEN_FILE,
+    TRAINABLE_FILE,
     check_complete,
     complete_versions,
     latest_complete,
@@ -35,6 +38,7 @@ from pyvision_jax.rollout.weights import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+BF16 = np.dtype(jnp.bfloat16)
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +135,7 @@ def test_writer_failing_mid_write_leaves_nothing_loadable(tmp_path, model_config
     publisher = WeightsPublisher(tmp_path, model_config, queue=queue)
     publisher.publish(1, filled(shapes, 1))
 
-    def crash(directory, version):
+    def crash(directory, version, **fields):
         raise KeyboardInterrupt("killed while writing")
 
     monkeypatch.setattr(weights_module, "write_complete_marker", crash)
@@ -222,7 +226,7 @@ def test_hf_tensors_watcher_pushes_the_published_safetensors_even_when_pruned(tm
         version, pushed = 0, None
 
         def update_weights(self, weights, version):
-            self.pushed = {name: np.asarray(tensor) for name, tensor in weights}
+            self.pushed = {name: tensor.float().numpy() for name, tensor in weights}
             self.version = version
 
     config = ModelConfig.preset("tiny")
@@ -232,12 +236,12 @@ def test_hf_tensors_watcher_pushes_the_published_safetensors_even_when_pruned(tm
     watcher = HfTensorsWatcher(queue, engine)
     queue.publish_weights(2, str(tmp_path / "v000002"))  # announced, never written
     assert watcher.poll() is None and engine.pushed is None
-    path = WeightsPublisher(tmp_path, config, queue=queue).publish(3, params)
+    path = WeightsPublisher(tmp_path, config, queue=queue, frozen_groups=("visual",)).publish(3, params)
     assert watcher.poll() == 3 and engine.version == 3
     expected = dict(hf_tensors(config, params))
-    assert sorted(engine.pushed) == sorted(expected)
+    assert sorted(engine.pushed) == sorted(expected)  # the trainable file and the frozen tower's
     for name, array in expected.items():
-        np.testing.assert_array_equal(engine.pushed[name], array)
+        np.testing.assert_array_equal(engine.pushed[name], np.asarray(array).astype(BF16).astype(np.float32))
     assert watcher.poll() is None
     version, tensors = open_hf_tensors(path)
     shutil.rmtree(path)  # pruned after opening: the open files still stream every tensor
@@ -261,3 +265,53 @@ def test_weights_inbox_loads_only_the_newest_offer_once():
     assert inbox.poll() is None
     with pytest.raises(ValueError):
         inbox.offer("bad", -1)
+
+
+def without_visual(params):
+    return {group: value for group, value in params.items() if group != "visual"}
+
+
+def test_versions_hold_the_trainable_groups_in_bf16_and_name_the_frozen_tower_written_once(
+        tmp_path, model_config, shapes):
+    publisher = WeightsPublisher(tmp_path, model_config, frozen_groups=("visual",))
+    with pytest.raises(ValueError, match="needs the frozen groups"):
+        publisher.publish(1, without_visual(filled(shapes, 1)))
+    publisher.publish(1, filled(shapes, 1))
+    for version in (2, 3, 4):
+        publisher.publish(version, without_visual(filled(shapes, version)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["frozen-v000001", "v000003", "v000004"]
+    assert sorted(p.name for p in (tmp_path / "v000004").glob("*.safetensors")) == [TRAINABLE_FILE]
+    fp32_bytes = sum(np.prod(s.shape) * 4 for g, s in shapes.items() if g != "visual" for s in jax.tree.leaves(s))
+    trainable_bytes = (tmp_path / "v000004" / TRAINABLE_FILE).stat().st_size
+    assert fp32_bytes / 2 <= trainable_bytes < fp32_bytes / 2 + 65536  # bf16, header aside
+    assert (tmp_path / "frozen-v000001" / FROZEN_FILE).is_file()
+    version, _, params = load_weights(tmp_path / "v000004", dtype="float32")  # an fp32 engine's load
+    assert version == 4 and {leaf.dtype for leaf in jax.tree.leaves(params)} == {np.dtype(np.float32)}
+    assert versions_in(params["visual"]) == {1.0} and versions_in(without_visual(params)) == {4.0}
+    shutil.rmtree(tmp_path / "frozen-v000001")
+    with pytest.raises(IncompleteWeightsError):
+        check_complete(tmp_path / "v000004")
+
+
+def test_watcher_reads_the_frozen_tower_once_and_casts_for_its_engine(tmp_path, model_config, shapes,
+                                                                      monkeypatch):
+    reads = []
+    real_load_hf = weights_module.load_hf
+
+    def spying(path, **kwargs):
+        reads.append(kwargs["include"] is None)
+        return real_load_hf(path, **kwargs)
+
+    monkeypatch.setattr(weights_module, "load_hf", spying)
+    queue = LocalTrajectoryQueue()
+    publisher = WeightsPublisher(tmp_path, model_config, queue=queue, frozen_groups=("visual",))
+    engine = RecordingEngine()
+    watcher = WeightsWatcher(queue, engine, dtype="float32")
+    publisher.publish(1, filled(shapes, 1))
+    assert watcher.poll() == 1
+    publisher.publish(2, without_visual(filled(shapes, 2)))
+    assert watcher.poll() == 2 and reads == [True, False]  # the second read skipped the tower
+    params = engine.updates[-1][0]
+    assert jax.tree.structure(params) == jax.tree.structure(shapes)
+    assert versions_in(params["visual"]) == {1.0} and versions_in(without_visual(params)) == {2.0}
+    assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {np.dtype(np.float32)}
