@@ -4,7 +4,7 @@ import pytest
 
 from configs.base import get_config as base_config
 from configs.pyvision_image_7b import get_config as image_7b_config
-from configs.tiny_cpu import get_config as tiny_config
+from tests.tiny_random_cpu import get_config as tiny_config
 from pyvision_jax import wiring
 from pyvision_jax.agent.trajectory import EndReason
 from pyvision_jax.models import ModelConfig

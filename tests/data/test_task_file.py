@@ -5,7 +5,7 @@ import logging
 import pytest
 from PIL import Image
 
-from configs.tiny_cpu import get_config
+from tests.tiny_random_cpu import get_config
 from pyvision_jax import wiring
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from configs.tiny_cpu import get_config
+from tests.tiny_random_cpu import get_config
 from pyvision_jax.eval.ablations import CURVES, HELDOUT_ACCURACY, VARIANTS, Variant, eval_points, variant_config
 from pyvision_jax.eval.dynamics_figures import plot_dynamics, results_table
 from pyvision_jax.train import metric_names as tags
@@ -62,7 +62,7 @@ def test_figure_and_table(tmp_path):
 def test_reproduce_dynamics_end_to_end(tmp_path):
     command = [sys.executable, str(ROOT / "benchmarks" / "reproduce_dynamics.py"), f"--workdir={tmp_path}",
                "--steps=2", "--eval-every=1", "--variants=full,no_tool_reward", "--config",
-               str(ROOT / "configs" / "tiny_cpu.py"), *TINY, "--config.eval.heldout_per_kind=1",
+               str(ROOT / "tests" / "tiny_random_cpu.py"), *TINY, "--config.eval.heldout_per_kind=1",
                "--config.eval.heldout_k=1", "--config.eval.max_new_tokens_per_turn=8"]
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=COMPILATION_CACHE,
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")

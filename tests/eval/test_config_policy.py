@@ -12,6 +12,7 @@ from pyvision_jax.models import ModelConfig, init_params
 
 def test_without_hf_dir_the_policy_is_the_presets_random_init():
     config = get_config()
+    config.model.preset, config.model.hf_dir = "tiny", ""
     policy = config_policy(config, progress=False)
     assert (policy.kind, policy.path, policy.version) == ("params", "preset:tiny", 0)
     assert policy.model_config == ModelConfig.preset("tiny")
@@ -37,9 +38,9 @@ def test_a_missing_packaged_checkpoint_is_named_in_the_error():
         config_policy(config, progress=False)
 
 
-def test_the_packaged_sft_checkpoint_loads_as_the_small_preset():
+def test_the_embedded_default_is_the_packaged_sft_checkpoint_of_the_small_preset():
     config = get_config()
-    config.model.preset, config.model.hf_dir = "small", "packaged:small_sft"
+    assert (config.model.preset, config.model.hf_dir) == ("small", "packaged:small_sft")
     policy = config_policy(config, progress=False)
     assert policy.kind == "hf" and policy.path.endswith("assets/small_sft")
     assert policy.model_config.to_hf_dict() == ModelConfig.preset("small").to_hf_dict()

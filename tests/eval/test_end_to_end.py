@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs.tiny_cpu import get_config as tiny_cpu_config
+from tests.tiny_random_cpu import get_config as tiny_cpu_config
 from pyvision_jax.data.tasks import write_tasks_jsonl
 from pyvision_jax.convert import save_hf, save_params
 from pyvision_jax.eval.policy import detect_checkpoint_kind, load_policy

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from configs.tiny_cpu import get_config
+from tests.tiny_random_cpu import get_config
 from pyvision_jax.eval.heldout import HeldoutConfig, train_with_heldout
 from tests.eval.tiny_run import TINY
 from tests.train.compilation_cache import COMPILATION_CACHE
@@ -43,7 +43,7 @@ def test_without_heldout_tasks_only_the_training_runs(tmp_path):
 
 
 def test_launch_train_prints_heldout_accuracy_before_and_after(tmp_path):
-    command = [sys.executable, str(ROOT / "launch" / "train.py"), "--config", str(ROOT / "configs" / "tiny_cpu.py"),
+    command = [sys.executable, str(ROOT / "launch" / "train.py"), "--config", str(ROOT / "tests" / "tiny_random_cpu.py"),
                f"--workdir={tmp_path}", "--progress=false", *TINY, "--config.train.steps=1",
                "--config.eval.heldout_per_kind=1", "--config.eval.heldout_k=1", "--config.eval.max_new_tokens_per_turn=8"]
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=COMPILATION_CACHE,

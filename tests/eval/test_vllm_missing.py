@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from configs.tiny_cpu import get_config
+from tests.tiny_random_cpu import get_config
 from pyvision_jax.eval.policy import LoadedPolicy
 from pyvision_jax.eval.pipeline import build_engine
 from pyvision_jax.models import ModelConfig

@@ -226,7 +226,7 @@ def test_collapse_image_pads_keeps_one_pad_per_image(model, tokenizer):
 
 def test_evaluation_builds_vllm_from_the_config_on_a_params_checkpoint(model, tokenizer, jax_engine,
                                                                        tmp_path):
-    from configs.tiny_cpu import get_config
+    from tests.tiny_random_cpu import get_config
     from pyvision_jax.eval.policy import LoadedPolicy
     from pyvision_jax.eval.pipeline import build_engine
 

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NUM_TASKS, GROUP_SIZE, SEED = 12, 2, 0
 
 CONFIG_TEMPLATE = """
-from configs.tiny_cpu import get_config as tiny_cpu_config
+from tests.tiny_random_cpu import get_config as tiny_cpu_config
 
 
 def get_config():

@@ -2,7 +2,7 @@
 tests."""
 from PIL import Image
 
-from configs.tiny_cpu import get_config
+from tests.tiny_random_cpu import get_config
 from pyvision_jax.data.tasks import Task
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 from pyvision_jax.train.trainer import Trainer

@@ -28,7 +28,7 @@ SMALL = ["--config.model.hf_dir=", "--config.model.preset=tiny", "--config.rl.gr
 def launch(workdir, *args):
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=COMPILATION_CACHE,
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
-    return [sys.executable, str(ROOT / "launch" / "train.py"), "--config", str(ROOT / "configs" / "tiny_cpu.py"),
+    return [sys.executable, str(ROOT / "launch" / "train.py"), "--config", str(ROOT / "tests" / "tiny_random_cpu.py"),
             f"--workdir={workdir}", *SMALL, *args], env
 
 

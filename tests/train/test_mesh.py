@@ -3,7 +3,7 @@ initialisation that runs first and reports its own error."""
 import jax
 import pytest
 
-from configs.tiny_cpu import get_config
+from tests.tiny_random_cpu import get_config
 from pyvision_jax.train.mesh import make_mesh, resolve_mesh_shape, split_over_processes
 from pyvision_jax.train.trainer import Trainer
 

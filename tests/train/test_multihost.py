@@ -33,7 +33,7 @@ from tests.train.tensorboard_events import read_scalars
 ROOT = Path(__file__).resolve().parents[2]
 PARAMS_ATOL = 2e-5  # lr 1e-3 moves params by ~1e-3 a step; summation order moves them by ~1e-6
 EXTERNAL_CONFIG = """
-from configs.tiny_cpu import get_config as tiny_cpu_config
+from tests.tiny_random_cpu import get_config as tiny_cpu_config
 
 
 def get_config():

@@ -21,7 +21,7 @@ from tests.train.tensorboard_events import read_scalars
 ROOT = Path(__file__).resolve().parents[2]
 
 CONFIG = """
-from configs.tiny_cpu import get_config as tiny_cpu_config
+from tests.tiny_random_cpu import get_config as tiny_cpu_config
 
 
 def get_config():
