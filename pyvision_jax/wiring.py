@@ -353,7 +353,7 @@ def group_source(config: ml_collections.ConfigDict, workdir: str | os.PathLike, 
                                      frozen_groups=("visual",) if config.train.freeze_vision else ())
         return FleetSource(queue, publisher, delivered, publish_every=r.publish_every,
                            wait_timeout_s=r.wait_timeout_s, spool=GroupSpool(Path(workdir) / SPOOL_DIR),
-                           max_staleness=r.max_staleness, closers=(queue.close, delivered.close))
+                           closers=(queue.close, delivered.close))
     if r.engine != "jax":
         raise ValueError(f"rollout.engine={r.engine!r} cannot run inside the trainer; use "
                          f"rollout.mode='external' with a fleet, or rollout.engine='jax'")

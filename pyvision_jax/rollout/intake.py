@@ -81,17 +81,17 @@ class QueueIntake:
         self._files: list[str] = []
         self._keys: list[str] = []
 
-    def load_spool(self, trainer_version: int, max_staleness: int | None) -> int:
-        """Queues the spooled groups (of steps a killed run lost) to be taken first; a group
-        from weights newer than `trainer_version` (discarded by the restart) or older than
-        `max_staleness` allows is dropped and counted. Returns how many will be replayed."""
+    def load_spool(self, trainer_version: int) -> int:
+        """Queues the spooled groups (of steps a killed run lost) to be taken first, so the
+        resumed run trains what the lost steps did; they passed the staleness check when they
+        arrived, so it is not applied again. A group from weights newer than `trainer_version`
+        (discarded by the restart) is dropped and counted. Returns how many will be replayed."""
         if self.spool is None:
             return 0
         for path in self.spool.files():
             group = TrajectoryGroup.from_bytes(path.read_bytes())
-            too_old = max_staleness is not None and group.policy_version < trainer_version - max_staleness
             admitted = self.dedup is None or self.dedup.admit(group)
-            if group.policy_version > trainer_version or too_old or not admitted:
+            if group.policy_version > trainer_version or not admitted:
                 self.replay_dropped += 1
                 path.unlink()
                 continue

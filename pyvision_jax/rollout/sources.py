@@ -174,11 +174,11 @@ class FleetSource(QueueBackedSource):
 
     def __init__(self, queue: TrajectoryQueue, publisher: WeightsPublisher, delivered: DeliveredGroups, *,
                  publish_every: int, wait_timeout_s: float, spool: GroupSpool | None = None,
-                 max_staleness: int | None = None, closers: Sequence[Closer] = ()):
+                 closers: Sequence[Closer] = ()):
         if publish_every < 1:
             raise ValueError(f"rollout.publish_every must be >= 1, got {publish_every}")
         self.queue, self.publisher = queue, publisher
-        self.publish_every, self.max_staleness = publish_every, max_staleness
+        self.publish_every = publish_every
         self.intake = QueueIntake(queue, wait_timeout_s, dedup=delivered, spool=spool, refresh=self._refresh)
         self.published = 0
         self._announced: tuple[int, str] | None = None
@@ -207,7 +207,7 @@ class FleetSource(QueueBackedSource):
     def start(self, params: Any, version: int, state: Mapping[str, Any]) -> None:
         self.published = version
         self.queue.set_trainer_version(version)
-        self.intake.load_spool(version, self.max_staleness)
+        self.intake.load_spool(version)
         self._submit(version, params)
 
     def collect(self, count: int, stop: threading.Event) -> list[TrajectoryGroup]:
