@@ -16,9 +16,8 @@ from absl import app, flags
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pyvision_jax.data import synthetic  # noqa: E402
-from pyvision_jax.data.tasks import load_tasks, write_tasks_jsonl  # noqa: E402
+from pyvision_jax.data.tasks import load_tasks  # noqa: E402
 
-ALL_TASKS = "tasks.jsonl"
 
 _OUT = flags.DEFINE_string("out", None, "Output directory.")
 _PER_KIND = flags.DEFINE_integer("per-kind", 8, "Tasks per kind.")
@@ -36,13 +35,11 @@ def main(argv: list[str]) -> None:
     unknown = sorted(set(_KINDS.value) - set(synthetic.GENERATORS))
     if unknown:
         raise app.UsageError(f"--kinds: unknown kinds {unknown}; known: {sorted(synthetic.GENERATORS)}")
-    files = synthetic.generate_synthetic_suite(_OUT.value, _PER_KIND.value, _SEED.value, tuple(_KINDS.value),
+    path = synthetic.write_synthetic_task_file(_OUT.value, _PER_KIND.value, _SEED.value, tuple(_KINDS.value),
                                                progress=True)
-    tasks = [task for path in files.values() for task in load_tasks(path).tasks]
-    write_tasks_jsonl(Path(_OUT.value) / ALL_TASKS, tasks)
-    for kind, path in files.items():
-        print(f"{kind}: {path}")
-    print(f"all {len(tasks)} tasks: {Path(_OUT.value) / ALL_TASKS}")
+    for kind in _KINDS.value:
+        print(f"{kind}: {Path(_OUT.value) / (kind + '.jsonl')}")
+    print(f"all {len(load_tasks(path).tasks)} tasks: {path}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-from pyvision_jax.data.tasks import Task, write_tasks_jsonl
+from pyvision_jax.data.tasks import Task, load_tasks, write_tasks_jsonl
 
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30), "green": (30, 170, 50), "blue": (30, 70, 220),
@@ -287,3 +287,16 @@ def generate_synthetic_suite(out_dir: str | Path, num_per_kind: int, seed: int,
         raise ValueError(f"unknown synthetic task kinds {unknown}; expected {list(GENERATORS)}")
     return {kind: GENERATORS[kind](out_dir, num_per_kind, seed, progress=progress)
             for kind in kinds}
+
+
+ALL_TASKS_FILE = "tasks.jsonl"
+
+
+def write_synthetic_task_file(out_dir: str | Path, num_per_kind: int, seed: int,
+                              kinds: tuple[str, ...] = tuple(GENERATORS), progress: bool = False) -> Path:
+    """`generate_synthetic_suite` plus ``out_dir/tasks.jsonl`` holding every task of every
+    kind (what `launch/eval.py --data` takes); returns that file."""
+    files = generate_synthetic_suite(out_dir, num_per_kind, seed, kinds, progress=progress)
+    path = Path(out_dir) / ALL_TASKS_FILE
+    write_tasks_jsonl(path, [task for file in files.values() for task in load_tasks(file).tasks])
+    return path

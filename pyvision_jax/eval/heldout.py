@@ -17,11 +17,9 @@ import ml_collections
 
 from pyvision_jax import wiring
 from pyvision_jax.data import synthetic
-from pyvision_jax.data.tasks import load_tasks, write_tasks_jsonl
 from pyvision_jax.eval.pipeline import evaluate_checkpoint
 
 HELDOUT_DIR = "heldout"
-TASKS_FILE = "tasks.jsonl"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,11 +69,10 @@ def heldout_tasks(config: ml_collections.ConfigDict, workdir: str | os.PathLike)
     """WORKDIR/heldout/tasks/tasks.jsonl, written when absent."""
     held = HeldoutConfig.from_config(config)
     out_dir = Path(workdir) / HELDOUT_DIR / "tasks"
-    path = out_dir / TASKS_FILE
+    path = out_dir / synthetic.ALL_TASKS_FILE
     if not path.is_file():
         kinds = wiring.str_tuple(config.data.synthetic_kinds, "data.synthetic_kinds")
-        files = synthetic.generate_synthetic_suite(out_dir, held.per_kind, held.seed, kinds)
-        write_tasks_jsonl(path, [task for file in files.values() for task in load_tasks(file).tasks])
+        synthetic.write_synthetic_task_file(out_dir, held.per_kind, held.seed, kinds)
     return path
 
 

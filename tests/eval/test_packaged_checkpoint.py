@@ -4,7 +4,6 @@ and answers right often enough. A smaller version of the README's held-out evalu
 a change to the model, the episode, the sandbox or the checkpoint cannot silently break it."""
 from configs.tiny_cpu import get_config
 from pyvision_jax.data import synthetic
-from pyvision_jax.data.tasks import load_tasks, write_tasks_jsonl
 from pyvision_jax.eval.pipeline import evaluate_checkpoint
 
 PER_KIND, K = 3, 2
@@ -15,9 +14,8 @@ init scores 0 and 0); the margins absorb sampling differences across CPUs."""
 
 def test_the_packaged_checkpoint_uses_its_tools_and_answers_heldout_tasks(tmp_path):
     config = get_config()
-    files = synthetic.generate_synthetic_suite(tmp_path / "tasks", PER_KIND, config.eval.heldout_seed)
-    write_tasks_jsonl(tmp_path / "tasks.jsonl", [t for f in files.values() for t in load_tasks(f).tasks])
-    results = evaluate_checkpoint(config, None, tmp_path / "tasks.jsonl", tmp_path / "eval", k=K, progress=False)
+    tasks = synthetic.write_synthetic_task_file(tmp_path / "tasks", PER_KIND, config.eval.heldout_seed)
+    results = evaluate_checkpoint(config, None, tasks, tmp_path / "eval", k=K, progress=False)
     assert results["num_rollouts"] == 3 * PER_KIND * K
     assert results["tool_calls"]["mean"] >= ACCEPT_TOOL_CALLS, results["tool_calls"]
     assert results["accuracy"] >= ACCEPT_ACCURACY, results["accuracy"]
