@@ -105,8 +105,11 @@ def test_trainer_killed_mid_run_resumes_without_losing_or_repeating_a_group(tmp_
     worker = launch("rollout_worker.py", [f"--config={config}", f"--workdir={fleet}"], logs[0])
     trainer = launch("train.py", [f"--config={config}", f"--workdir={workdir}", "--progress=false"], logs[1])
     try:
-        wait_for(lambda: len(sample_steps(workdir)) >= 3, "step 3", [worker, trainer], logs[:2])
-        trainer.send_signal(signal.SIGKILL)  # after step 3, whose checkpoint (every 2) never comes
+        # step 2's asynchronous checkpoint is committed (orbax renames its temporary directory)
+        # and step 3 is drawn, whose checkpoint (every 2) never comes
+        wait_for(lambda: (workdir / "checkpoints" / "2").is_dir() and len(sample_steps(workdir)) >= 3,
+                 "step 3 and the checkpoint of step 2", [worker, trainer], logs[:2])
+        trainer.send_signal(signal.SIGKILL)
         assert trainer.wait(timeout=30) == -9
         before = dict(sample_steps(workdir))
         spooled = sorted((workdir / "inflight").glob("*.group"))
