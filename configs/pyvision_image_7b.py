@@ -44,14 +44,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.episode.max_total_tokens = 32_768
     c.episode.image_min_pixels = 3136
     c.episode.image_max_pixels = 2_000_000
-    c.episode.max_concurrent = 64
+    c.episode.max_concurrent = 128   # episodes in flight per rollout worker (streaming: many groups)
     c.episode.max_response_tokens = 20_480  # released: response budget on top of the prompt
     c.episode.action_syntax = "released"
     c.episode.turn_boundary = "newline"
     c.episode.image_cap_rule = "reach"
     c.episode.stdout_strip = "both"
 
-    c.sandbox.pool_size = 16
+    c.sandbox.pool_size = 128        # an episode holds its sandbox from its first code run to its end
     c.sandbox.timeout_s = 30.0
 
     c.rollout.engine = "vllm"
@@ -64,7 +64,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.publish_every = 1
     c.rollout.weights_dir = ""       # a directory the rollout nodes can read (default WORKDIR/weights)
     c.rollout.length_buckets = (4096, 8192, 16384, 32768)
+    c.rollout.max_batch = 128        # vLLM max_num_seqs: sequences of all in-flight episodes batched together
     c.rollout.vllm_kv_cache_mb = 0   # vLLM sizes its KV cache from GPU memory
+    c.rollout.vllm_gpu_memory_utilization = 0.9
     c.rollout.vllm_enforce_eager = False
 
     c.rl.batch_groups = 16           # B

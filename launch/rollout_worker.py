@@ -10,12 +10,15 @@ rl.group_size episodes per task with rollout.engine ("jax"; "vllm", run with
 texts]} for dry runs and tests) and loads the weights the trainer announces on the queue.
 vLLM starts from model.hf_dir, else from the newest complete version the trainer published
 (rollout.weights_dir, else the one announced on the queue), and takes each new version's
-safetensors as they are. Its cursor is kept in
-WORKDIR/worker-I-of-N.json, so a restarted worker continues where it stopped. SIGTERM
-finishes the current group and exits; a second SIGTERM abandons it.
+safetensors as they are. With rollout.worker_stream (the default) episodes of many groups
+run at once (episode.max_concurrent, batched by vLLM up to rollout.max_batch sequences) and
+each group is put as it ends; README "Keeping vLLM busy". Its cursor (the end of the
+finished prefix of its shard) is kept in WORKDIR/worker-I-of-N.json, so a restarted worker
+continues where it stopped. SIGTERM finishes the groups in flight and exits; a second SIGTERM
+abandons them.
 
 Worker config keys: rollout.script_file, rollout.max_epochs (0: run until stopped),
-rollout.poll_s, rollout.queue_namespace (the trainer's).
+rollout.poll_s, rollout.queue_namespace (the trainer's), rollout.worker_stream.
 """
 from __future__ import annotations
 

@@ -291,18 +291,22 @@ def vllm_model_dir(source: str | os.PathLike, target: str | os.PathLike, model: 
 
 def vllm_engine(config: ml_collections.ConfigDict, model_dir: str | os.PathLike, *, version: int,
                 max_total_tokens: int) -> Engine:
-    """A `VllmEngine` on `model_dir` with the config's dtype, batch and KV-cache size
-    (`rollout.vllm_kv_cache_mb`, 0: vLLM's own sizing; `rollout.vllm_enforce_eager`)."""
+    """A `VllmEngine` on `model_dir` with the fleet's sizing: `rollout.max_batch` sequences in
+    flight (vLLM's max_num_seqs), a KV cache of `rollout.vllm_kv_cache_mb` (0: vLLM sizes it
+    from `rollout.vllm_gpu_memory_utilization` of the GPU), `rollout.vllm_enforce_eager`."""
     require_vllm()
     from pyvision_jax.rollout.vllm_engine import VllmEngine
 
     r = config.rollout
     kv_mb = int(r.vllm_kv_cache_mb)
+    options: dict[str, Any] = {"enforce_eager": True} if r.vllm_enforce_eager else {}
+    if not kv_mb:
+        options["gpu_memory_utilization"] = float(r.vllm_gpu_memory_utilization)
     return VllmEngine(model_dir, version=version, dtype=config.model.compute_dtype,
                       max_model_len=int(max_total_tokens), max_num_seqs=int(r.max_batch),
                       max_images_per_prompt=int(config.episode.max_images) + 1,
                       kv_cache_memory_bytes=kv_mb << 20 if kv_mb else None, seed=int(config.seed),
-                      llm_kwargs={"enforce_eager": True} if r.vllm_enforce_eager else None)
+                      llm_kwargs=options)
 
 
 # ----------------------------------------------------------------------------- rollouts
@@ -428,7 +432,8 @@ def fleet_worker(config: ml_collections.ConfigDict, workdir: str | os.PathLike, 
     else:
         raise ValueError(f"rollout.engine={r.engine!r}: a rollout worker runs 'jax', 'vllm' or 'scripted'")
     worker_config = WorkerConfig(worker_index=worker_index, num_workers=num_workers, seed=task_order_seed(config),
-                                 max_staleness=r.max_staleness, max_epochs=r.max_epochs or None, poll_s=r.poll_s)
+                                 stream=bool(r.worker_stream), max_staleness=r.max_staleness,
+                                 max_epochs=r.max_epochs or None, poll_s=r.poll_s)
     return RolloutWorker(worker_config, tasks=training_tasks(config, workdir / f"worker-{worker_index}"),
                          producer=producer(config, engine, tokenizer, sandboxes, episode_config(config, model)),
                          queue=queue, weights=watcher(queue, engine, dtype=config.model.param_dtype),

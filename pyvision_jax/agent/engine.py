@@ -18,6 +18,7 @@ Conventions every engine follows (the JAX sampler, vLLM and the scripted test en
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Sequence, runtime_checkable
 
@@ -140,4 +141,18 @@ class Engine(Protocol):
 
     def update_weights(self, weights: Any, version: int) -> None:
         """Loads new weights (a params pytree or an iterator of named arrays)."""
+        ...
+
+
+@runtime_checkable
+class StreamingEngine(Engine, Protocol):
+    """An engine that also takes requests one at a time, each continued as soon as there is
+    room (continuous batching across everything submitted), with no barrier between them.
+
+    The episode driver submits each trajectory's turn the moment it is ready instead of
+    batching the ready ones into one ``generate`` call that waits for its slowest sequence.
+    """
+
+    def submit(self, request: GenerationRequest, params: SamplingParams) -> Future[GenerationResult]:
+        """Queues one request; the future holds its result (or the engine's error)."""
         ...

@@ -1,22 +1,27 @@
 """Runs many episodes at once: batched generation through one engine, sandbox work on a pool.
 
-Concurrency (``EpisodeRunner.run``). One driver thread owns the engine; a thread pool owns all
-per-trajectory host work (loading media and rendering the prompt, sandbox acquisition and
-runs, rendering observations, releasing sandboxes). The driver loops:
+Concurrency (``EpisodeRunner.stream``; ``run_trajectories`` is it over a fixed list). One
+driver thread owns the engine; a thread pool owns all per-trajectory host work (loading media
+and rendering the prompt, sandbox acquisition and runs, rendering observations, releasing
+sandboxes). The driver loops:
 
-1. admit queued trajectories up to ``max_concurrent`` (their START job goes to the pool);
-2. collect every pool job that has finished, without waiting, moving its trajectory to the
-   ready list (or retiring it);
-3. if any trajectory is ready, call ``engine.generate`` once on ALL ready trajectories, parse
-   the results and hand each trajectory's next step (tool run or finalization) to the pool;
-4. only when nothing is ready, block until the first pool job finishes.
+1. admit new trajectories from the job feed up to ``max_concurrent`` in flight (their START
+   job goes to the pool), so a finished episode's place is taken at once, whatever group
+   either belongs to;
+2. collect every job that has finished, without waiting, moving its trajectory to the ready
+   list (or retiring it and yielding the trajectory);
+3. hand every ready trajectory's turn to the engine: with a ``StreamingEngine`` each is
+   submitted on its own (continuous batching in the engine: no turn waits for another's
+   sequence), otherwise ``engine.generate`` runs once on ALL ready trajectories; each
+   generated turn is parsed and its next step (tool run or finalization) goes to the pool;
+4. only when nothing is ready, block until the first job finishes.
 
 So generation is batched over whatever is ready, sandbox work of other trajectories proceeds
 meanwhile, and no trajectory waits for a slow sandbox of another: there is no per-turn
-barrier. Each trajectory has at most one pool job at a time and the pool has
-``max_concurrent`` threads, so jobs never queue behind each other; a START or TOOL job may
-block on ``SandboxPool.acquire`` only while other trajectories hold sandboxes, and those
-release them from their own threads, so the pool cannot deadlock.
+barrier. Each trajectory has at most one job at a time and the pool has ``max_concurrent``
+threads, so jobs never queue behind each other; a START or TOOL job may block on
+``SandboxPool.acquire`` only while other trajectories hold sandboxes, and those release them
+from their own threads, so the pool cannot deadlock.
 
 The transitions of each trajectory are ``pyvision_jax.agent.episode.EpisodeMachine``'s.
 """
@@ -31,12 +36,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from PIL import Image
 from tqdm import tqdm
 
-from pyvision_jax.agent.engine import Engine, SamplingParams
+from pyvision_jax.agent.engine import Engine, SamplingParams, StreamingEngine
 from pyvision_jax.agent.episode import (
     CODE_STOP,
     EpisodeConfig,
@@ -72,9 +77,31 @@ class SandboxSource(Protocol):
 
 @dataclass
 class _SandboxedEpisode(EpisodeState):
-    """An episode's state plus the sandbox it holds (acquired at its first code run)."""
+    """An episode's state plus the sandbox it holds (acquired at its first code run) and its
+    admission position in the runner's stream."""
 
     sandbox: SandboxLike | None = None
+    position: int = -1
+
+
+class JobFeed(Protocol):
+    """Hands `EpisodeRunner.stream` its (task, rollout index) jobs as room frees up."""
+
+    def take(self, room: int) -> list[tuple[Task, int]] | None:
+        """At most `room` jobs to start now ([] when none just now), None when there are no more."""
+        ...
+
+
+class ListFeed:
+    """A fixed list of jobs, handed out in order."""
+
+    def __init__(self, jobs: Sequence[tuple[Task, int]]):
+        self._jobs = deque(jobs)
+
+    def take(self, room: int) -> list[tuple[Task, int]] | None:
+        if not self._jobs:
+            return None
+        return [self._jobs.popleft() for _ in range(min(room, len(self._jobs)))]
 
 
 class _PromptCache:
@@ -120,60 +147,100 @@ class EpisodeRunner:
     def run_trajectories(self, jobs: Sequence[tuple[Task, int]],
                          progress: bool = False) -> list[Trajectory]:
         """One trajectory per (task, rollout index), in input order."""
-        episodes = [_SandboxedEpisode(task, k) for task, k in jobs]
-        queued = deque(episodes)
-        order = {id(e): i for i, e in enumerate(episodes)}
-        results: list[Trajectory | None] = [None] * len(queued)
+        results: list[Trajectory | None] = [None] * len(jobs)
+        with tqdm(total=len(jobs), desc="episodes", disable=not progress) as bar:
+            for position, trajectory in self.stream(ListFeed(jobs)):
+                results[position] = trajectory
+                bar.update(1)
+        return [t for t in results if t is not None]
+
+    def stream(self, feed: "JobFeed", poll_s: float = 0.5) -> Iterator[tuple[int, Trajectory]]:
+        """(admission position, trajectory) of every job `feed` hands out, as each finishes.
+
+        The feed is asked for at most the free room (``max_concurrent`` minus the episodes in
+        flight) whenever there is room, so new episodes start the moment others end; an empty
+        answer pauses admission (asked again within ``poll_s``), None ends it. With a
+        `StreamingEngine` each ready turn is submitted on its own; with any other engine the
+        ready turns are batched into one ``generate`` call.
+        """
+        streaming = isinstance(self.engine, StreamingEngine)
         prompts = _PromptCache()
-        ready: list[_SandboxedEpisode] = []
+        episodes: dict[int, _SandboxedEpisode] = {}
         running: dict[futures.Future, tuple[str, _SandboxedEpisode]] = {}
-        pool = futures.ThreadPoolExecutor(self.config.max_concurrent,
-                                          thread_name_prefix="episode")
-        bar = tqdm(total=len(queued), desc="episodes", disable=not progress)
+        submitted: dict[int, float] = {}
+        ready: list[_SandboxedEpisode] = []
+        admitted, open_feed = 0, True
+        pool = futures.ThreadPoolExecutor(self.config.max_concurrent, thread_name_prefix="episode")
         try:
-            while queued or running:
-                while queued and len(running) < self.config.max_concurrent:
-                    episode = queued.popleft()
+            while True:
+                room = self.config.max_concurrent - len(running)
+                jobs = feed.take(room) if open_feed and room > 0 else []
+                if jobs is None:
+                    open_feed, jobs = False, []
+                for task, index in jobs[:room]:
+                    episode = episodes[admitted] = _SandboxedEpisode(task, index)
+                    episode.position = admitted
+                    admitted += 1
                     running[pool.submit(self._start, episode, prompts)] = ("start", episode)
-                self._wait_for_work(running)
+                if not running:
+                    if not open_feed:
+                        return
+                    time.sleep(poll_s)
+                    continue
+                self._wait_for_work(running, timeout_s=poll_s if open_feed else None, gather=not streaming)
                 for future in [f for f in running if f.done()]:
                     stage, episode = running.pop(future)
                     outcome = future.result()
                     if stage == "finish":
-                        results[order[id(episode)]] = outcome
-                        bar.update(1)
+                        del episodes[episode.position]
+                        yield episode.position, outcome
+                    elif stage == "generate":
+                        episode.generate_s += time.perf_counter() - submitted.pop(id(episode))
+                        self._after_generation(episode, self.machine.after_generation(episode, outcome),
+                                               running, pool)
                     elif episode.end_reason is None:
                         ready.append(episode)
                     else:
                         running[pool.submit(self._finish, episode)] = ("finish", episode)
-                if ready:
-                    batch, ready = ready, []
-                    for episode, step in zip(batch, self._generate(batch)):
-                        if step is None:
-                            running[pool.submit(self._finish, episode)] = ("finish", episode)
-                        else:
-                            running[pool.submit(self._tool, episode, step)] = ("tool", episode)
+                if ready and streaming:
+                    for episode in ready:
+                        submitted[id(episode)] = time.perf_counter()
+                        request = self.machine.request(episode)
+                        running[self.engine.submit(request, self.sampling)] = ("generate", episode)
+                elif ready:
+                    for episode, step in zip(ready, self._generate(ready)):
+                        self._after_generation(episode, step, running, pool)
+                ready = []
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
-            for episode in episodes:
+            for episode in episodes.values():
                 if episode.sandbox is not None:
                     self.sandboxes.release(episode.sandbox)
                     episode.sandbox = None
             raise
         finally:
             pool.shutdown(wait=True)
-            bar.close()
-        return [t for t in results if t is not None]
 
     # -- driver-thread steps -------------------------------------------------------------
 
-    def _wait_for_work(self, running: dict[futures.Future, Any]) -> None:
-        """Blocks until a pool job is done, then briefly lets near-simultaneous ones finish
-        too (at most ``gather_s``) so they share one generation batch."""
-        futures.wait(list(running), return_when=futures.FIRST_COMPLETED)
-        if self.config.gather_s > 0:
+    def _wait_for_work(self, running: dict[futures.Future, Any], timeout_s: float | None = None,
+                       gather: bool = True) -> None:
+        """Blocks until a job is done (or `timeout_s`), then, with `gather`, briefly lets
+        near-simultaneous ones finish too (at most ``gather_s``) so they share one generation
+        batch (a streaming engine batches by itself: no gathering)."""
+        done, _ = futures.wait(list(running), timeout=timeout_s, return_when=futures.FIRST_COMPLETED)
+        if gather and done and self.config.gather_s > 0:
             futures.wait([f for f in running if not f.done()], timeout=self.config.gather_s,
                          return_when=futures.ALL_COMPLETED)
+
+    def _after_generation(self, episode: _SandboxedEpisode, step: PendingAction | None,
+                          running: dict[futures.Future, tuple[str, _SandboxedEpisode]],
+                          pool: futures.ThreadPoolExecutor) -> None:
+        """Hands the episode's next step (its tool run, or its end) to the pool."""
+        if step is None:
+            running[pool.submit(self._finish, episode)] = ("finish", episode)
+        else:
+            running[pool.submit(self._tool, episode, step)] = ("tool", episode)
 
     def _generate(self, batch: list[_SandboxedEpisode]) -> list[PendingAction | None]:
         requests = [self.machine.request(e) for e in batch]

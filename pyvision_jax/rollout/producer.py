@@ -16,15 +16,16 @@ the request id, so a group is reproducible whatever batch it is generated in.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from pyvision_jax.agent.engine import Engine, SamplingParams
 from pyvision_jax.agent.episode import EpisodeConfig
 from pyvision_jax.agent.runner import EpisodeRunner, SandboxSource
-from pyvision_jax.agent.trajectory import GroupScores, TrajectoryGroup
+from pyvision_jax.agent.trajectory import GroupScores, Trajectory, TrajectoryGroup
 from pyvision_jax.data.task_order import ShardItem, derived_seed
 from pyvision_jax.grading.routes import Graded, ScorerRoutes, grade_trajectories
 from pyvision_jax.rl.rewards import accumulative_tool_reward
@@ -54,6 +55,42 @@ def score_groups(groups: Sequence[TrajectoryGroup], tokenizer: Any, tool_reward_
         out.append(with_scores(group, graded[start:start + len(group)], tool_reward_coef))
         start += len(group)
     return out
+
+
+class ItemFeed(Protocol):
+    """Hands `GroupProducer.stream` its shard items as room frees up."""
+
+    def take(self, count: int) -> list[ShardItem] | None:
+        """At most `count` items to start now ([] when none just now), None when there are no more."""
+        ...
+
+
+class _GroupJobs:
+    """The runner's job feed over an item feed: G jobs per item, and which item each
+    admitted job (by admission position) belongs to."""
+
+    def __init__(self, items: ItemFeed, group_size: int):
+        self.items, self.group_size = items, group_size
+        self.pending: deque[tuple[ShardItem, int]] = deque()
+        self.owners: dict[int, ShardItem] = {}
+        self.admitted = 0
+        self.open = True
+
+    def take(self, room: int) -> list[tuple[Any, int]] | None:
+        if self.open and len(self.pending) < room:
+            wanted = -(-(room - len(self.pending)) // self.group_size)
+            items = self.items.take(wanted)
+            if items is None:
+                self.open = False
+            for item in items or ():
+                self.pending.extend((item, index) for index in item.rollout_indices(self.group_size))
+        if not self.pending:
+            return None if not self.open else []
+        jobs = [self.pending.popleft() for _ in range(min(room, len(self.pending)))]
+        for item, _ in jobs:
+            self.owners[self.admitted] = item
+            self.admitted += 1
+        return [(item.task, index) for item, index in jobs]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,3 +131,29 @@ class GroupProducer:
         groups = [TrajectoryGroup(item.task, tuple(trajectories[i * size:(i + 1) * size]))
                   for i, item in enumerate(items)]
         return score_groups(groups, self.tokenizer, self.config.tool_reward_coef, self.routes)
+
+    def stream(self, items: ItemFeed, max_concurrent: int | None = None,
+               poll_s: float = 0.5) -> Iterator[tuple[ShardItem, TrajectoryGroup]]:
+        """(item, scored group) as each item's G episodes finish, in completion order.
+
+        Episodes of many items run together (up to `max_concurrent` in flight, default the
+        episode config's); a finished episode's place goes to the next job at once, so no
+        group waits for another. Every request's randomness comes from the run seed and its
+        request id (task and rollout index), so a group does not depend on what it ran beside.
+        """
+        size = self.config.group_size
+        sampling = dataclasses.replace(self.sampling, seed=derived_seed(self.config.seed, 0, 0))
+        episode = self.episode if max_concurrent is None else dataclasses.replace(
+            self.episode, max_concurrent=max_concurrent)
+        runner = EpisodeRunner(self.engine, self.tokenizer, self.sandboxes, episode, sampling)
+        jobs = _GroupJobs(items, size)
+        partial: dict[int, list[Trajectory]] = {}
+        for position, trajectory in runner.stream(jobs, poll_s=poll_s):
+            item = jobs.owners.pop(position)
+            done = partial.setdefault(id(item), [])
+            done.append(trajectory)
+            if len(done) == size:
+                del partial[id(item)]
+                done.sort(key=lambda t: t.rollout_index)
+                group = TrajectoryGroup(item.task, tuple(done))
+                yield item, score_groups([group], self.tokenizer, self.config.tool_reward_coef, self.routes)[0]

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections import defaultdict
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -39,6 +41,7 @@ class ScriptedEngine:
         self._eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self._on_generate = on_generate
         self._turns: dict[str, int] = defaultdict(int)
+        self._turns_lock = threading.Lock()
         self.calls: list[tuple[str, ...]] = []
 
     @property
@@ -56,11 +59,15 @@ class ScriptedEngine:
             self._on_generate(requests)
         results = []
         for request in requests:
-            self._check_visual_tokens(request)
+            results.append(self._respond(request, self._next_turn(request), params))
+        return results
+
+    def _next_turn(self, request: GenerationRequest) -> int:
+        self._check_visual_tokens(request)
+        with self._turns_lock:
             turn = self._turns[request.request_id]
             self._turns[request.request_id] += 1
-            results.append(self._respond(request, turn, params))
-        return results
+        return turn
 
     def _response_text(self, request: GenerationRequest, turn: int) -> str:
         if callable(self._script):
@@ -103,6 +110,31 @@ class ScriptedEngine:
             raise ValueError(
                 f"request {request.request_id}: {found} image-pad tokens in the prompt but "
                 f"the image grids account for {expected}")
+
+
+class StreamingScriptedEngine(ScriptedEngine):
+    """A ScriptedEngine that also takes requests one at a time (the ``StreamingEngine``
+    protocol): each result arrives `latency_s(request)` seconds after its submission,
+    independently of every other request, like a continuous-batching server's."""
+
+    def __init__(self, tokenizer: Any, script: Script, *,
+                 latency_s: Callable[[GenerationRequest], float] = lambda request: 0.0, **kwargs: Any):
+        super().__init__(tokenizer, script, **kwargs)
+        self._latency_s = latency_s
+        self.submitted: list[str] = []
+
+    def submit(self, request: GenerationRequest, params: SamplingParams) -> Future[GenerationResult]:
+        future: Future = Future()
+        self.submitted.append(request.request_id)
+        try:
+            result = self._respond(request, self._next_turn(request), params)
+        except Exception as error:  # noqa: BLE001 - delivered through the future, like an engine's
+            future.set_exception(error)
+            return future
+        timer = threading.Timer(self._latency_s(request), future.set_result, (result,))
+        timer.daemon = True
+        timer.start()
+        return future
 
 
 def script_from_file(path: str | os.PathLike) -> Callable[[GenerationRequest, int], str]:

@@ -9,6 +9,15 @@ image's tokens, so the engine collapses each image's run of pads to one pad, han
 PIL images (with a ``size`` range (min/max pixels) spanning their sizes, so the processor keeps
 them as they are) and checks that vLLM's expanded prompt equals the request's, token for token.
 
+Continuous batching. One serving thread owns the ``vllm.LLM``: it adds submitted requests to
+vLLM's scheduler the moment they arrive and steps the engine while any is unfinished, resolving
+each request's future when it finishes (``submit``, the ``StreamingEngine`` protocol). So
+sequences of many episodes and groups are in flight together, up to ``max_num_seqs``, and a
+finished one's slot goes to the next at once. ``generate`` submits its batch and waits for all
+of it. A weight update stops admitting, lets the requests in flight finish under the weights
+they began with (each result carries its version), then loads; requests submitted meanwhile
+wait and run under the new weights.
+
 Sampling. The LLM is built with ``logprobs_mode="processed_logprobs"`` and each request asks
 for ``logprobs=0`` (the sampled token's logprob only): vLLM then reports the log-probability
 under ``softmax(filter(logits / temperature))`` with top-k/top-p applied and renormalised, and
@@ -19,26 +28,19 @@ go in ``stop_token_ids``, so they are kept with their logprob and end with ``"eo
 strings are kept (``include_stop_str_in_output``). The model's generation_config.json is not
 applied (``generation_config="vllm"``): only the caller's SamplingParams count.
 
-Without torchvision. PyPI torchvision cannot load beside the CPU torch build, and
-transformers' default Qwen2-VL image and video processors import it. ``use_torchvision_free_processors``
-(run before vLLM loads its model, only when torchvision is not installed) maps transformers'
-Qwen2-VL image processor module to its PIL backend (``Qwen2VLImageProcessorPil``, the same
-smart_resize/normalise/patchify), registers a video processor that refuses videos (this engine
-takes images only; ``limit_mm_per_prompt`` has no videos), and registers vLLM's Qwen2.5-VL
-model class in process, since vLLM would otherwise inspect it in a subprocess that lacks these
-registrations. An installed but broken torchvision cannot be worked around: uninstall it.
+Without torchvision: see ``pyvision_jax.rollout.vllm_processors``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 import threading
-import types
+import time
 import zlib
 from collections import Counter
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -50,11 +52,9 @@ from pyvision_jax.convert.names import checkpoint_shapes, tensor_kind
 from pyvision_jax.models import ModelConfig
 from pyvision_jax.processing.image import CLIP_MEAN, CLIP_STD, IMAGE_MIN_PIXELS, to_rgb
 from pyvision_jax.agent.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
+from pyvision_jax.rollout.vllm_processors import register_model_in_process, use_torchvision_free_processors
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
-_QWEN_ARCHITECTURE = "Qwen2_5_VLForConditionalGeneration"
-_torchvision_free_lock = threading.Lock()
-_torchvision_free_done = False
 
 
 def write_preprocessor_config(model_dir: str | os.PathLike, config: ModelConfig,
@@ -107,83 +107,6 @@ def _torch_tensor(array: Any) -> Any:
     if array.dtype.name == "bfloat16":
         return torch.from_numpy(np.ascontiguousarray(array).view(np.uint16)).view(torch.bfloat16)
     return torch.from_numpy(np.ascontiguousarray(array))
-
-
-def _torchvision_installed() -> bool:
-    return importlib.util.find_spec("torchvision") is not None
-
-
-def use_torchvision_free_processors() -> bool:
-    """Lets vLLM's Qwen2.5-VL path run without torchvision (see the module docstring).
-
-    Idempotent; returns whether the workaround is in effect (False when torchvision is
-    installed, in which case nothing is changed). Must run before vLLM loads its Qwen2-VL
-    model module (``import vllm`` alone is fine).
-    """
-    global _torchvision_free_done
-    with _torchvision_free_lock:
-        if _torchvision_free_done:
-            return True
-        if _torchvision_installed():
-            return False
-        if "vllm.model_executor.models.qwen2_vl" in sys.modules:
-            raise RuntimeError("use_torchvision_free_processors must run before vLLM loads its "
-                               "Qwen2-VL model module")
-        _image_processor_on_pil()
-        _refuse_videos()
-        _torchvision_free_done = True
-        return True
-
-
-def _image_processor_on_pil() -> None:
-    """Serves ``transformers.models.qwen2_vl.image_processing_qwen2_vl`` from the PIL backend."""
-    from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as pil
-
-    name = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
-    module = types.ModuleType(name, "Qwen2-VL image processing on the PIL backend "
-                                    "(installed by pyvision_jax: torchvision is unavailable)")
-    module.Qwen2VLImageProcessor = pil.Qwen2VLImageProcessorPil
-    module.Qwen2VLImageProcessorPil = pil.Qwen2VLImageProcessorPil
-    module.Qwen2VLImageProcessorKwargs = pil.Qwen2VLImageProcessorKwargs
-    module.smart_resize = pil.smart_resize
-    module.__all__ = ["Qwen2VLImageProcessor"]
-    sys.modules[name] = module
-
-
-def _refuse_videos() -> None:
-    """Registers, for Qwen2.5-VL configs, a video processor that raises on any video.
-
-    The Qwen2.5-VL processor needs a video processor object to exist; transformers' own one
-    needs torchvision. The class is named like the one it replaces because transformers finds
-    a processor's video processor class by the name inferred from the image processor's.
-    """
-    import transformers
-    from transformers.models.auto.video_processing_auto import AutoVideoProcessor
-    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLConfig
-    from transformers.video_processing_utils import BaseVideoProcessor, VideoProcessorMixin
-
-    def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(
-            "video inputs need transformers' torchvision video processor; torchvision is not "
-            "installed (pyvision_jax's vLLM engine takes images only)")
-
-    video_class = type("Qwen2VLVideoProcessor", (BaseVideoProcessor,), {
-        "__module__": __name__, "merge_size": 2, "patch_size": 14, "temporal_patch_size": 2,
-        "_preprocess": refuse, "preprocess": refuse, "__call__": refuse})
-    AutoVideoProcessor.register(Qwen2_5_VLConfig, video_processor_classes={
-        "torchvision": video_class, "pil": video_class}, exist_ok=True)
-    if not hasattr(transformers, "VideoProcessorMixin"):
-        # ProcessorMixin type-checks sub-processors against transformers.VideoProcessorMixin,
-        # which transformers only exports when torchvision is importable.
-        transformers.VideoProcessorMixin = VideoProcessorMixin
-
-
-def _register_model_in_process() -> None:
-    """Registers vLLM's Qwen2.5-VL class object so vLLM inspects it here, not in a subprocess."""
-    from vllm import ModelRegistry
-    from vllm.model_executor.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
-
-    ModelRegistry.register_model(_QWEN_ARCHITECTURE, Qwen2_5_VLForConditionalGeneration)
 
 
 def collapse_image_pads(request: GenerationRequest, config: ModelConfig) -> list[int]:
@@ -241,7 +164,7 @@ class VllmEngine:
             raise RuntimeError(f"VLLM_ENABLE_V1_MULTIPROCESSING={flag}: the vLLM engine runs the "
                                "engine core in process (set it to 0 or leave it unset)")
         if use_torchvision_free_processors():
-            _register_model_in_process()
+            register_model_in_process()
         import vllm
 
         self._vllm = vllm
@@ -258,8 +181,15 @@ class VllmEngine:
         self.eos_token_ids = frozenset(end_of_turn_ids(self.tokenizer) if eos_token_ids is None
                                        else (int(t) for t in eos_token_ids))
         self._version = int(version)
-        self._lock = threading.Lock()
         self._seed_source = np.random.default_rng()
+        self._cond = threading.Condition()
+        self._inbox: list[_Submission] = []
+        self._updates: list[tuple[Any, int, Future]] = []
+        self._failure: BaseException | None = None
+        self._closing = False
+        self._occupancy = EngineOccupancy()
+        self._server = threading.Thread(target=self._serve, name="vllm-engine", daemon=True)
+        self._server.start()
 
     # ------------------------------------------------------------------ Engine protocol
 
@@ -268,39 +198,144 @@ class VllmEngine:
         return self._version
 
     def update_weights(self, weights: Any, version: int) -> None:
-        """Reloads the weights in place and clears the prefix, encoder and multimodal caches.
+        """Reloads the weights in place and clears the prefix, encoder and multimodal caches,
+        once the requests in flight have finished (see the module docstring).
 
         ``weights`` is a params pytree of this model (``init_params``, ``load_hf``, the
         trainer's state) or an iterable of (Hub or transformers-v5 tensor name, array or
         torch tensor in HF layout) pairs; vLLM casts them to its dtype.
         """
-        named = hf_tensors(self.config, weights) if isinstance(weights, Mapping) else weights
-        tensors = ((name, _torch_tensor(array)) for name, array in named)
-        with self._lock:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
-            self.llm.reset_prefix_cache()
-            # The scheduler would otherwise still count the old vision embeddings as cached
-            # (the worker dropped them in reload_weights) and skip the encoder for them.
-            self.llm.llm_engine.reset_encoder_cache()
-            self.llm.reset_mm_cache()
-            self._version = int(version)
+        done: Future = Future()
+        with self._cond:
+            self._check_serving()
+            self._updates.append((weights, int(version), done))
+            self._cond.notify_all()
+        done.result()
 
     def generate(self, requests: Sequence[GenerationRequest],
                  params: SamplingParams) -> list[GenerationResult]:
-        """Continues every request (vLLM batches them); results in request order."""
-        with self._lock:
-            if not requests:
-                return []
-            seed = params.call_seed(self._seed_source)
-            repeats: Counter[str] = Counter()
-            prompts, sampling = [], []
-            for request in requests:
-                prompts.append(self._prompt(request, params))
-                sampling.append(self._sampling(request, params, seed, repeats[request.request_id]))
-                repeats[request.request_id] += 1
-            outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
-            return [self._result(request, output)
-                    for request, output in zip(requests, outputs)]
+        """Continues every request (batched by vLLM with whatever else is in flight);
+        results in request order."""
+        if not requests:
+            return []
+        seed = params.call_seed(self._seed_source)
+        repeats: Counter[str] = Counter()
+        futures = []
+        for request in requests:
+            futures.append(self._enqueue(request, params, f"{seed}/{request.request_id}/{repeats[request.request_id]}"))
+            repeats[request.request_id] += 1
+        return [future.result() for future in futures]
+
+    def submit(self, request: GenerationRequest, params: SamplingParams) -> Future[GenerationResult]:
+        """Queues one request; its sampling randomness comes from the call seed, the request id
+        and the prompt length (so successive turns of one episode differ)."""
+        seed = params.call_seed(self._seed_source)
+        return self._enqueue(request, params, f"{seed}/{request.request_id}/@{len(request.prompt_token_ids)}")
+
+    def close(self) -> None:
+        """Stops the serving thread (requests still in flight fail)."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._server.join()
+
+    # ------------------------------------------------------------------ serving thread
+
+    def _enqueue(self, request: GenerationRequest, params: SamplingParams, key: str) -> Future:
+        future: Future = Future()
+        with self._cond:
+            self._check_serving()
+            self._inbox.append(_Submission(request, params, key, future))
+            self._cond.notify_all()
+        return future
+
+    def _check_serving(self) -> None:
+        if self._failure is not None:
+            raise RuntimeError(f"the vLLM engine stopped after an error: {self._failure!r}") from self._failure
+        if self._closing:
+            raise RuntimeError("the vLLM engine is closed")
+
+    def _serve(self) -> None:
+        """The serving loop: admit, step, resolve; weight updates when nothing is in flight."""
+        in_flight: dict[str, _Submission] = {}
+        try:
+            while True:
+                with self._cond:
+                    while not (self._closing or in_flight or self._updates or self._inbox):
+                        self._cond.wait()
+                    if self._closing:
+                        break
+                    admit = [] if self._updates else self._inbox
+                    if admit:
+                        self._inbox = []
+                for submission in admit:
+                    self._admit(submission, in_flight)
+                if in_flight:
+                    started = time.perf_counter()
+                    outputs = self.llm.llm_engine.step()
+                    self._record_step(len(in_flight), time.perf_counter() - started)
+                    for output in outputs:
+                        if output.finished and output.request_id in in_flight:
+                            self._resolve(in_flight.pop(output.request_id), output)
+                    continue
+                if self._updates:
+                    weights, version, done = self._updates.pop(0)
+                    try:
+                        self._load(weights, version)
+                        done.set_result(None)
+                    except BaseException as error:  # noqa: BLE001 - the caller gets it
+                        done.set_exception(error)
+        except BaseException as error:  # noqa: BLE001 - an engine failure fails every waiter
+            with self._cond:
+                self._failure = error
+        finally:
+            with self._cond:
+                waiting = [*in_flight.values(), *self._inbox]
+                updates, self._inbox, self._updates = self._updates, [], []
+            failure = self._failure or RuntimeError("the vLLM engine is closed")
+            for submission in waiting:
+                if not submission.future.done():
+                    submission.future.set_exception(failure)
+            for _, _, done in updates:
+                done.set_exception(failure)
+
+    def _record_step(self, sequences: int, seconds: float) -> None:
+        with self._cond:
+            self._occupancy = EngineOccupancy(self._occupancy.steps + 1,
+                                              self._occupancy.sequence_steps + sequences,
+                                              self._occupancy.busy_s + seconds)
+
+    def occupancy(self) -> "EngineOccupancy":
+        """Steps taken so far, the sequences they advanced and the time spent stepping."""
+        with self._cond:
+            return self._occupancy
+
+    def _admit(self, submission: "_Submission", in_flight: dict[str, "_Submission"]) -> None:
+        try:
+            prompt = self._prompt(submission.request, submission.params)
+            sampling = self._sampling(submission.request, submission.params, submission.key)
+            (internal,) = self.llm.enqueue([prompt], [sampling], use_tqdm=False)
+        except Exception as error:  # noqa: BLE001 - a bad request fails its own future only
+            submission.future.set_exception(error)
+            return
+        in_flight[_external_id(internal)] = submission
+
+    def _resolve(self, submission: "_Submission", output: Any) -> None:
+        try:
+            submission.future.set_result(self._result(submission.request, output))
+        except Exception as error:  # noqa: BLE001 - reported to the request's waiter
+            submission.future.set_exception(error)
+
+    def _load(self, weights: Any, version: int) -> None:
+        named = hf_tensors(self.config, weights) if isinstance(weights, Mapping) else weights
+        tensors = ((name, _torch_tensor(array)) for name, array in named)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
+        self.llm.reset_prefix_cache()
+        # The scheduler would otherwise still count the old vision embeddings as cached
+        # (the worker dropped them in reload_weights) and skip the encoder for them.
+        self.llm.llm_engine.reset_encoder_cache()
+        self.llm.reset_mm_cache()
+        self._version = int(version)
 
     # ------------------------------------------------------------------ host side
 
@@ -328,13 +363,11 @@ class VllmEngine:
                 "size": {"shortest_edge": min(pixels), "longest_edge": max(pixels)}}
         return prompt
 
-    def _sampling(self, request: GenerationRequest, params: SamplingParams, seed: int,
-                  repeat: int) -> Any:
-        key = f"{seed}/{request.request_id}/{repeat}".encode()
+    def _sampling(self, request: GenerationRequest, params: SamplingParams, key: str) -> Any:
         return self._vllm.SamplingParams(
             temperature=params.temperature, top_p=params.top_p,
             top_k=params.top_k if params.top_k > 0 else 0,
-            max_tokens=request.token_limit(params), seed=zlib.crc32(key),
+            max_tokens=request.token_limit(params), seed=zlib.crc32(key.encode()),
             stop=list(params.stop), include_stop_str_in_output=True,
             stop_token_ids=sorted(self.eos_token_ids | set(params.stop_token_ids)),
             ignore_eos=True, logprobs=0, skip_special_tokens=True)
@@ -360,3 +393,36 @@ class VllmEngine:
             raise RuntimeError(f"request {request.request_id}: vLLM finished with "
                                f"{completion.finish_reason!r} ({completion.stop_reason!r})")
         return GenerationResult(token_ids, logprobs, reason, stop_string, self._version)
+
+
+@dataclass(frozen=True)
+class EngineOccupancy:
+    """How busy the engine has been: steps, requests in flight summed over steps, seconds."""
+
+    steps: int = 0
+    sequence_steps: int = 0
+    busy_s: float = 0.0
+
+    def since(self, earlier: "EngineOccupancy") -> "EngineOccupancy":
+        return EngineOccupancy(self.steps - earlier.steps, self.sequence_steps - earlier.sequence_steps,
+                               self.busy_s - earlier.busy_s)
+
+    @property
+    def mean_batch(self) -> float:
+        return self.sequence_steps / self.steps if self.steps else 0.0
+
+
+@dataclass(frozen=True)
+class _Submission:
+    """A request waiting for (or being served by) the serving thread; `key` seeds its sampling."""
+
+    request: GenerationRequest
+    params: SamplingParams
+    key: str
+    future: Future
+
+
+def _external_id(internal: str) -> str:
+    """The request id vLLM reports on outputs for the id `LLM.enqueue` returned (vLLM appends
+    a random suffix to the caller's id internally)."""
+    return internal.rsplit("-", 1)[0]

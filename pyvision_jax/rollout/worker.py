@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Protocol
 
 from pyvision_jax.agent.trajectory import TrajectoryGroup
-from pyvision_jax.data.task_order import TaskShard
+from pyvision_jax.data.task_order import ShardItem, TaskShard
 from pyvision_jax.data.tasks import Task
 from pyvision_jax.rollout.producer import GroupProducer
 from pyvision_jax.rollout.queue import QueueFullError, TrajectoryQueue
@@ -52,7 +52,11 @@ class WeightsSource(Protocol):
 class WorkerConfig:
     """Settings of one rollout loop.
 
-    groups_per_batch: tasks generated together (one engine batch across their groups).
+    groups_per_batch: tasks generated together (one engine batch across their groups), when
+      not streaming.
+    stream: run the groups as a stream (`GroupProducer.stream`): episodes of many groups in
+      flight (the episode config's max_concurrent), a group put the moment its G episodes end
+      and the next task started in its place; no barrier per batch or per turn.
     max_staleness: pause while the engine's version exceeds the trainer's by more than this;
       None never pauses.
     max_epochs: stop after this many passes over the shard; None runs until stopped.
@@ -63,6 +67,7 @@ class WorkerConfig:
     num_workers: int = 1
     seed: int = 0
     groups_per_batch: int = 1
+    stream: bool = False
     max_staleness: int | None = 0
     max_epochs: int | None = None
     poll_s: float = 0.5
@@ -169,7 +174,9 @@ class RolloutWorker:
         loaded: list[int] = []
         pauses = 0
         self.log(f"worker {c.worker_index}/{c.num_workers}: starting at cursor {cursor} "
-                 f"({self.shard.per_epoch} tasks per epoch)")
+                 f"({self.shard.per_epoch} tasks per epoch){' streaming' if c.stream else ''}")
+        if c.stream:
+            return self._run_stream(cursor, max_groups)
         while not self._stop.is_set():
             count = self._batch_size(cursor, max_groups, len(produced))
             if count == 0:
@@ -193,14 +200,47 @@ class RolloutWorker:
                          f"{sum(group.scores.rewards) / len(group.scores.rewards):.3f}")
         return WorkerSummary(tuple(produced), cursor, tuple(loaded), pauses, self._stop.is_set())
 
+    def _run_stream(self, start: int, max_groups: int | None) -> WorkerSummary:
+        """`run` as a stream: items are started as room frees up and put as they finish, in
+        completion order. The saved cursor is the end of the finished prefix of the shard
+        order, so a restart redoes exactly the unfinished items and those finished past the
+        first unfinished one; the consumer drops the redone ones it already has by key."""
+        c = self.config
+        feed = _ShardFeed(self, start, max_groups)
+        produced: list[ProducedGroup] = []
+        finished: set[int] = set()
+        cursor = start
+        for item, group in self.producer.stream(feed, poll_s=c.poll_s):
+            queue_id = self._put(group)
+            if queue_id is None:
+                return WorkerSummary(tuple(produced), cursor, tuple(feed.loaded), feed.pauses, True)
+            position = feed.cursors.pop((item.epoch, item.position))
+            finished.add(position)
+            while cursor in finished:
+                finished.remove(cursor)
+                cursor += 1
+            if self.cursor_file is not None:
+                self.cursor_file.save(cursor)
+            produced.append(ProducedGroup(key=group.key, queue_id=queue_id, cursor=position,
+                                          version=group.policy_version, rewards=group.scores.rewards))
+            self.log(f"worker {c.worker_index}/{c.num_workers}: put {group.key} version "
+                     f"{group.policy_version} mean reward "
+                     f"{sum(group.scores.rewards) / len(group.scores.rewards):.3f}")
+        return WorkerSummary(tuple(produced), cursor, tuple(feed.loaded), feed.pauses, self._stop.is_set())
+
     def _batch_size(self, cursor: int, max_groups: int | None, produced: int) -> int:
         """How many tasks the next batch takes (0: done), never past an epoch limit or max_groups."""
-        count = self.config.groups_per_batch
+        left = self._remaining(cursor, max_groups, produced)
+        return self.config.groups_per_batch if left is None else min(self.config.groups_per_batch, left)
+
+    def _remaining(self, cursor: int, max_groups: int | None, produced: int) -> int | None:
+        """How many more tasks `max_groups` and `max_epochs` allow from `cursor` (None: no limit)."""
+        limits = []
         if max_groups is not None:
-            count = min(count, max_groups - produced)
+            limits.append(max_groups - produced)
         if self.config.max_epochs is not None:
-            count = min(count, self.config.max_epochs * self.shard.per_epoch - cursor)
-        return max(count, 0)
+            limits.append(self.config.max_epochs * self.shard.per_epoch - cursor)
+        return max(min(limits), 0) if limits else None
 
     def _poll_weights(self, loaded: list[int]) -> None:
         if self.weights is not None and (version := self.weights.poll()) is not None:
@@ -233,3 +273,39 @@ class RolloutWorker:
                     self.log(f"worker {self.config.worker_index}: stopping with the queue full; "
                              f"{group.key} not put (regenerated on restart)")
                     return None
+
+
+class _ShardFeed:
+    """A streaming worker's item feed: the shard from the start cursor on, one item per
+    started group, nothing while the engine is too far ahead of the trainer (new weights are
+    polled at each request), and none after a stop, `max_groups` or `max_epochs`."""
+
+    def __init__(self, worker: RolloutWorker, start: int, max_groups: int | None):
+        self.worker, self.next, self.max_groups = worker, start, max_groups
+        self.issued = 0
+        self.cursors: dict[tuple[int, int], int] = {}
+        self.loaded: list[int] = []
+        self.pauses = 0
+        self._paused = False
+
+    def take(self, count: int) -> list[ShardItem] | None:
+        worker = self.worker
+        left = worker._remaining(self.next, self.max_groups, self.issued)
+        if worker.stopping or left == 0:
+            return None
+        worker._poll_weights(self.loaded)
+        if worker._ahead_of_trainer():
+            if not self._paused:
+                self.pauses += 1
+                worker.log(f"worker {worker.config.worker_index}: engine version {worker.engine_version} is more "
+                           f"than {worker.config.max_staleness} ahead of trainer version "
+                           f"{worker.queue.trainer_version()}; pausing")
+            self._paused = True
+            return []
+        self._paused = False
+        items = worker.shard.take(self.next, count if left is None else min(count, left))
+        for item in items:
+            self.cursors[(item.epoch, item.position)] = self.next
+            self.next += 1
+        self.issued += len(items)
+        return items

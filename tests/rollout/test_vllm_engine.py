@@ -6,6 +6,8 @@ run float32, so greedy tokens must agree exactly and logprobs to float32 round-o
 """
 
 import dataclasses
+import threading
+import time
 
 import jax
 import numpy as np
@@ -18,7 +20,7 @@ from pyvision_jax.convert import save_hf  # noqa: E402
 from pyvision_jax.models import ModelConfig, init_params, logits  # noqa: E402
 from pyvision_jax.processing import preprocess_images  # noqa: E402
 from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR, load_tiny_tokenizer  # noqa: E402
-from pyvision_jax.agent.engine import Engine, GenerationRequest, SamplingParams  # noqa: E402
+from pyvision_jax.agent.engine import Engine, GenerationRequest, SamplingParams, StreamingEngine  # noqa: E402
 from pyvision_jax.rollout.jax_engine import JaxEngine  # noqa: E402
 from pyvision_jax.rollout.vllm_engine import (  # noqa: E402
     VllmEngine, collapse_image_pads, hf_tensors, write_preprocessor_config)
@@ -198,6 +200,39 @@ def test_weight_push_gives_the_new_weights_outputs(model, tokenizer, vllm_engine
         vllm_engine.update_weights(partial, version=9)
     assert vllm_engine.version == 3
     assert vllm_engine.generate(requests[:1], GREEDY)[0].token_ids == before[0].token_ids
+
+
+def test_submitted_requests_stream_and_a_weight_update_waits_for_those_in_flight(model, tokenizer, vllm_engine):
+    config, params = model
+    assert isinstance(vllm_engine, StreamingEngine)
+    requests = requests_for(config, tokenizer)
+    expected = vllm_engine.generate(requests, GREEDY)
+    before = vllm_engine.occupancy()
+    submitted = [vllm_engine.submit(r, GREEDY) for r in requests]
+    assert [f.result(timeout=60).token_ids for f in submitted] == [r.token_ids for r in expected]
+    occupancy = vllm_engine.occupancy().since(before)
+    assert occupancy.steps > 0 and occupancy.busy_s > 0
+    assert occupancy.sequence_steps >= sum(len(r.token_ids) for r in expected)  # one token a step at most
+    long = SamplingParams(temperature=0.0, max_new_tokens=300)
+    [old_long] = vllm_engine.generate(requests[:1], long)
+    in_flight = vllm_engine.submit(requests[0], long)
+    while not in_flight.done() and not vllm_engine.llm.llm_engine.get_num_unfinished_requests():
+        time.sleep(0.001)  # admitted before the update is asked for
+    update = threading.Thread(target=vllm_engine.update_weights,
+                              args=(jax.tree.map(lambda x: np.asarray(x) * -1.3, params), 4))
+    update.start()
+    try:
+        while vllm_engine.version == 3 and not vllm_engine._updates:
+            time.sleep(0.001)
+        after = vllm_engine.submit(requests[0], GREEDY)  # waits for the update
+        finished = in_flight.result(timeout=120)
+        assert finished.policy_version == 3 and finished.token_ids == old_long.token_ids
+        assert after.result(timeout=120).policy_version == 4
+        update.join(timeout=60)
+    finally:
+        update.join(timeout=60)
+        vllm_engine.update_weights(params, version=3)
+    assert vllm_engine.generate(requests, GREEDY)[0].token_ids == expected[0].token_ids
 
 
 def test_bad_requests_are_named(model, tokenizer, vllm_engine):

@@ -15,7 +15,7 @@ from pyvision_jax.data.tasks import Task
 from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
 from pyvision_jax.rollout.producer import GroupProducer, ProducerConfig
 from pyvision_jax.rollout.queue import DeliveredGroups, LocalTrajectoryQueue
-from pyvision_jax.rollout.scripted_engine import ScriptedEngine
+from pyvision_jax.rollout.scripted_engine import ScriptedEngine, StreamingScriptedEngine
 from pyvision_jax.rollout.worker import CursorFile, RolloutWorker, WorkerConfig
 from pyvision_jax.train.groups import pool_arrays
 from tests.agent.fake_sandbox import FakePool
@@ -71,17 +71,19 @@ class VersionedWeights:
             return self.announced
 
 
-def make_producer(tokenizer, engine):
+def make_producer(tokenizer, engine, max_concurrent=8):
     return GroupProducer(ProducerConfig(group_size=GROUP_SIZE), engine=engine, tokenizer=tokenizer,
                          sandboxes=FakePool(),
                          episode=EpisodeConfig(max_new_tokens_per_turn=64, max_total_tokens=2048,
-                                               image_max_pixels=56 * 56 * 4))
+                                               image_max_pixels=56 * 56 * 4, max_concurrent=max_concurrent))
 
 
-def make_worker(tokenizer, tasks, queue, *, index=0, count=1, engine=None, weights=None, cursor=None, **config):
+def make_worker(tokenizer, tasks, queue, *, index=0, count=1, engine=None, weights=None, cursor=None,
+                max_concurrent=8, **config):
     engine = engine or ScriptedEngine(tokenizer, script)
     settings = dict(worker_index=index, num_workers=count, poll_s=0.02)
-    return RolloutWorker(WorkerConfig(**(settings | config)), tasks=tasks, producer=make_producer(tokenizer, engine),
+    return RolloutWorker(WorkerConfig(**(settings | config)), tasks=tasks,
+                         producer=make_producer(tokenizer, engine, max_concurrent),
                          queue=queue, weights=weights, cursor=cursor)
 
 
@@ -211,3 +213,76 @@ def test_new_weights_are_loaded_between_groups(tokenizer, tasks):
     assert [min(turn.policy_version for t in g.trajectories for turn in t.turns)
             for g in groups] == [0, 1]
     assert all(turn.policy_version == 0 for t in groups[0].trajectories for turn in t.turns)
+
+
+# ----------------------------------------------------------------------------- streaming
+
+def slow_task(task_id: str, seconds: float):
+    """Latency per request: `seconds` for the requests of `task_id`, 10 ms for the others."""
+    return lambda request: seconds if request.request_id.startswith(f"{task_id}/") else 0.01
+
+
+def trajectory_tokens(groups):
+    return {g.key: [list(map(int, t.token_ids)) for t in g.trajectories] for g in groups}
+
+
+def test_streaming_worker_puts_each_group_as_it_ends_and_a_slow_one_holds_back_none(tokenizer, tasks):
+    first_task = TaskShard(tasks, 0).at(0).task.id
+    engine = StreamingScriptedEngine(tokenizer, script, latency_s=slow_task(first_task, 1.5))
+    queue = LocalTrajectoryQueue(max_staleness=None)
+    summary = make_worker(tokenizer, tasks, queue, engine=engine, stream=True,
+                          max_concurrent=2 * GROUP_SIZE).run(max_groups=4)
+    streamed = drain(queue)
+    assert sorted(p.cursor for p in summary.produced) == [0, 1, 2, 3] and summary.cursor == 4
+    assert streamed[-1].task.id == first_task  # the others went past it while its turns were slow
+    blocking_queue = LocalTrajectoryQueue(max_staleness=None)
+    make_worker(tokenizer, tasks, blocking_queue).run(max_groups=4)
+    blocking = drain(blocking_queue)
+    assert trajectory_tokens(streamed) == trajectory_tokens(blocking)  # the same episodes either way
+    assert {g.key: g.scores for g in streamed} == {g.key: g.scores for g in blocking}
+
+
+class RecordingCursor(CursorFile):
+    def __init__(self, path):
+        super().__init__(path)
+        self.saved = []
+
+    def save(self, cursor: int) -> None:
+        self.saved.append(cursor)
+        super().save(cursor)
+
+
+def test_streaming_cursor_is_the_finished_prefix_and_a_restart_redoes_only_what_is_missing(
+        tokenizer, tasks, tmp_path):
+    first_task = TaskShard(tasks, 0).at(0).task.id
+    engine = StreamingScriptedEngine(tokenizer, script, latency_s=slow_task(first_task, 1.0))
+    queue = LocalTrajectoryQueue(max_staleness=None)
+    cursor = RecordingCursor(tmp_path / "cursor.json")
+    make_worker(tokenizer, tasks, queue, engine=engine, stream=True, cursor=cursor,
+                max_concurrent=2 * GROUP_SIZE, max_epochs=1).run()
+    assert cursor.saved == [0] * 5 + [6]  # item 0 finished last: until then a crash redoes all
+    put = drain(queue)
+    assert put[-1].task.id == first_task
+    cursor.save(0)  # as if killed just before item 0 was put
+    restarted = make_worker(tokenizer, tasks, queue, stream=True, cursor=cursor,
+                            engine=StreamingScriptedEngine(tokenizer, script), max_epochs=1)
+    assert len(restarted.run().produced) == 6
+    delivered = DeliveredGroups(None, "stream")
+    kept = [g.key for g in put[:-1] + drain(queue) if delivered.admit(g)]
+    assert sorted(kept) == sorted(f"{t.id}#0" for t in tasks)  # every task once after dedup
+
+
+def test_streaming_worker_pauses_admission_while_ahead_of_the_trainer(tokenizer, tasks):
+    queue = LocalTrajectoryQueue(max_staleness=None)
+    engine = StreamingScriptedEngine(tokenizer, script, version=5)
+    queue.set_trainer_version(3)
+    worker = make_worker(tokenizer, tasks, queue, engine=engine, stream=True, max_staleness=1)
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(summary=worker.run(max_groups=2)))
+    thread.start()
+    thread.join(timeout=1.0)
+    assert thread.is_alive() and engine.submitted == []  # nothing started at 5 - 3 > 1
+    queue.set_trainer_version(4)
+    thread.join(timeout=60)
+    assert not thread.is_alive() and result["summary"].pauses == 1
+    assert [g.policy_version for g in drain(queue)] == [5, 5]
