@@ -82,10 +82,16 @@ def format_console_line(
     return " | ".join(parts)
 
 
+class MetricsWriteError(RuntimeError):
+    """TensorBoard event files could not be written (its first line names the step, the
+    directory and the cause: a full disk, say)."""
+
+
 class MetricsWriter:
     """Writes named scalars per step to TensorBoard event files under `logdir`.
 
-    Not thread-safe (neither is the underlying `tensorboard.summary.Writer`): call it from the
+    The event writer is asynchronous, so a failed write (a full disk) surfaces at a later
+    `write`, `flush` or `close`; each raises it as a one-line `MetricsWriteError`. Not thread-safe (neither is the underlying `tensorboard.summary.Writer`): call it from the
     trainer's loop only. `close()` flushes and is idempotent; the writer is a context manager.
     """
 
@@ -116,16 +122,28 @@ class MetricsWriter:
                 raise ValueError(f"metric name must be a non-empty string without surrounding "
                                  f"whitespace, got {tag!r}")
             checked.append((tag, _scalar_value(tag, step, value)))
-        for tag, value in checked:
-            writer.add_scalar(tag, value, step)
+        try:
+            for tag, value in checked:
+                writer.add_scalar(tag, value, step)
+        except OSError as err:
+            raise self._write_error(f"metrics of step {step}", err) from err
 
     def flush(self) -> None:
-        self._open_writer().flush()
+        try:
+            self._open_writer().flush()
+        except OSError as err:
+            raise self._write_error("metrics", err) from err
 
     def close(self) -> None:
         if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+            writer, self._writer = self._writer, None
+            try:
+                writer.close()
+            except OSError as err:
+                raise self._write_error("metrics", err) from err
+
+    def _write_error(self, what: str, err: OSError) -> MetricsWriteError:
+        return MetricsWriteError(f"{what} in {self._logdir} not written: {err}")
 
     def __enter__(self) -> MetricsWriter:
         return self
