@@ -34,6 +34,14 @@ class Receipt:
     files: tuple[str, ...] = ()
     keys: tuple[str, ...] = ()
 
+    def to_json(self) -> dict[str, list[str]]:
+        return {"files": list(self.files), "keys": list(self.keys)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, list[str]] | None) -> "Receipt":
+        data = data or {}
+        return cls(tuple(data.get("files", ())), tuple(data.get("keys", ())))
+
 
 class GroupSpool:
     """Groups received but not yet covered by a checkpoint, one file each, in arrival order."""
@@ -80,6 +88,14 @@ class QueueIntake:
         self._replay: list[tuple[str, TrajectoryGroup]] = []
         self._files: list[str] = []
         self._keys: list[str] = []
+        self._outstanding: dict[str, str] = {}  # key -> spool file of groups taken, not yet acknowledged
+
+    def outstanding(self) -> Receipt:
+        """Every group taken and not yet acknowledged. A checkpoint stores this: the groups it
+        lists were trained by the checkpointed steps, so a restart from that checkpoint
+        releases them (`acknowledge`) before `load_spool`, even when the run was killed between
+        the checkpoint's commit and its acknowledgement."""
+        return Receipt(tuple(name for name in self._outstanding.values() if name), tuple(self._outstanding))
 
     def load_spool(self, trainer_version: int) -> int:
         """Queues the spooled groups (of steps a killed run lost) to be taken first, so the
@@ -101,6 +117,7 @@ class QueueIntake:
     def _accept(self, name: str, group: TrajectoryGroup, taken: list[TrajectoryGroup]) -> None:
         self._files.append(name)
         self._keys.append(group.key)
+        self._outstanding[group.key] = name
         taken.append(group)
 
     def take(self, count: int, stop: threading.Event) -> list[TrajectoryGroup]:
@@ -132,6 +149,10 @@ class QueueIntake:
         return receipt
 
     def acknowledge(self, receipt: Receipt) -> None:
+        """Releases the groups of `receipt` for good (idempotent): their keys become permanent
+        in the dedup and their spool files go."""
+        for key in receipt.keys:
+            self._outstanding.pop(key, None)
         if self.dedup is not None:
             self.dedup.commit(list(receipt.keys))
         if self.spool is not None:

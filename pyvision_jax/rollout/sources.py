@@ -40,6 +40,7 @@ from pyvision_jax.rollout.weights import WeightsInbox, WeightsPublisher
 from pyvision_jax.rollout.worker import RolloutWorker
 
 TASKS_DRAWN = "tasks_drawn"
+UNACKNOWLEDGED = "unacknowledged_groups"
 Closer = Callable[[], None]
 
 
@@ -207,6 +208,7 @@ class FleetSource(QueueBackedSource):
     def start(self, params: Any, version: int, state: Mapping[str, Any]) -> None:
         self.published = version
         self.queue.set_trainer_version(version)
+        self.intake.acknowledge(Receipt.from_json(state.get(UNACKNOWLEDGED)))  # trained by the checkpoint resumed
         self.intake.load_spool(version)
         self._submit(version, params)
 
@@ -223,7 +225,7 @@ class FleetSource(QueueBackedSource):
             self.sync.flush()
 
     def state(self) -> dict[str, Any]:
-        return {}
+        return {UNACKNOWLEDGED: self.intake.outstanding().to_json()}
 
     def close(self) -> None:
         try:

@@ -9,7 +9,7 @@ import pytest
 
 from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
-from pyvision_jax.rollout.intake import GroupSpool, QueueIntake
+from pyvision_jax.rollout.intake import GroupSpool, QueueIntake, Receipt
 from pyvision_jax.rollout.queue import DeliveredGroups, LocalTrajectoryQueue
 from pyvision_jax.train import metric_names as tags
 from pyvision_jax.train.checkpoint import CheckpointWriteError, TrainCheckpoints
@@ -110,6 +110,34 @@ def test_a_trainer_killed_before_its_checkpoint_trains_the_spooled_groups_after_
     with pytest.raises(TimeoutError, match="rollout.wait_timeout_s"):
         restarted.take(1, stop)
     assert restarted.stats()["duplicates_dropped"] == 1 and queue.stats().backlog == 0
+
+
+def test_a_trainer_killed_after_its_checkpoint_but_before_acknowledging_trains_nothing_twice(tmp_path):
+    """The checkpoint stores the groups it covers (`outstanding`); a restart from it releases
+    them before replaying the spool, so a kill between commit and acknowledgement replays none."""
+    queue = LocalTrajectoryQueue(max_backlog=10, max_staleness=1)
+    queue.set_trainer_version(2)
+    for group in [scored_group(f"t{i}", 0, version=2) for i in range(3)] + [scored_group("t0", 0, version=2)]:
+        queue.put(group)
+    stop = threading.Event()
+    killed = QueueIntake(queue, 5, dedup=DeliveredGroups(None, "run"), spool=GroupSpool(tmp_path / "spool"))
+    killed.take(1, stop)
+    killed.acknowledge(killed.receipt())  # step 1, checkpointed and acknowledged
+    assert [g.key for g in killed.take(1, stop)] == ["t1#0"]  # step 2
+    checkpointed = json.loads(json.dumps(killed.outstanding().to_json()))  # saved with step 2's cursors
+    assert checkpointed["keys"] == ["t1#0"] and len(checkpointed["files"]) == 1
+    # killed here: step 2's checkpoint is committed, its receipt never acknowledged
+    assert len(GroupSpool(tmp_path / "spool").files()) == 1
+    dedup = DeliveredGroups(None, "run")
+    dedup.commit(["t0#0"])  # what step 1's acknowledgement made permanent
+    restarted = QueueIntake(queue, 1, dedup=dedup, spool=GroupSpool(tmp_path / "spool"))
+    restarted.acknowledge(Receipt.from_json(checkpointed))
+    assert restarted.load_spool(trainer_version=2) == 0 and GroupSpool(tmp_path / "spool").files() == []
+    assert [g.key for g in restarted.take(1, stop)] == ["t2#0"]
+    with pytest.raises(TimeoutError, match="rollout.wait_timeout_s"):
+        restarted.take(1, stop)  # the repeat of t0#0
+    assert restarted.stats()["duplicates_dropped"] == 1
+    assert restarted.outstanding().keys == ("t2#0",)
 
 
 def test_spooled_groups_from_discarded_weights_are_dropped_and_counted(tmp_path):
