@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -48,6 +49,9 @@ def main(argv: list[str]) -> None:
     if not config.eval.heldout_per_kind:
         raise app.UsageError("the config has no held-out set: set --config.eval.heldout_per_kind > 0")
     workdir.mkdir(parents=True, exist_ok=True)
+    # each segment and evaluation builds its engine and train step anew: compile each shape once
+    jax.config.update("jax_compilation_cache_dir", str(workdir / "jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
     start = time.perf_counter()
     before = evaluate_heldout(config, workdir, None, "before")
     print(f"held-out before training: {before.summary()}", flush=True)

@@ -108,6 +108,28 @@ def test_figures_and_display_become_images(sandbox):
     assert result.stdout == "'text'\n0\n"
 
 
+def test_matplotlib_is_imported_on_first_use_and_its_figures_are_still_captured():
+    """A sandbox starts without matplotlib (most episodes never plot); code that imports it
+    itself, under another name, still shows figures through the capturing backend."""
+    with Sandbox(CONFIG) as box:
+        before = box.run("import sys\nprint('matplotlib' in sys.modules)")
+        assert before.stdout == "False\n"
+        result = box.run(textwrap.dedent("""\
+            import matplotlib.pyplot as pp
+            from matplotlib.figure import Figure
+            pp.figure(figsize=(2, 1), dpi=50)
+            pp.plot([0, 1])
+            pp.show()
+            figure = Figure(figsize=(1, 1), dpi=40)
+            figure.add_subplot().plot([1, 0])
+            display(figure)
+            print(pp.get_backend(), plt is not pp, plt.gcf is pp.gcf)
+            """))
+    assert result.error is None, result.error
+    assert [image.size for image in result.images] == [(100, 50), (40, 40)]
+    assert result.stdout == "module://pyvision_sandbox_backend True True\n"
+
+
 def test_image_guards_refuse_and_report(sandbox):
     result = sandbox.run(textwrap.dedent("""\
         plt.figure(figsize=(20, 0.1), dpi=100)

@@ -2,7 +2,9 @@
 PIL images, figures and arrays, checked against the limits and encoded as PNG.
 
 numpy, PIL and matplotlib are imported only once the runtime's limits are set and its
-privileges dropped, so they are imported where they are used."""
+privileges dropped, so they are imported where they are used. matplotlib (about 0.7 s of
+CPU with pyplot) is imported only when the code first uses it: most calls never do, and a
+sandbox serves one episode."""
 
 from __future__ import annotations
 
@@ -10,10 +12,14 @@ import builtins
 
 globals()["__builtins__"] = dict(vars(builtins))  # a private copy: see the package docstring
 
+import importlib  # noqa: E402
 import io  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 import types  # noqa: E402
 from typing import Any, Callable  # noqa: E402
+
+BACKEND_MODULE = "pyvision_sandbox_backend"
 
 
 class ImageCollector:
@@ -21,12 +27,10 @@ class ImageCollector:
 
     def __init__(self, max_pixels: int, max_aspect_ratio: float, max_images: int):
         import numpy
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
         from PIL import Image
 
         self._np = numpy
         self._image_module = Image
-        self._agg_canvas = FigureCanvasAgg
         self.max_pixels = max_pixels
         self.max_aspect_ratio = max_aspect_ratio
         self.max_images = max_images
@@ -67,9 +71,11 @@ class ImageCollector:
         width, height = (int(round(v)) for v in figure.get_size_inches() * figure.dpi)
         refusal = self.refusal(width, height)
         if refusal is None:
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+
             canvas = figure.canvas
-            if not isinstance(canvas, self._agg_canvas):
-                canvas = self._agg_canvas(figure)
+            if not isinstance(canvas, FigureCanvasAgg):
+                canvas = FigureCanvasAgg(figure)
             canvas.draw()
             rgba = self._np.asarray(canvas.buffer_rgba())
             self.add_pil(self._image_module.fromarray(rgba[..., :3].copy(), "RGB"))
@@ -84,8 +90,21 @@ class ImageCollector:
         return notes
 
 
-def install_matplotlib_backend(collector: ImageCollector) -> None:
-    """Registers a backend whose show() hands figures to the collector, then selects it."""
+class LazyModule(types.ModuleType):
+    """A module of the user namespace (`plt`, `matplotlib`) imported on first attribute use."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(importlib.import_module(self.__name__), attribute)
+
+    def __dir__(self) -> list[str]:
+        return dir(importlib.import_module(self.__name__))
+
+
+def _capture_backend(collector: ImageCollector) -> tuple[type, type]:
+    """(FigureCanvas, FigureManager) of a backend whose show() hands figures to the collector."""
     import matplotlib
     from matplotlib._pylab_helpers import Gcf
     from matplotlib.backend_bases import FigureManagerBase
@@ -109,26 +128,39 @@ def install_matplotlib_backend(collector: ImageCollector) -> None:
     class CaptureFigureCanvas(FigureCanvasAgg):
         manager_class = CaptureFigureManager
 
-    module = types.ModuleType("pyvision_sandbox_backend")
-    module.FigureCanvas = CaptureFigureCanvas
-    module.FigureManager = CaptureFigureManager
-    sys.modules[module.__name__] = module
-    matplotlib.use("module://pyvision_sandbox_backend")
     matplotlib.rcParams["figure.max_open_warning"] = 0
+    return CaptureFigureCanvas, CaptureFigureManager
+
+
+def install_matplotlib_backend(collector: ImageCollector) -> None:
+    """Makes the capturing backend matplotlib's default without importing matplotlib: the
+    backend module is registered now (`MPLBACKEND` names it) and its classes are made when
+    pyplot first asks for them, however the code imported matplotlib."""
+    module = types.ModuleType(BACKEND_MODULE)
+
+    def build(name: str) -> Any:
+        if name not in ("FigureCanvas", "FigureManager"):
+            raise AttributeError(f"module {BACKEND_MODULE!r} has no attribute {name!r}")
+        module.FigureCanvas, module.FigureManager = _capture_backend(collector)
+        return getattr(module, name)
+
+    module.__getattr__ = build
+    sys.modules[BACKEND_MODULE] = module
+    os.environ["MPLBACKEND"] = f"module://{BACKEND_MODULE}"
 
 
 def make_display(collector: ImageCollector) -> Callable[..., None]:
     """The `display` function of the user namespace."""
     import numpy as np
-    from matplotlib.figure import Figure
     from PIL import Image
 
     def display(*objects):
         """Shows PIL images, matplotlib figures and image arrays; prints anything else."""
+        figure_module = sys.modules.get("matplotlib.figure")  # no figure exists before its import
         for obj in objects:
             if isinstance(obj, Image.Image):
                 collector.add_pil(obj)
-            elif isinstance(obj, Figure):
+            elif figure_module is not None and isinstance(obj, figure_module.Figure):
                 collector.add_figure(obj)
             elif isinstance(obj, np.ndarray) and obj.ndim in (2, 3) and obj.dtype == np.uint8:
                 collector.add_pil(Image.fromarray(obj))

@@ -22,7 +22,7 @@ from .capture import (  # noqa: E402
     DescriptorDrain,
     OutputCapture,
 )
-from .images import ImageCollector, install_matplotlib_backend, make_display  # noqa: E402
+from .images import ImageCollector, LazyModule, install_matplotlib_backend, make_display  # noqa: E402
 
 MAX_ERROR_CHARS = 4000
 
@@ -73,14 +73,12 @@ class Session:
         import base64
         import math
 
-        import matplotlib
         import numpy as np
         import PIL
         from PIL import Image
 
         install_matplotlib_backend(self.collector)
-        import matplotlib.pyplot as plt
-
+        matplotlib, plt = LazyModule("matplotlib"), LazyModule("matplotlib.pyplot")
         Image.preinit()
         display = make_display(self.collector)
         Image.Image.show = lambda image, title=None: display(image)
