@@ -150,6 +150,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.logprob_chunk = 128      # positions per lm_head/log-softmax chunk in the train step
     c.train.old_logprobs = "current" # PPO ratio against the proximal policy: the current params before the
                                      # update ("current", decoupled PPO) or the engine's ("behaviour")
+    c.train.ppo_epochs = 1           # optimizer updates per batch of rollouts (classic PPO epochs; > 1 needs
+                                     # old_logprobs="behaviour", the fixed denominator the ratio is clipped against)
     c.train.checkpoint_every = 2
     c.train.keep_checkpoints = 2
     c.train.sample_groups_per_step = 1  # trajectory groups appended to workdir/trajectories.jsonl per step

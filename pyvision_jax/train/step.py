@@ -76,6 +76,11 @@ class StepConfig:
     update per batch gives, at no extra cost; the engine's (behaviour) logprobs then enter
     only through the truncated importance weight (`loss.importance_sampling`).
     "behaviour": the engine's logprobs (classic PPO; no separate importance weight)."""
+    ppo_epochs: int = 1
+    """Optimizer updates per batch over the same rollouts (classic PPO epochs): rollouts cost
+    far more than updates, and the clipped ratio against the fixed behaviour logprobs keeps
+    the later updates near the policy that generated them. > 1 needs old_logprobs "behaviour"
+    (with "current" the denominator would move with every update and nothing would clip)."""
     compute_dtype: str = "float32"
     frozen_prefixes: tuple[str, ...] = ("visual",)
     remat: str = "none"
@@ -89,6 +94,9 @@ class StepConfig:
         if self.old_logprobs not in ("current", "behaviour"):
             raise ValueError(f"StepConfig.old_logprobs must be 'current' or 'behaviour', "
                              f"got {self.old_logprobs!r}")
+        if self.ppo_epochs < 1 or (self.ppo_epochs > 1 and self.old_logprobs != "behaviour"):
+            raise ValueError(f"train.ppo_epochs={self.ppo_epochs}: must be >= 1, and > 1 needs "
+                             f"train.old_logprobs='behaviour' (got {self.old_logprobs!r})")
         if self.loss.importance_sampling != "none" and self.old_logprobs != "current":
             raise ValueError(f"importance_sampling={self.loss.importance_sampling!r} weighs behaviour -> "
                              f"proximal logprobs and needs old_logprobs='current' (got {self.old_logprobs!r}: "
@@ -244,35 +252,56 @@ def loss_and_grads(model_config: ModelConfig, step_config: StepConfig, params: A
     return loss_sum * scale, grads, denominator, metrics
 
 
-def train_step(model_config: ModelConfig, step_config: StepConfig, optimizer: optax.GradientTransformation,
-               state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer update from `batch`; skipped (params and optimizer state kept, counter
-    incremented) when the loss or gradient is not finite, and a no-op update when the batch
-    has no loss token. The step counter always advances."""
-    loss, grads, denominator, metrics = loss_and_grads(model_config, step_config, state.params, batch)
+def _update(model_config: ModelConfig, step_config: StepConfig, optimizer: optax.GradientTransformation,
+            params: Any, opt_state: Any, batch: TrainBatch) -> tuple[Any, Any, dict[str, Any]]:
+    """One optimizer update from `batch`: (params, optimizer state, what it measured). Skipped
+    (both kept) when the loss or gradient is not finite; a no-op when there is no loss token."""
+    loss, grads, denominator, metrics = loss_and_grads(model_config, step_config, params, batch)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    has_tokens = denominator > 0
-    apply = finite & has_tokens
-    trainable, frozen = split_trainable(state.params, step_config.frozen_prefixes)
+    apply = finite & (denominator > 0)
+    trainable, frozen = split_trainable(params, step_config.frozen_prefixes)
     safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
-    updates, new_opt_state = optimizer.update(safe_grads, state.opt_state, trainable)
+    updates, new_opt_state = optimizer.update(safe_grads, opt_state, trainable)
     new_trainable = optax.apply_updates(trainable, updates)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(apply, a, b), new, old)  # noqa: E731
     new_params = {**keep(new_trainable, trainable), **frozen}
+    measured = {"loss": loss, "grad_norm": grad_norm, "denominator": denominator, "metrics": metrics,
+                "finite": finite, "apply": apply}
+    return {k: new_params[k] for k in params}, keep(new_opt_state, opt_state), measured
+
+
+def train_step(model_config: ModelConfig, step_config: StepConfig, optimizer: optax.GradientTransformation,
+               state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict[str, jax.Array]]:
+    """`step_config.ppo_epochs` optimizer updates from `batch` (see `_update`); the step
+    counter advances once. Loss, gradient norm and entropy are those of the first update
+    (the policy that generated the batch); clip fraction, KL and ratios those of the last
+    (how far the epochs moved it)."""
+    update = functools.partial(_update, model_config, step_config, optimizer)
+    params, opt_state, first = update(state.params, state.opt_state, batch)
+    non_finite = (~first["finite"]).astype(jnp.int32)
+    last = first
+    if step_config.ppo_epochs > 1:
+        def epoch(_, carry):
+            params, opt_state, _, non_finite = carry
+            params, opt_state, measured = update(params, opt_state, batch)
+            return params, opt_state, measured, non_finite + (~measured["finite"]).astype(jnp.int32)
+
+        params, opt_state, last, non_finite = jax.lax.fori_loop(
+            1, step_config.ppo_epochs, epoch, (params, opt_state, first, non_finite))
+    has_tokens = first["denominator"] > 0
     new_state = state.replace(
-        step=state.step + 1, params={k: new_params[k] for k in state.params},
-        opt_state=keep(new_opt_state, state.opt_state),
+        step=state.step + 1, params=params, opt_state=opt_state,
         rng=jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)),
-        skipped_updates=state.skipped_updates + (~finite).astype(jnp.int32))
-    summary = summarize_metrics(metrics)
+        skipped_updates=state.skipped_updates + non_finite)
+    summary, moved = summarize_metrics(first["metrics"]), summarize_metrics(last["metrics"])
     out = {
-        "loss": loss, "grad_norm": grad_norm, "loss_tokens": metrics.token_count,
-        "denominator": denominator, "updated": apply.astype(jnp.float32),
-        "nonfinite": (~finite).astype(jnp.float32), "skipped_updates": new_state.skipped_updates,
-        "entropy": summary["entropy"], "clip_fraction": summary["clip_fraction"],
-        "approx_kl": summary["approx_kl"], "is_ratio_max": jnp.where(has_tokens, summary["is_ratio_max"], 1.0),
-        "is_ratio_mean": jnp.where(has_tokens, summary["is_ratio_mean"], 1.0),
+        "loss": first["loss"], "grad_norm": first["grad_norm"], "loss_tokens": first["metrics"].token_count,
+        "denominator": first["denominator"], "updated": first["apply"].astype(jnp.float32),
+        "nonfinite": (~first["finite"]).astype(jnp.float32), "skipped_updates": new_state.skipped_updates,
+        "entropy": summary["entropy"], "clip_fraction": moved["clip_fraction"],
+        "approx_kl": moved["approx_kl"], "is_ratio_max": jnp.where(has_tokens, moved["is_ratio_max"], 1.0),
+        "is_ratio_mean": jnp.where(has_tokens, moved["is_ratio_mean"], 1.0),
     }
     return new_state, out
 

@@ -136,7 +136,7 @@ class Trainer:
         self.source = self._group_source()
         self.step_config = StepConfig(loss=PPOLossConfig.from_config(c.rl), temperature=c.rollout.temperature,
                                       logprob_chunk=c.train.logprob_chunk, old_logprobs=c.train.old_logprobs,
-                                      compute_dtype=c.model.compute_dtype, frozen_prefixes=frozen,
+                                      ppo_epochs=c.train.ppo_epochs, compute_dtype=c.model.compute_dtype, frozen_prefixes=frozen,
                                       remat=c.model.remat)
         self.train_step = make_train_step(self.model_config, self.step_config, self.optimizer, self.mesh,
                                           self.shardings, donate=not self.source.holds_params)

@@ -156,3 +156,26 @@ def test_truncated_is_weighs_each_token_by_the_capped_behaviour_to_proximal_rati
     plain = jax.jit(loss_and_grads, static_argnums=(0, 1))(
         tiny_config, dataclasses.replace(config, loss=PPOLossConfig()), tiny_params, batch)[0]
     assert abs(float(loss) - float(plain)) > 1e-4 and float(metrics.is_ratio_max) != 1.0
+
+
+def test_ppo_epochs_are_successive_updates_against_the_fixed_behaviour_logprobs(tiny_config, trajectories,
+                                                                               step_setup):
+    """Three epochs in one step equal three single-update steps on the same batch (the ratio's
+    denominator stays the engine's) and advance the counter once."""
+    state, single, mesh = step_setup
+    optimizer = make_optimizer(OptimizerConfig(lr=1e-3, weight_decay=0.01, grad_clip=1.0))
+    shardings = state_shardings(state, param_logical_axes(tiny_config), mesh)
+    epochs = make_train_step(tiny_config, dataclasses.replace(STEP, ppo_epochs=3), optimizer, mesh, shardings,
+                             donate=False)
+    batch = shard_batch(packed(tiny_config, trajectories, 2)[0], mesh)
+    stepped, first = single(state, batch)
+    for _ in range(2):
+        stepped, last = single(stepped, batch)
+    got, out = epochs(state, batch)
+    assert int(got.step) == 1 and int(stepped.step) == 3
+    for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(stepped.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(out["grad_norm"], first["grad_norm"], rtol=1e-5)  # of the first update
+    np.testing.assert_allclose(out["clip_fraction"], last["clip_fraction"], rtol=1e-5, atol=1e-7)  # of the last
+    with pytest.raises(ValueError, match="train.ppo_epochs=2.*old_logprobs='behaviour'"):
+        StepConfig(old_logprobs="current", ppo_epochs=2)
