@@ -178,7 +178,8 @@ class EpisodeState:
     prompt_length: int = 0
     images: list[ContextImage] = field(default_factory=list)
     engine_images: list[Image.Image] = field(default_factory=list)
-    runtime_images: dict[str, Image.Image] = field(default_factory=dict)
+    runtime_images: dict[str, Image.Image | str] = field(default_factory=dict)
+    """What the sandbox defines as each `image_clue_i`: an image, or the file it reads as is."""
     next_label: int = 0
     turns: list[TurnRecord] = field(default_factory=list)
     num_tool_calls: int = 0
@@ -215,7 +216,7 @@ class TaskPrompt:
     token_ids: tuple[int, ...]
     images: tuple[ContextImage, ...]
     engine_images: tuple[Image.Image, ...]
-    runtime_images: dict[str, Image.Image]
+    runtime_images: dict[str, Image.Image | str]
 
 
 @dataclass(frozen=True)
@@ -245,10 +246,13 @@ class EpisodeMachine:
             return TaskPrompt(tuple(self.renderer.prompt_ids(messages)), (), (), {})
         with Image.open(task.image_path) as opened:
             original = to_rgb(opened)
+            # an RGB file is what the runtime's own RGB conversion reads: it gets the file, not
+            # an image to re-encode per rollout (a 1280x960 PNG costs the host ~0.1 s)
+            as_is = opened.mode == "RGB" and opened.info.get("transparency") is None
         record, resized = context_image(original, 0, "task", self.config)
         messages = image_prompt_messages(task, original.width, original.height, self.config.prompts.image)
         return TaskPrompt(tuple(self.renderer.prompt_ids(messages, [record.grid_thw])),
-                          (record,), (resized,), {"image_clue_0": original})
+                          (record,), (resized,), {"image_clue_0": str(task.image_path) if as_is else original})
 
     def begin(self, episode: EpisodeState, prompt: TaskPrompt) -> None:
         """START: puts the prompt in the context (OVER_LENGTH when it leaves no room)."""

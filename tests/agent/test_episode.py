@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from pyvision_jax.agent.episode import EpisodeConfig
 from pyvision_jax.agent.runner import EpisodeRunner
@@ -323,3 +324,18 @@ def test_unreadable_media_end_that_episode_broken_and_the_others_run(tokenizer, 
     assert good.end_reason is EndReason.DONE and not good.broken
     assert broken.end_reason is EndReason.SANDBOX_FAILURE and broken.broken
     assert len(broken.token_ids) == 0 and broken.turns == ()
+
+
+def test_an_rgb_task_file_is_preloaded_as_is_and_a_transparent_one_as_its_composite(tokenizer, image_task,
+                                                                                    tmp_path):
+    """The sandbox reads an RGB file itself (no PNG re-encoded per rollout); a file with
+    transparency gets the image composited onto white, as the model saw it."""
+    _, _, pool = run_one(tokenizer, image_task, [code_turn("print 1"), answer_turn()])
+    assert pool.acquired[0].preloaded["image_clue_0"] == image_task.image_path
+    rgba = tmp_path / "rgba.png"
+    Image.new("RGBA", (56, 56), (200, 30, 30, 0)).save(rgba)
+    task = Task(id="rgba", question=image_task.question, answer="A", answer_type="multiple_choice",
+                data_source="test", image_path=str(rgba), options=("red", "blue"))
+    _, _, pool = run_one(tokenizer, task, [code_turn("print 1"), answer_turn()])
+    preloaded = pool.acquired[0].preloaded["image_clue_0"]
+    assert preloaded.mode == "RGB" and preloaded.getpixel((0, 0)) == (255, 255, 255)
