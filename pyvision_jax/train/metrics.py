@@ -91,7 +91,8 @@ class MetricsWriter:
     """Writes named scalars per step to TensorBoard event files under `logdir`.
 
     The event writer is asynchronous, so a failed write (a full disk) surfaces at a later
-    `write`, `flush` or `close`; each raises it as a one-line `MetricsWriteError`. Not thread-safe (neither is the underlying `tensorboard.summary.Writer`): call it from the
+    `write`, `flush` or `close`; each raises it as a one-line `MetricsWriteError`. Not
+    thread-safe (neither is the underlying `tensorboard.summary.Writer`): call it from the
     trainer's loop only. `close()` flushes and is idempotent; the writer is a context manager.
     """
 

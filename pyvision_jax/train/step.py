@@ -231,10 +231,17 @@ def loss_and_grads(model_config: ModelConfig, step_config: StepConfig, params: A
     loss = sum of micro-batch loss sums / sum of denominators; the gradient is that of the
     same quantity (0 when the denominator is 0).
     """
+    features = frozen_vision_features(model_config, step_config, params, batch)
+    return _loss_and_grads(model_config, step_config, params, batch, features)
+
+
+def _loss_and_grads(model_config: ModelConfig, step_config: StepConfig, params: Any, batch: TrainBatch,
+                    features: jax.Array | None) -> tuple[jax.Array, Any, jax.Array, PPOMetrics]:
+    """`loss_and_grads` given the frozen tower's `frozen_vision_features` (the same for every
+    PPO epoch: computed once per step)."""
     trainable, frozen = split_trainable(params, step_config.frozen_prefixes)
     grad_fn = jax.value_and_grad(functools.partial(micro_batch_loss, model_config, step_config),
                                  has_aux=True)
-    features = frozen_vision_features(model_config, step_config, params, batch)
 
     def body(carry, inputs):
         micro, micro_features = inputs
@@ -253,10 +260,11 @@ def loss_and_grads(model_config: ModelConfig, step_config: StepConfig, params: A
 
 
 def _update(model_config: ModelConfig, step_config: StepConfig, optimizer: optax.GradientTransformation,
-            params: Any, opt_state: Any, batch: TrainBatch) -> tuple[Any, Any, dict[str, Any]]:
+            features: jax.Array | None, params: Any, opt_state: Any,
+            batch: TrainBatch) -> tuple[Any, Any, dict[str, Any]]:
     """One optimizer update from `batch`: (params, optimizer state, what it measured). Skipped
     (both kept) when the loss or gradient is not finite; a no-op when there is no loss token."""
-    loss, grads, denominator, metrics = loss_and_grads(model_config, step_config, params, batch)
+    loss, grads, denominator, metrics = _loss_and_grads(model_config, step_config, params, batch, features)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     apply = finite & (denominator > 0)
@@ -277,7 +285,8 @@ def train_step(model_config: ModelConfig, step_config: StepConfig, optimizer: op
     counter advances once. Loss, gradient norm and entropy are those of the first update
     (the policy that generated the batch); clip fraction, KL and ratios those of the last
     (how far the epochs moved it)."""
-    update = functools.partial(_update, model_config, step_config, optimizer)
+    features = frozen_vision_features(model_config, step_config, state.params, batch)
+    update = functools.partial(_update, model_config, step_config, optimizer, features)
     params, opt_state, first = update(state.params, state.opt_state, batch)
     non_finite = (~first["finite"]).astype(jnp.int32)
     last = first

@@ -93,9 +93,6 @@ class ImageCollector:
 class LazyModule(types.ModuleType):
     """A module of the user namespace (`plt`, `matplotlib`) imported on first attribute use."""
 
-    def __init__(self, name: str):
-        super().__init__(name)
-
     def __getattr__(self, attribute: str) -> Any:
         return getattr(importlib.import_module(self.__name__), attribute)
 
