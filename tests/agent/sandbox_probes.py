@@ -48,11 +48,18 @@ def footprint(sandbox: Sandbox) -> Footprint:
                      frozenset() if sandbox.uid is None else frozenset({sandbox.uid}))
 
 
+def _alive(process: psutil.Process) -> bool:
+    """Running and not a zombie; a process that exits while it is being asked is gone."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def surviving(trace: Footprint, exclude: frozenset[int] = frozenset()) -> list[str]:
     """Processes of the footprint still alive; `exclude` is a later runtime whose new PID
     namespace may reuse the number of the dead one."""
-    found = [f"pid {p.pid}" for p in trace.processes
-             if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    found = [f"pid {p.pid}" for p in trace.processes if _alive(p)]
     for entry in os.listdir("/proc"):
         if (entry.isdigit() and int(entry) not in exclude
                 and pid_namespace(int(entry)) in trace.namespaces):
