@@ -102,6 +102,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.drop_groups_with_broken = False
     c.rl.min_members = 2
     c.rl.normalize_std = False
+    c.rl.negative_weight = 1.0       # factor on negative advantages (1: the recipe; < 1 damps the push off
+                                     # failed rollouts that raises a peaked policy's entropy)
     c.rl.stats_include_broken = False  # True (released): std, mean and min_members over broken rollouts too
     c.rl.train_end_reasons = ()        # after advantages, train only these end reasons (empty: all)
     c.rl.require_code_image = False    # after advantages, drop rollouts that showed no code-made image
@@ -111,7 +113,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.dual_clip = 3.0
     c.rl.loss_agg = "token-mean"     # or "token-mean-per-micro-batch" (released), "seq-mean-token-mean", ...
     c.rl.kl_coef = 0.0
-    c.rl.entropy_coef = 0.0
+    c.rl.entropy_coef = 0.0          # the loss subtracts coef x token entropy: > 0 an entropy bonus, < 0
+                                     # entropy minimisation (sharpens the policy towards its mode)
     c.rl.importance_sampling = "none"  # off-policy correction of stale groups (decoupled PPO): "token" or
                                      # "sequence" weights exp(proximal - behaviour logprobs), truncated
                                      # at rl.is_truncation; needs train.old_logprobs="current"
@@ -136,6 +139,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.weight_decay = 0.01
     c.train.b1 = 0.9
     c.train.b2 = 0.999
+    c.train.eps = 1e-8               # Adam's epsilon; far above the typical gradient entry it makes small,
+                                     # noisy entries move less than the sign-like step Adam gives every entry
     c.train.grad_clip = 1.0
     c.train.freeze_vision = True
     c.train.micro_batch = 4

@@ -78,15 +78,16 @@ def pool_arrays(groups: Sequence[TrajectoryGroup], capacity: int, group_size: in
 
 
 @functools.partial(jax.jit, static_argnames=("num_select", "mode", "rank_by", "min_members",
-                                             "drop_groups_with_broken", "normalize_std", "stats_include_broken"))
+                                             "drop_groups_with_broken", "normalize_std", "stats_include_broken",
+                                             "negative_weight"))
 def _select(rewards, valid, broken, *, num_select, mode, rank_by, min_members, drop_groups_with_broken,
-            normalize_std, stats_include_broken):
+            normalize_std, stats_include_broken, negative_weight):
     selection = select_rollouts(rewards, valid, broken, num_select, mode=mode, rank_by=rank_by,
                                 min_members=min_members,
                                 drop_groups_with_broken=drop_groups_with_broken,
                                 stats_include_broken=stats_include_broken)
     advantages = group_advantages(rewards, valid, broken, normalize_std=normalize_std,
-                                  mean_over_full_group=stats_include_broken)
+                                  mean_over_full_group=stats_include_broken, negative_weight=negative_weight)
     flat = advantages.reshape(-1)[selection.rollout_indices]
     return selection, flat
 
@@ -98,7 +99,9 @@ class SelectionConfig:
     arrival order ("arrival", an ablation). stats_include_broken: group statistics, the
     advantage mean and `min_members` over every valid rollout (released) instead of the
     usable ones. train_end_reasons (empty: all) and require_code_image: the rollout filters
-    applied after advantages (released: DONE, EXCEED_MAX_TURNS, ERROR_IN_ACTION; True)."""
+    applied after advantages (released: DONE, EXCEED_MAX_TURNS, ERROR_IN_ACTION; True).
+    negative_weight: the factor on negative advantages (1: the recipe; see
+    `rl.advantages.group_advantages`)."""
 
     batch_groups: int = 2
     mode: str = "group"
@@ -109,8 +112,11 @@ class SelectionConfig:
     stats_include_broken: bool = False
     train_end_reasons: tuple[EndReason, ...] = ()
     require_code_image: bool = False
+    negative_weight: float = 1.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.negative_weight <= 1.0:
+            raise ValueError(f"rl.negative_weight={self.negative_weight} must be in [0, 1]")
         try:
             reasons = tuple(EndReason(r) for r in self.train_end_reasons)
         except ValueError as err:
@@ -124,7 +130,8 @@ class SelectionConfig:
                    min_members=int(rl.min_members),
                    drop_groups_with_broken=bool(rl.drop_groups_with_broken), normalize_std=bool(rl.normalize_std),
                    stats_include_broken=bool(rl.stats_include_broken),
-                   train_end_reasons=tuple(rl.train_end_reasons), require_code_image=bool(rl.require_code_image))
+                   train_end_reasons=tuple(rl.train_end_reasons), require_code_image=bool(rl.require_code_image),
+                   negative_weight=float(rl.negative_weight))
 
     def trains(self, trajectory: Trajectory) -> bool:
         """Whether a selected, usable rollout passes the rollout filters."""
@@ -141,7 +148,8 @@ def select_rows(pool: GroupPool, config: SelectionConfig) -> SelectedRows:
                                     mode=config.mode, rank_by=config.rank_by, min_members=config.min_members,
                                     drop_groups_with_broken=config.drop_groups_with_broken,
                                     normalize_std=config.normalize_std,
-                                    stats_include_broken=config.stats_include_broken)
+                                    stats_include_broken=config.stats_include_broken,
+                                    negative_weight=config.negative_weight)
     indices = np.asarray(selection.rollout_indices)
     selected = [pool.trajectory(i) if r else None for i, r in zip(indices, np.asarray(selection.rollout_real))]
     rows = [t if t is not None and config.trains(t) else None for t in selected]

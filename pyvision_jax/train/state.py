@@ -42,7 +42,8 @@ class OptimizerConfig:
     @classmethod
     def from_config(cls, train: Any, frozen_prefixes: tuple[str, ...]) -> "OptimizerConfig":
         """From the `train` config section."""
-        return cls(lr=train.lr, b1=train.b1, b2=train.b2, weight_decay=train.weight_decay, grad_clip=train.grad_clip,
+        return cls(lr=train.lr, b1=train.b1, b2=train.b2, eps=train.eps, weight_decay=train.weight_decay,
+                   grad_clip=train.grad_clip,
                    schedule=train.schedule, warmup_steps=train.warmup_steps, total_steps=train.steps,
                    frozen_prefixes=frozen_prefixes)
 
@@ -52,6 +53,8 @@ class OptimizerConfig:
             problems.append(f"lr={self.lr} must be >= 0")
         if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
             problems.append(f"b1={self.b1}, b2={self.b2} must be in [0, 1)")
+        if self.eps <= 0:
+            problems.append(f"eps={self.eps} must be > 0")
         if self.weight_decay < 0:
             problems.append(f"weight_decay={self.weight_decay} must be >= 0")
         if self.schedule not in SCHEDULES:

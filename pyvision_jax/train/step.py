@@ -128,7 +128,8 @@ def hidden_states(config: ModelConfig, step_config: StepConfig, params: Any, mic
 def chunked_token_logprobs(hidden: jax.Array, kernel: jax.Array, input_ids: jax.Array,
                            temperature: float, chunk: int) -> tuple[jax.Array, jax.Array]:
     """logprob [n, T] of each token under softmax(h_{t-1} W / temperature), and the entropy
-    [n, T] of that distribution (stop-gradient); position 0 gets 0.
+    [n, T] of that distribution (differentiable: `rl.entropy_coef` trains on it); position 0
+    gets 0.
 
     The [n, chunk, V] logits of one chunk exist at a time, forward and backward.
     """
@@ -149,10 +150,8 @@ def chunked_token_logprobs(hidden: jax.Array, kernel: jax.Array, input_ids: jax.
         logits = jnp.einsum("ncd,dv->ncv", h, kernel, preferred_element_type=jnp.float32) / temperature
         log_z = jax.nn.logsumexp(logits, axis=-1)
         picked = jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
-        frozen_logits = jax.lax.stop_gradient(logits)
-        frozen_z = jax.lax.stop_gradient(log_z)
-        probs = jnp.exp(frozen_logits - frozen_z[..., None])
-        entropy = frozen_z - jnp.sum(probs * frozen_logits, axis=-1)
+        probs = jnp.exp(logits - log_z[..., None])
+        entropy = log_z - jnp.sum(probs * logits, axis=-1)
         return picked - log_z, entropy
 
     logprobs, entropy = jax.lax.map(one_chunk, (h_chunks, id_chunks))

@@ -34,7 +34,7 @@ from pyvision_jax.data.tasks import Task
 from pyvision_jax.models import ModelConfig, param_logical_axes
 from pyvision_jax.rl.losses import PPOLossConfig
 from pyvision_jax.train import metric_names as tags
-from pyvision_jax.train.batching import BatchingConfig, pack_batch
+from pyvision_jax.train.batching import BatchingConfig, BatchShape, pack_batch
 from pyvision_jax.train.checkpoint import TrainCheckpoints
 from pyvision_jax.train.groups import GroupPool, SelectedRows, SelectionConfig, pool_arrays, rollout_scalars, select_rows
 from pyvision_jax.train.broadcast_source import BroadcastSource
@@ -142,6 +142,7 @@ class Trainer:
                                           self.shardings, donate=not self.source.holds_params)
         self.batching = BatchingConfig(wiring.int_tuple(c.train.length_buckets, "train.length_buckets"),
                                        c.train.micro_batch, c.train.pack)
+        self.shape_floor = BatchShape()  # the largest batch shape so far: shapes only grow (fewer compiles)
         if self.primary:
             self._drop_outputs_after(int(self.state.step))
             self.writer = MetricsWriter(self.workdir / TB_DIR)
@@ -266,7 +267,9 @@ class Trainer:
         if self._stopping() or pool is None or not pool.groups:
             return
         start = time.perf_counter()
-        batch, stats = pack_batch(self.model_config, selected.rows, selected.advantages, self.batching)
+        batch, stats = pack_batch(self.model_config, selected.rows, selected.advantages, self.batching,
+                                  self.shape_floor)
+        self.shape_floor = self.shape_floor.cover(stats.shape)
         self.state, out = self.train_step(self.state, shard_batch(batch, self.mesh))
         out = jax.device_get(out)
         step_time = time.perf_counter() - start

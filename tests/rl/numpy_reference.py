@@ -67,7 +67,8 @@ def select(rewards, valid, broken, num_select, *, mode="group", std_eps=1e-6, mi
     return [index for _, index in sorted(candidates)[:num_select]], outcomes
 
 
-def advantages(rewards, valid, broken, *, normalize_std=False, std_eps=1e-6, mean_over_full_group=False):
+def advantages(rewards, valid, broken, *, normalize_std=False, std_eps=1e-6, mean_over_full_group=False,
+               negative_weight=1.0):
     out = np.zeros(rewards.shape)
     for p in range(rewards.shape[0]):
         usable = [g for g in range(rewards.shape[1]) if valid[p, g] and not broken[p, g]]
@@ -79,6 +80,8 @@ def advantages(rewards, valid, broken, *, normalize_std=False, std_eps=1e-6, mea
             out[p, g] = rewards[p, g] - mean
             if normalize_std:
                 out[p, g] /= unbiased + std_eps
+            if out[p, g] < 0:
+                out[p, g] *= negative_weight
     return out
 
 

@@ -18,12 +18,14 @@ def random_batch(seed):
 
 
 @settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), normalize_std=st.booleans(), mean_over_full_group=st.booleans())
-def test_matches_reference(seed, normalize_std, mean_over_full_group):
+@given(seed=st.integers(0, 2**31 - 1), normalize_std=st.booleans(), mean_over_full_group=st.booleans(),
+       negative_weight=st.sampled_from([1.0, 0.25, 0.0]))
+def test_matches_reference(seed, normalize_std, mean_over_full_group, negative_weight):
     rewards, valid, broken = random_batch(seed)
-    got = advantages(rewards, valid, broken, normalize_std=normalize_std, mean_over_full_group=mean_over_full_group)
+    got = advantages(rewards, valid, broken, normalize_std=normalize_std, mean_over_full_group=mean_over_full_group,
+                     negative_weight=negative_weight)
     expected = ref.advantages(rewards, valid, broken, normalize_std=normalize_std,
-                              mean_over_full_group=mean_over_full_group)
+                              mean_over_full_group=mean_over_full_group, negative_weight=negative_weight)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
     assert np.all(np.asarray(got)[~(valid & ~broken)] == 0)
 
@@ -52,6 +54,12 @@ def test_full_group_baseline_includes_broken_rollouts():
     np.testing.assert_allclose(filtered[0, :4], [2 / 3, -1 / 3, -1 / 3, 0.0], atol=1e-6)
     np.testing.assert_allclose(official[0, :4], [0.5, -0.5, -0.5, 0.0], atol=1e-6)
     assert not filtered[1:].any() and not official[:, 4:].any()
+
+
+def test_negative_weight_scales_only_the_negative_advantages():
+    batch = one_group([1.0, 0.0, 0.0, 0.0], [False] * 4)
+    got = np.asarray(advantages(*batch, normalize_std=False, mean_over_full_group=False, negative_weight=0.1))
+    np.testing.assert_allclose(got[0, :4], [0.75, -0.025, -0.025, -0.025], atol=1e-6)
 
 
 def test_normalized_by_unbiased_std():

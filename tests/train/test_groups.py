@@ -85,3 +85,12 @@ def test_group_scores_without_a_broken_field_read_as_not_broken():
 def test_unknown_end_reasons_name_the_config_key():
     with pytest.raises(ValueError, match="rl.train_end_reasons"):
         SelectionConfig(train_end_reasons=("FINISHED",))
+
+
+def test_negative_weight_reaches_the_selected_advantages():
+    pool = pool_arrays([group(ROLLOUTS, REWARDS)], 1, 6)
+    selected = select_rows(pool, SelectionConfig(batch_groups=1, negative_weight=0.25))
+    expected = np.asarray(REWARDS) - 1 / 3
+    np.testing.assert_allclose(selected.advantages, np.where(expected < 0, expected / 4, expected), atol=1e-6)
+    with pytest.raises(ValueError, match="rl.negative_weight"):
+        SelectionConfig(negative_weight=1.5)

@@ -11,7 +11,7 @@ from configs.base import get_config as base_config
 from pyvision_jax.models import forward, param_logical_axes
 from pyvision_jax.models.qwen2_5_vl import ModelInputs
 from pyvision_jax.rl.losses import PPOLossConfig, ppo_loss
-from pyvision_jax.train.batching import BatchingConfig, pack_batch
+from pyvision_jax.train.batching import BatchingConfig, BatchShape, pack_batch
 from pyvision_jax.train.mesh import make_mesh
 from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings
 from pyvision_jax.train.step import StepConfig, loss_and_grads, make_train_step, shard_batch
@@ -90,6 +90,42 @@ def test_packed_rows_give_the_loss_and_gradients_of_unpacked_rows(tiny_config, t
     for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-7)
     assert float(optax_norm(got[1])) > 0
+
+
+def test_a_shape_floor_pads_the_batch_without_changing_loss_or_gradients(tiny_config, tiny_params, trajectories):
+    """The trainer holds batches at the largest shape seen (fewer compiles): the padding
+    micro-batches, segments, vision windows and merged slots carry nothing."""
+    config = BatchingConfig((128,), 2, pack=True)
+    bare, bare_stats = pack_batch(tiny_config, trajectories, ADVANTAGES, config)
+    floor = BatchShape(micro_batches=3, segments=6, windows=bare_stats.shape.windows * 2,
+                       merged=bare_stats.shape.merged * 2)
+    padded, stats = pack_batch(tiny_config, trajectories, ADVANTAGES, config, floor)
+    assert stats.shape == floor and bare_stats.shape.cover(floor) == floor
+    assert padded.input_ids.shape[:2] == (3, 2) and padded.advantages.shape == (3, 2, 6)
+    assert padded.layout.merged_index.shape[1] == floor.merged
+    fn = jax.jit(loss_and_grads, static_argnums=(0, 1))
+    want = fn(tiny_config, STEP, tiny_params, bare)
+    got = fn(tiny_config, STEP, tiny_params, padded)
+    assert float(got[2]) == float(want[2]) == stats.loss_tokens
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-7)
+
+
+def test_the_entropy_coefficient_trains_on_the_entropy(tiny_config, tiny_params, trajectories):
+    """With zero advantages the loss is -entropy_coef x the token-mean entropy, and a step
+    down its gradient lowers the entropy when the coefficient is negative."""
+    batch, stats = pack_batch(tiny_config, trajectories, [0.0] * 4, BatchingConfig((64, 128), 4))
+    config = dataclasses.replace(STEP, loss=PPOLossConfig(entropy_coef=-1.0))
+    fn = jax.jit(loss_and_grads, static_argnums=(0, 1))
+    loss, grads, _, metrics = fn(tiny_config, config, tiny_params, batch)
+    mean_entropy = float(metrics.entropy_sum / metrics.token_count)
+    np.testing.assert_allclose(float(loss), mean_entropy, rtol=1e-5)
+    assert float(optax_norm(grads)) > 0
+    stepped = {**tiny_params, **jax.tree.map(lambda p, g: p - 0.5 * g / optax_norm(grads),
+                                             {k: tiny_params[k] for k in grads}, grads)}
+    after = fn(tiny_config, config, stepped, batch)[3]
+    assert float(after.entropy_sum / after.token_count) < mean_entropy
 
 
 @pytest.fixture(scope="module")
