@@ -1,0 +1,171 @@
+"""Off-policy proxy for "does an RL update generalise?", in minutes instead of a training run.
+
+    python benchmarks/update_proxy.py --workdir /tmp/proxy [--per-kind 8 --steps 9] \
+        --setting lr=1e-4 --setting lr=3e-4,entropy_coef=-10 --setting lr=1e-3,eps=1e-4,negative_weight=0.1
+
+The starting model (configs/tiny_cpu.py: the packaged SFT checkpoint) samples two pools of
+groups of `rl.group_size` rollouts once (cached under WORKDIR): pool A on training tasks
+(synthetic seed `--train-seed`) and pool B on tasks of another seed (`--proxy-seed`; never the
+held-out evaluation seed 4242). Each setting then trains from the start on pool A, 4 groups a
+step chosen from 8 by the recipe's selection (like a training run, but on fixed rollouts), and
+every 3 steps scores pool B's rollouts under the new policy:
+
+- d+ / d-: the mean change of the sequence log-probability of B's correct / wrong rollouts.
+  A generalising update raises d+ and lowers d-; both falling far means the policy drifts off
+  its own samples (the malformed code of the failed runs).
+- acc: the new policy's accuracy on B's tasks estimated with per-group self-normalised
+  importance weights exp(d) (exact for small moves; limited to the 4 sampled rollouts a task).
+
+Settings are comma-separated key=value over: lr, eps (Adam), negative_weight, entropy_coef.
+Prints a table and writes WORKDIR/proxy.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import sys
+import threading
+from pathlib import Path
+
+import jax
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from configs.tiny_cpu import get_config  # noqa: E402
+from pyvision_jax import wiring  # noqa: E402
+from pyvision_jax.models import param_logical_axes  # noqa: E402
+from pyvision_jax.rl.losses import PPOLossConfig  # noqa: E402
+from pyvision_jax.train.batching import BatchingConfig, BatchShape, pack_batch  # noqa: E402
+from pyvision_jax.train.groups import SelectionConfig, pool_arrays, select_rows  # noqa: E402
+from pyvision_jax.train.mesh import make_mesh  # noqa: E402
+from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings  # noqa: E402
+from pyvision_jax.train.step import StepConfig, make_train_step, micro_batch_logprobs, shard_batch  # noqa: E402
+
+KEYS = {"lr": 1e-4, "eps": 1e-8, "negative_weight": 1.0, "entropy_coef": 0.0}
+GROUPS_PER_STEP, DRAWN_PER_STEP, EVAL_EVERY = 4, 8, 3
+
+
+def parse_setting(text: str) -> dict[str, float]:
+    setting = dict(KEYS)
+    for part in filter(None, text.split(",")):
+        key, _, value = part.partition("=")
+        if key not in KEYS:
+            raise SystemExit(f"--setting {text!r}: unknown key {key!r}; known: {sorted(KEYS)}")
+        setting[key] = float(value)
+    return setting
+
+
+def sample_pool(config, workdir: Path, name: str, seed: int, per_kind: int, model, params, tokenizer) -> list:
+    """`per_kind` x 3 groups from the starting model on synthetic tasks of `seed` (cached)."""
+    path = workdir / f"pool_{name}_seed{seed}_{per_kind}.pkl"
+    if path.is_file():
+        return pickle.loads(path.read_bytes())
+    c = config.copy_and_resolve_references()
+    c.data.synthetic_per_kind, c.data.synthetic_seed = per_kind, seed
+    source = wiring.group_source(c, workdir / f"tasks_{name}_{seed}", model, params, tokenizer)
+    source.start(params, 0, {})
+    try:
+        groups = source.collect(per_kind * len(c.data.synthetic_kinds), threading.Event())
+    finally:
+        source.close()
+    path.write_bytes(pickle.dumps(groups))
+    return groups
+
+
+class PoolScorer:
+    """Sequence log-probabilities of every rollout of a pool under given params."""
+
+    def __init__(self, model, groups, batching: BatchingConfig):
+        self.model = model
+        self.rows = [t for g in groups for t in g.trajectories]
+        index = np.arange(1, len(self.rows) + 1, dtype=np.float32)  # the advantage slot carries the row index
+        self.batch, _ = pack_batch(model, self.rows, index, batching)
+        self.correct = np.array([c for g in groups for c in g.scores.correct], float)
+        self.group = np.array([p for p, g in enumerate(groups) for _ in g.trajectories])
+        self.logprobs = jax.jit(micro_batch_logprobs, static_argnums=(0, 1))
+        self.step_config = StepConfig()
+
+    def sequence_logprobs(self, params) -> np.ndarray:
+        out = np.zeros(len(self.rows))
+        for m in range(self.batch.num_micro_batches):
+            micro = jax.tree.map(lambda x: x[m], self.batch)
+            logprobs = np.asarray(self.logprobs(self.model, self.step_config, params, micro)[0])
+            mask = np.asarray(micro.loss_mask & micro.attention_mask)
+            segments, slots = np.asarray(micro.segment_ids), np.asarray(micro.advantages)
+            for r, k in zip(*np.nonzero(slots)):
+                out[int(slots[r, k]) - 1] = logprobs[r][mask[r] & (segments[r] == k + 1)].sum()
+        return out
+
+    def estimate(self, shift: np.ndarray) -> dict[str, float]:
+        accuracies = []
+        for p in np.unique(self.group):
+            member = self.group == p
+            weights = np.exp(shift[member] - shift[member].max())
+            accuracies.append(float((weights / weights.sum() * self.correct[member]).sum()))
+        return {"acc": float(np.mean(accuracies)), "d+": float(shift[self.correct > 0].mean()),
+                "d-": float(shift[self.correct == 0].mean())}
+
+
+def run_setting(setting, model, params, pool_a, scorer: PoolScorer, base: np.ndarray, steps: int,
+                batching: BatchingConfig) -> list[dict[str, float]]:
+    optimizer = make_optimizer(OptimizerConfig(lr=setting["lr"], eps=setting["eps"]))
+    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    state = init_train_state(params, optimizer, seed=0)
+    shardings = state_shardings(state, param_logical_axes(model), mesh)
+    state = jax.device_put(state, shardings)
+    step_config = StepConfig(loss=PPOLossConfig(entropy_coef=setting["entropy_coef"]))
+    train_step = make_train_step(model, step_config, optimizer, mesh, shardings, donate=False)
+    selection = SelectionConfig(batch_groups=GROUPS_PER_STEP, negative_weight=setting["negative_weight"])
+    floor, points = BatchShape(), []
+    for step in range(steps):
+        drawn = [pool_a[(step * GROUPS_PER_STEP + i) % len(pool_a)] for i in range(DRAWN_PER_STEP)]
+        selected = select_rows(pool_arrays(drawn, DRAWN_PER_STEP, len(drawn[0])), selection)
+        batch, stats = pack_batch(model, selected.rows, selected.advantages, batching, floor)
+        floor = floor.cover(stats.shape)
+        state, _ = train_step(state, shard_batch(batch, mesh))
+        if (step + 1) % EVAL_EVERY == 0 or step + 1 == steps:
+            point = scorer.estimate(scorer.sequence_logprobs(state.params) - base)
+            points.append({"step": step + 1, **point})
+    return points
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--setting", action="append", default=[], help="key=value,... (repeatable)")
+    parser.add_argument("--per-kind", type=int, default=8, help="tasks per kind in each pool")
+    parser.add_argument("--train-seed", type=int, default=0)
+    parser.add_argument("--proxy-seed", type=int, default=31337)
+    parser.add_argument("--steps", type=int, default=9)
+    args = parser.parse_args()
+    config = get_config()
+    if args.proxy_seed == config.eval.heldout_seed:
+        raise SystemExit(f"--proxy-seed {args.proxy_seed} is the held-out evaluation seed: pick another")
+    settings = [parse_setting(s) for s in args.setting] or [dict(KEYS)]
+    config.episode.max_concurrent, config.rollout.max_batch, config.sandbox.pool_size = 32, 32, 4
+    workdir = Path(args.workdir).absolute()
+    workdir.mkdir(parents=True, exist_ok=True)
+    model, params = wiring.load_model(config)
+    tokenizer = wiring.load_tokenizer(config)
+    pool_a = sample_pool(config, workdir, "A", args.train_seed, args.per_kind, model, params, tokenizer)
+    pool_b = sample_pool(config, workdir, "B", args.proxy_seed, args.per_kind, model, params, tokenizer)
+    batching = BatchingConfig(tuple(config.train.length_buckets), config.train.micro_batch, pack=True)
+    scorer = PoolScorer(model, pool_b, batching)
+    base = scorer.sequence_logprobs(params)
+    print(f"pool A: {len(pool_a)} groups (seed {args.train_seed}); pool B: {len(pool_b)} groups "
+          f"(seed {args.proxy_seed}), accuracy {scorer.correct.mean():.3f}", flush=True)
+    results = []
+    for setting in settings:
+        points = run_setting(setting, model, params, pool_a, scorer, base, args.steps, batching)
+        results.append({"setting": setting, "points": points})
+        cells = " | ".join(f"s{p['step']}: acc {p['acc']:.3f} d+ {p['d+']:+.2f} d- {p['d-']:+.2f}" for p in points)
+        print(", ".join(f"{k} {v:g}" for k, v in setting.items()) + ": " + cells, flush=True)
+    (workdir / "proxy.json").write_text(json.dumps({"command": " ".join(sys.argv), "pool_b_accuracy":
+                                                    float(scorer.correct.mean()), "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
