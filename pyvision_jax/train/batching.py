@@ -15,7 +15,7 @@ attention, no loss.
 Every batch of a new shape compiles the train step again (15 s for the small model on CPU,
 against 2-4 s for a compiled step), so the sizes that vary from step to step (micro-batches,
 segments per row, vision windows and merged tokens) can be held at a `BatchShape` floor: the
-trainer passes the largest shape it has seen, and the shapes only grow, a few times a run.
+GRPO trainer and the SFT loop pass the largest shape they have seen, and the shapes only grow, a few times a run.
 """
 from __future__ import annotations
 

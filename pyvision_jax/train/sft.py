@@ -25,7 +25,7 @@ from pyvision_jax import wiring
 from pyvision_jax.convert import save_hf
 from pyvision_jax.models import param_logical_axes
 from pyvision_jax.train import metric_names as tags
-from pyvision_jax.train.batching import BatchingConfig, pack_batch
+from pyvision_jax.train.batching import BatchingConfig, BatchShape, pack_batch
 from pyvision_jax.train.checkpoint import TrainCheckpoints
 from pyvision_jax.train.mesh import mesh_from_config
 from pyvision_jax.train.metrics import MetricsWriter
@@ -95,6 +95,7 @@ def _run(c: ml_collections.ConfigDict, workdir: Path, stop: threading.Event, pro
         step_fn = make_sft_step(model, step_config, optimizer, mesh, shardings)
         batching = BatchingConfig(wiring.int_tuple(c.train.length_buckets, "train.length_buckets"),
                                   c.train.micro_batch)
+        floor = BatchShape()  # the largest batch shape so far: vision sizes vary, compiles should not
         first, total = int(state.step), c.train.steps
         bar = tqdm(total=total, initial=min(first, total), desc="sft", unit="step", disable=not progress,
                    dynamic_ncols=True)
@@ -103,7 +104,8 @@ def _run(c: ml_collections.ConfigDict, workdir: Path, stop: threading.Event, pro
                 step = int(state.step)
                 rows = [data.samples[i] for i in batch_indices(len(data.samples), c.sft.batch_size, step, c.seed)]
                 start = time.perf_counter()
-                batch, stats = pack_batch(model, rows, np.zeros(len(rows), np.float32), batching)
+                batch, stats = pack_batch(model, rows, np.zeros(len(rows), np.float32), batching, floor)
+                floor = floor.cover(stats.shape)
                 state, out = step_fn(state, shard_batch(batch, mesh))
                 out = jax.device_get(out)
                 elapsed = time.perf_counter() - start
