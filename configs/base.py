@@ -173,7 +173,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.synthetic_per_kind = 32    # synthetic SFT tasks per kind of data.synthetic_kinds
     c.sft.synthetic_seed = 1000      # never the seed of RL tasks or of evaluation tasks
     c.sft.rollouts_per_task = 2      # scripted trajectories drawn per task
-    c.sft.imperfect_share = 0.2      # share of imperfect plans (wrong thresholds, guesses)
+    c.sft.guess_share = 0.1          # share of plans that guess without a tool call
+    c.sft.wrong_share = 0.1          # share of the code plans whose measure is wrong
     c.sft.batch_size = 8             # samples per step
     c.sft.export_dir = ""            # HF safetensors export at the end ("": WORKDIR/hf)
     c.sft.export_dtype = ""          # cast on export ("": the params' dtype)

@@ -7,8 +7,9 @@ knows the answer in advance unless it guesses).
 
 Plans vary, drawn from a seeded rng per (task, draw): several code strategies per kind,
 paraphrased thoughts, multi-turn refinements (look at the image or a frame first, then
-measure) and a share of imperfect plans (a wrong threshold, or no tool call and a guess), so
-a model fine-tuned on them is decent, not perfect. The code only uses what the sandbox
+measure) and two shares of imperfect plans (no tool call and a guess; a wrong threshold), so
+a model fine-tuned on them is decent, not perfect, and its guesses are a habit RL can remove on
+every task at once (tool use is what makes it accurate). The code only uses what the sandbox
 provides (numpy as np, PIL, matplotlib as plt, scipy, decord's `video_clue_0`).
 """
 from __future__ import annotations
@@ -201,15 +202,17 @@ def _measuring_code(task: Task, kind: str, strategy: int, wrong: bool) -> str:
     return _video_order_code(strategy, wrong)
 
 
-def solution_plan(task: Task, rng: np.random.Generator, *, imperfect_share: float = 0.2,
+def solution_plan(task: Task, rng: np.random.Generator, *, guess_share: float = 0.1, wrong_share: float = 0.1,
                   look_first_share: float = 0.25) -> SolutionPlan:
-    """One scripted trajectory for a synthetic `task`, drawn with `rng`."""
+    """One scripted trajectory for a synthetic `task`, drawn with `rng`: a guess without a tool
+    call with probability `guess_share`, else code whose measure is wrong with probability
+    `wrong_share` (a look at the image first with probability `look_first_share`)."""
     kind = task_kind(task)
     colour, shape = _question_words(task)
     thought = str(rng.choice(_THOUGHTS[kind])).format(colour=colour, shape=shape)
-    imperfect = bool(rng.random() < imperfect_share)
-    if imperfect and rng.random() < 0.5:
+    if rng.random() < guess_share:
         return SolutionPlan((f"{rng.choice(_GUESSES)}\n" + answer_turn(_guess(task, rng)),), "guess", True)
+    imperfect = bool(rng.random() < wrong_share)
     strategy = 0 if kind == "visual_search" else int(rng.integers(2))
     turns = []
     if rng.random() < look_first_share:

@@ -44,13 +44,17 @@ def synthetic_sft_file(config: ml_collections.ConfigDict, workdir: str | os.Path
     if path.is_file():
         return path
     s = config.sft
+    for field in ("guess_share", "wrong_share"):
+        if not 0.0 <= s[field] <= 1.0:
+            raise ValueError(f"sft.{field} = {s[field]!r}: a share of the scripted plans, in [0, 1]")
     kinds = wiring.str_tuple(config.data.synthetic_kinds, "data.synthetic_kinds")
     files = synthetic.generate_synthetic_suite(out_dir / "tasks", s.synthetic_per_kind, s.synthetic_seed, kinds)
     tasks = [task for file in files.values() for task in load_tasks(file).tasks]
     with wiring.sandbox_pool(config) as sandboxes:
         report = write_synthetic_sft(tasks, out_dir, tokenizer=tokenizer, sandboxes=sandboxes,
                                      episode=wiring.episode_config(config, model), per_task=s.rollouts_per_task,
-                                     seed=s.synthetic_seed, imperfect_share=s.imperfect_share)
+                                     seed=s.synthetic_seed, guess_share=s.guess_share,
+                                     wrong_share=s.wrong_share)
     log(f"synthetic SFT data: {report.rows} trajectories in {report.path} (dropped {report.dropped}); "
         f"plans {report.strategies}")
     return path

@@ -91,10 +91,12 @@ def trajectory_row(trajectory: Trajectory, task: Task, tokenizer: Any, image_dir
     return SftRow(tuple(messages), tuple(paths), task.data_source, f"{task.id}/{trajectory.rollout_index}")
 
 
-def draw_plans(tasks: Sequence[Task], per_task: int, seed: int, imperfect_share: float) -> dict[str, SolutionPlan]:
+def draw_plans(tasks: Sequence[Task], per_task: int, seed: int, guess_share: float,
+               wrong_share: float) -> dict[str, SolutionPlan]:
     """`per_task` plans of every task, keyed by request id `"{task id}/{k}"`; each plan's
     draw depends only on (seed, task position, k)."""
-    return {f"{task.id}/{k}": solution_plan(task, np.random.default_rng([seed, t, k]), imperfect_share=imperfect_share)
+    return {f"{task.id}/{k}": solution_plan(task, np.random.default_rng([seed, t, k]),
+                                                 guess_share=guess_share, wrong_share=wrong_share)
             for t, task in enumerate(tasks) for k in range(per_task)}
 
 
@@ -108,14 +110,14 @@ def run_plans(tasks: Sequence[Task], plans: dict[str, SolutionPlan], *, tokenize
 
 
 def write_synthetic_sft(tasks: Sequence[Task], out_dir: str | Path, *, tokenizer: Any, sandboxes: SandboxSource,
-                        episode: EpisodeConfig, per_task: int, seed: int, imperfect_share: float,
-                        progress: bool = False) -> SyntheticSftReport:
+                        episode: EpisodeConfig, per_task: int, seed: int, guess_share: float,
+                        wrong_share: float, progress: bool = False) -> SyntheticSftReport:
     """Runs `per_task` drawn plans of every task and writes `out_dir/sft.jsonl` with the
     episodes that ended with an answer (DONE)."""
     out_dir = Path(out_dir)
     image_dir = out_dir / "images"
     image_dir.mkdir(parents=True, exist_ok=True)
-    plans = draw_plans(tasks, per_task, seed, imperfect_share)
+    plans = draw_plans(tasks, per_task, seed, guess_share, wrong_share)
     trajectories = run_plans(tasks, plans, tokenizer=tokenizer, sandboxes=sandboxes, episode=episode,
                              progress=progress)
     by_id = {task.id: task for task in tasks}

@@ -76,3 +76,11 @@ def test_batches_depend_only_on_the_step_and_cover_each_epoch():
     assert sorted(first_epoch) == list(range(12))
     assert batch_indices(12, 4, 4, seed=5) == batch_indices(12, 4, 4, seed=5)
     assert first_epoch != [i for step in range(3, 6) for i in batch_indices(12, 4, step, seed=5)]
+
+
+def test_a_share_outside_zero_one_stops_the_run_naming_the_field(tmp_path):
+    config = _config(tmp_path / "unused.jsonl", 1)
+    config.sft.train_files = ()
+    config.sft.guess_share = 1.5
+    with pytest.raises(ValueError, match=r"sft.guess_share = 1.5"):
+        train_sft(config, tmp_path / "run", progress=False, log=lambda line: None)

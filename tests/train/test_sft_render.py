@@ -30,9 +30,10 @@ def episodes(tmp_path_factory, request):
     tasks = [t for f in files.values() for t in load_tasks(f).tasks]
     plans = {}
     for t, task in enumerate(tasks):
-        for k, (look, imperfect) in enumerate(((0.0, 0.0), (1.0, 0.0), (0.0, 1.0))):
-            plans[f"{task.id}/{k}"] = solution_plan(task, np.random.default_rng([t, k]), imperfect_share=imperfect,
-                                                    look_first_share=look)
+        for k, (look, guess, wrong) in enumerate(((0.0, 0.0, 0.0), (1.0, 0.0, 0.0), (0.0, 0.0, 1.0),
+                                                  (0.0, 1.0, 0.0))):
+            plans[f"{task.id}/{k}"] = solution_plan(task, np.random.default_rng([t, k]), guess_share=guess,
+                                                    wrong_share=wrong, look_first_share=look)
     tokenizer = load_tiny_tokenizer()
     with SandboxPool(SandboxConfig(timeout_s=60), size=2) as pool:
         trajectories = run_plans(tasks, plans, tokenizer=tokenizer, sandboxes=pool, episode=episode)
