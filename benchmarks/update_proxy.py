@@ -13,10 +13,13 @@ every 3 steps scores pool B's rollouts under the new policy:
 - d+ / d-: the mean change of the sequence log-probability of B's correct / wrong rollouts.
   A generalising update raises d+ and lowers d-; both falling far means the policy drifts off
   its own samples (the malformed code of the failed runs).
+- tool: the share of B's rollouts that call a tool, estimated the same way as acc.
 - acc: the new policy's accuracy on B's tasks estimated with per-group self-normalised
   importance weights exp(d) (exact for small moves; limited to the 4 sampled rollouts a task).
 
-Settings are comma-separated key=value over: lr, eps (Adam), negative_weight, entropy_coef.
+Settings are comma-separated key=value over: lr, eps (Adam), negative_weight, entropy_coef,
+seq_mean (1: `rl.loss_agg="seq-mean-token-mean"`, each rollout weighted alike; 0: the recipe's
+token-mean). `--hf-dir` starts from another HF checkpoint than the config's.
 Prints a table and writes WORKDIR/proxy.json.
 """
 from __future__ import annotations
@@ -44,7 +47,7 @@ from pyvision_jax.train.mesh import make_mesh  # noqa: E402
 from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings  # noqa: E402
 from pyvision_jax.train.step import StepConfig, make_train_step, micro_batch_logprobs, shard_batch  # noqa: E402
 
-KEYS = {"lr": 1e-4, "eps": 1e-8, "negative_weight": 1.0, "entropy_coef": 0.0}
+KEYS = {"lr": 1e-4, "eps": 1e-8, "negative_weight": 1.0, "entropy_coef": 0.0, "seq_mean": 0.0}
 GROUPS_PER_STEP, DRAWN_PER_STEP, EVAL_EVERY = 4, 8, 3
 
 
@@ -84,6 +87,7 @@ class PoolScorer:
         index = np.arange(1, len(self.rows) + 1, dtype=np.float32)  # the advantage slot carries the row index
         self.batch, _ = pack_batch(model, self.rows, index, batching)
         self.correct = np.array([c for g in groups for c in g.scores.correct], float)
+        self.tooled = np.array([t.num_tool_calls > 0 for t in self.rows], float)
         self.group = np.array([p for p, g in enumerate(groups) for _ in g.trajectories])
         self.logprobs = jax.jit(micro_batch_logprobs, static_argnums=(0, 1))
         self.step_config = StepConfig()
@@ -100,13 +104,15 @@ class PoolScorer:
         return out
 
     def estimate(self, shift: np.ndarray) -> dict[str, float]:
-        accuracies = []
+        accuracies, tooled = [], []
         for p in np.unique(self.group):
             member = self.group == p
             weights = np.exp(shift[member] - shift[member].max())
-            accuracies.append(float((weights / weights.sum() * self.correct[member]).sum()))
-        return {"acc": float(np.mean(accuracies)), "d+": float(shift[self.correct > 0].mean()),
-                "d-": float(shift[self.correct == 0].mean())}
+            weights /= weights.sum()
+            accuracies.append(float((weights * self.correct[member]).sum()))
+            tooled.append(float((weights * self.tooled[member]).sum()))
+        return {"acc": float(np.mean(accuracies)), "tool": float(np.mean(tooled)),
+                "d+": float(shift[self.correct > 0].mean()), "d-": float(shift[self.correct == 0].mean())}
 
 
 def run_setting(setting, model, params, pool_a, scorer: PoolScorer, base: np.ndarray, steps: int,
@@ -116,7 +122,8 @@ def run_setting(setting, model, params, pool_a, scorer: PoolScorer, base: np.nda
     state = init_train_state(params, optimizer, seed=0)
     shardings = state_shardings(state, param_logical_axes(model), mesh)
     state = jax.device_put(state, shardings)
-    step_config = StepConfig(loss=PPOLossConfig(entropy_coef=setting["entropy_coef"]))
+    aggregation = "seq-mean-token-mean" if setting["seq_mean"] else "token-mean"
+    step_config = StepConfig(loss=PPOLossConfig(entropy_coef=setting["entropy_coef"], aggregation=aggregation))
     train_step = make_train_step(model, step_config, optimizer, mesh, shardings, donate=False)
     selection = SelectionConfig(batch_groups=GROUPS_PER_STEP, negative_weight=setting["negative_weight"])
     floor, points = BatchShape(), []
@@ -140,8 +147,11 @@ def main() -> None:
     parser.add_argument("--train-seed", type=int, default=0)
     parser.add_argument("--proxy-seed", type=int, default=31337)
     parser.add_argument("--steps", type=int, default=9)
+    parser.add_argument("--hf-dir", default="", help="starting checkpoint (default: the config's model.hf_dir)")
     args = parser.parse_args()
     config = get_config()
+    if args.hf_dir:
+        config.model.hf_dir = args.hf_dir
     if args.proxy_seed == config.eval.heldout_seed:
         raise SystemExit(f"--proxy-seed {args.proxy_seed} is the held-out evaluation seed: pick another")
     settings = [parse_setting(s) for s in args.setting] or [dict(KEYS)]
@@ -161,7 +171,7 @@ def main() -> None:
     for setting in settings:
         points = run_setting(setting, model, params, pool_a, scorer, base, args.steps, batching)
         results.append({"setting": setting, "points": points})
-        cells = " | ".join(f"s{p['step']}: acc {p['acc']:.3f} d+ {p['d+']:+.2f} d- {p['d-']:+.2f}" for p in points)
+        cells = " | ".join(f"s{p['step']}: acc {p['acc']:.3f} tool {p['tool']:.2f} d+ {p['d+']:+.2f} d- {p['d-']:+.2f}" for p in points)
         print(", ".join(f"{k} {v:g}" for k, v in setting.items()) + ": " + cells, flush=True)
     (workdir / "proxy.json").write_text(json.dumps({"command": " ".join(sys.argv), "pool_b_accuracy":
                                                     float(scorer.correct.mean()), "results": results}, indent=1))

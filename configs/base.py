@@ -174,7 +174,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.synthetic_seed = 1000      # never the seed of RL tasks or of evaluation tasks
     c.sft.rollouts_per_task = 2      # scripted trajectories drawn per task
     c.sft.guess_share = 0.1          # share of plans that guess without a tool call
-    c.sft.wrong_share = 0.1          # share of the code plans whose measure is wrong
+    c.sft.wrong_share = 0.1          # share of plans whose code measures wrong (thresholds, flips)
     c.sft.batch_size = 8             # samples per step
     c.sft.export_dir = ""            # HF safetensors export at the end ("": WORKDIR/hf)
     c.sft.export_dtype = ""          # cast on export ("": the params' dtype)

@@ -1,7 +1,7 @@
 """SFT of the "small" model on synthetic tool-use trajectories (the shipped checkpoint).
 
 Scripted solutions of the synthetic tasks run through the real episode code and sandbox,
-then 1,000 steps of next-token loss on the assistant tokens, then an HF safetensors
+then 1,200 steps of next-token loss on the assistant tokens, then an HF safetensors
 export. The packaged checkpoint is made with (README "The SFT stage"):
     python launch/train.py --config configs/sft_tiny.py --workdir /tmp/sft_tiny \
         --config.sft.export_dir=pyvision_jax/assets/small_sft
@@ -19,11 +19,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.episode.max_new_tokens_per_turn = 384
     c.episode.max_total_tokens = 1024
     c.sft.synthetic_per_kind = 80
-    c.sft.rollouts_per_task = 4
-    c.sft.guess_share = 0.5          # half the plans guess: the habit RL has to remove (README "Learning dynamics")
-    c.sft.wrong_share = 0.1
+    c.sft.rollouts_per_task = 2
     c.sft.batch_size = 8
-    c.train.steps = 1000
+    c.train.steps = 1200
     c.train.lr = 3e-3
     c.train.weight_decay = 0.0
     c.train.schedule = "cosine"

@@ -205,14 +205,20 @@ def _measuring_code(task: Task, kind: str, strategy: int, wrong: bool) -> str:
 def solution_plan(task: Task, rng: np.random.Generator, *, guess_share: float = 0.1, wrong_share: float = 0.1,
                   look_first_share: float = 0.25) -> SolutionPlan:
     """One scripted trajectory for a synthetic `task`, drawn with `rng`: a guess without a tool
-    call with probability `guess_share`, else code whose measure is wrong with probability
-    `wrong_share` (a look at the image first with probability `look_first_share`)."""
+    call with probability `guess_share`, code whose measure is wrong with probability
+    `wrong_share`, else right code (a look at the image first with probability
+    `look_first_share`). One draw decides "imperfect", a second which kind, so the default
+    shares draw exactly what the packaged checkpoint's data drew."""
+    if min(guess_share, wrong_share) < 0 or guess_share + wrong_share > 1:
+        raise ValueError(f"guess_share {guess_share} and wrong_share {wrong_share} must be >= 0 "
+                         "with a sum <= 1")
     kind = task_kind(task)
     colour, shape = _question_words(task)
     thought = str(rng.choice(_THOUGHTS[kind])).format(colour=colour, shape=shape)
-    if rng.random() < guess_share:
+    imperfect_share = guess_share + wrong_share
+    imperfect = bool(rng.random() < imperfect_share)
+    if imperfect and rng.random() < guess_share / imperfect_share:
         return SolutionPlan((f"{rng.choice(_GUESSES)}\n" + answer_turn(_guess(task, rng)),), "guess", True)
-    imperfect = bool(rng.random() < wrong_share)
     strategy = 0 if kind == "visual_search" else int(rng.integers(2))
     turns = []
     if rng.random() < look_first_share:

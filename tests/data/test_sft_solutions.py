@@ -31,5 +31,10 @@ def test_guesses_answer_in_one_turn_without_code_and_code_plans_read_the_result(
 def test_the_guess_share_is_drawn_per_plan(tasks):
     plans = _plans(tasks, 100, guess_share=0.5, wrong_share=0.1)
     guessed = np.mean([p.strategy == "guess" for p in plans])
-    wrong = np.mean([p.strategy.endswith("/wrong") for p in plans if p.strategy != "guess"])
-    assert 0.42 < guessed < 0.58 and 0.04 < wrong < 0.17
+    wrong = np.mean([p.strategy.endswith("/wrong") for p in plans])
+    assert 0.42 < guessed < 0.58 and 0.05 < wrong < 0.15
+
+
+def test_shares_that_add_up_to_more_than_all_plans_are_refused(tasks):
+    with pytest.raises(ValueError, match="sum <= 1"):
+        solution_plan(tasks[0], np.random.default_rng(0), guess_share=0.7, wrong_share=0.4)
