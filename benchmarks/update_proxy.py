@@ -171,7 +171,8 @@ def main() -> None:
     for setting in settings:
         points = run_setting(setting, model, params, pool_a, scorer, base, args.steps, batching)
         results.append({"setting": setting, "points": points})
-        cells = " | ".join(f"s{p['step']}: acc {p['acc']:.3f} tool {p['tool']:.2f} d+ {p['d+']:+.2f} d- {p['d-']:+.2f}" for p in points)
+        cells = " | ".join(f"s{p['step']}: acc {p['acc']:.3f} tool {p['tool']:.2f} d+ {p['d+']:+.2f} "
+                           f"d- {p['d-']:+.2f}" for p in points)
         print(", ".join(f"{k} {v:g}" for k, v in setting.items()) + ": " + cells, flush=True)
     (workdir / "proxy.json").write_text(json.dumps({"command": " ".join(sys.argv), "pool_b_accuracy":
                                                     float(scorer.correct.mean()), "results": results}, indent=1))

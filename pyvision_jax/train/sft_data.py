@@ -44,12 +44,9 @@ def synthetic_sft_file(config: ml_collections.ConfigDict, workdir: str | os.Path
     if path.is_file():
         return path
     s = config.sft
-    for field in ("guess_share", "wrong_share"):
-        if not 0.0 <= s[field] <= 1.0:
-            raise ValueError(f"sft.{field} = {s[field]!r}: a share of the scripted plans, in [0, 1]")
-    if s.guess_share + s.wrong_share > 1.0:
-        raise ValueError(f"sft.guess_share + sft.wrong_share = {s.guess_share + s.wrong_share!r}: shares of "
-                         "the scripted plans, at most 1 together")
+    if min(s.guess_share, s.wrong_share) < 0 or s.guess_share + s.wrong_share > 1:
+        raise ValueError(f"sft.guess_share = {s.guess_share!r}, sft.wrong_share = {s.wrong_share!r}: shares of "
+                         "the scripted plans, each >= 0 and at most 1 together")
     kinds = wiring.str_tuple(config.data.synthetic_kinds, "data.synthetic_kinds")
     files = synthetic.generate_synthetic_suite(out_dir / "tasks", s.synthetic_per_kind, s.synthetic_seed, kinds)
     tasks = [task for file in files.values() for task in load_tasks(file).tasks]
