@@ -2,10 +2,10 @@
 
 Shapes. The engine owns ``max_batch`` decode slots sharing one KV cache [max_batch, S]. All
 jitted work runs on a few static shapes: prompts are left-padded to a length bucket and
-prefilled in batches of 1, 2, 4, ... up to ``max_batch`` rows; decoding always runs all slots
-for ``decode_chunk`` tokens (one ``lax.scan``); the cache length S is one of the length
-buckets plus ``decode_chunk``. New prompt lengths, new requests and new weights within those
-shapes never recompile (``trace_counts`` counts the traces of every jitted function).
+prefilled in batches of 1, 2, 4, ... up to ``max_batch`` rows; decoding runs the first 1, 2,
+4, ... slots that hold every occupied one for ``decode_chunk`` tokens (one ``lax.scan``); the
+cache length S is one of the length buckets plus ``decode_chunk``. New prompt lengths, new
+requests and new weights within those shapes never recompile (``trace_counts`` counts the traces of every jitted function).
 
 Cache layout: see ``pyvision_jax.rollout.slot_cache`` (slots right-aligned at one shared
 write column; rows shift left together, and the cache grows only when that is not enough).
@@ -41,6 +41,7 @@ from pyvision_jax.convert.names import TensorKind, hub_name, is_tied_lm_head, te
 from pyvision_jax.convert.tree import stack_tensors
 from pyvision_jax.models import KVCache, ModelConfig, ModelInputs, forward, prepare_inputs
 from pyvision_jax.models.rope_index import decode_position_ids
+from pyvision_jax.models.vision import window_units
 from pyvision_jax.processing.image import preprocess_images
 from pyvision_jax.agent.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
 from pyvision_jax.rollout.sampling import SamplingArrays, sample_tokens
@@ -113,14 +114,19 @@ class JaxEngine:
     state); ``tokenizer`` is used for the end-of-turn ids and to detect stop strings.
     ``length_buckets`` are the prompt lengths prefill pads to (and, plus ``decode_chunk``,
     the cache lengths); prompt + token limit must fit in the largest one. Prefill batches are
-    padded to one of ``prefill_batch_sizes`` (default 1, 2, 4, ... max_batch). The cache
+    padded to one of ``prefill_batch_sizes`` (default 1, 2, 4, ... max_batch). A decode chunk
+    runs only the first ``r`` slots, ``r`` the smallest of ``decode_batch_sizes`` (default:
+    the prefill sizes) holding the occupied ones; when an occupied slot lies past ``r`` the
+    occupied rows are first moved to the front (one jitted row gather), so that a call's
+    stragglers do not pay for the whole batch. The cache
     never has fewer than ``min_cache_length`` columns (rounded up to a cache length), which
     avoids growing, and compiling for, larger caches when the workload's lengths are known.
     """
 
     def __init__(self, config: ModelConfig, params: Any, tokenizer: Any, *, max_batch: int = 8,
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS, decode_chunk: int = 8,
-                 prefill_batch_sizes: Sequence[int] | None = None, min_cache_length: int = 0,
+                 prefill_batch_sizes: Sequence[int] | None = None,
+                 decode_batch_sizes: Sequence[int] | None = None, min_cache_length: int = 0,
                  compute_dtype: Any = jnp.float32, cache_dtype: Any = None, version: int = 0,
                  eos_token_ids: Iterable[int] | None = None):
         if max_batch < 1:
@@ -145,6 +151,10 @@ class JaxEngine:
         if self.prefill_batches[0] < 1 or self.prefill_batches[-1] != max_batch:
             raise ValueError(f"JaxEngine: prefill_batch_sizes must be positive and end at "
                              f"max_batch={max_batch}, got {prefill_batch_sizes}")
+        self.decode_batches = tuple(sorted({int(b) for b in decode_batch_sizes or self.prefill_batches}))
+        if self.decode_batches[0] < 1 or self.decode_batches[-1] != max_batch:
+            raise ValueError(f"JaxEngine: decode_batch_sizes must be positive and end at "
+                             f"max_batch={max_batch}, got {decode_batch_sizes}")
         self.trace_counts: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()
         self._kv = SlotCache(config, max_batch, buckets, decode_chunk, self.cache_dtype,
@@ -153,6 +163,7 @@ class JaxEngine:
         self._version = int(version)
         self._lock = threading.Lock()
         self._seed_source = np.random.default_rng()
+        self._vision_floor: dict[int, tuple[int, int]] = {}  # prefill batch -> (windows, merged)
         self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1,))
         self._decode = jax.jit(self._decode_impl, donate_argnums=(1,))
 
@@ -312,7 +323,7 @@ class JaxEngine:
             inputs["pixel_values"] = np.concatenate([j.pixel_values for j in with_images])
             inputs["image_grid_thw"] = np.concatenate([j.request.image_grid_thw
                                                        for j in with_images])
-        model_inputs, deltas = prepare_inputs(self.config, inputs)
+        model_inputs, deltas = self._prepare_held(batch, inputs)
         targets = np.full(batch, self.max_batch, np.int32)  # out of range: dropped
         targets[:len(joining)] = free[:len(joining)]
         keys = np.zeros((batch, 2), np.uint32)
@@ -334,24 +345,44 @@ class JaxEngine:
             self._accept(free[row], slots, int(tokens[row]), float(logprobs[row]), params,
                          results, version)
 
+    def _prepare_held(self, batch: int, inputs: dict) -> tuple[ModelInputs, np.ndarray]:
+        """Model inputs whose vision buckets never shrink for a prefill batch size: the
+        number of images varies from batch to batch, and each new vision shape would
+        compile the prefill anew."""
+        model_inputs, deltas = prepare_inputs(self.config, inputs, *self._vision_floor.get(batch, (1, 1)))
+        if model_inputs.layout is not None:
+            vision = self.config.vision
+            slots_per_window = window_units(vision) ** 2 * vision.merge_unit
+            self._vision_floor[batch] = (model_inputs.layout.patch_index.shape[0] // slots_per_window,
+                                         model_inputs.layout.merged_index.shape[0])
+        return model_inputs, deltas
+
     def _decode_chunk(self, slots: list[_Slot | None], settings: SamplingArrays,
                       params: SamplingParams, results: list[GenerationResult | None],
                       version: int) -> None:
-        """Runs `decode_chunk` tokens for every slot and hands each active slot its tokens."""
+        """Runs `decode_chunk` tokens for the first slots (a decode batch size holding every
+        occupied one, moved to the front if needed) and hands each active slot its tokens."""
         steps = self.decode_chunk
         self._kv.make_room(_lengths(slots), 0, steps)
-        active = np.array([s is not None for s in slots])
-        tokens = np.array([s.last_token if s else 0 for s in slots], np.int32)
-        positions = np.array([s.position if s else 0 for s in slots], np.int32)
-        counts = np.array([len(s.token_ids) if s else 0 for s in slots], np.int32)
-        keys = np.stack([s.job.key if s else np.zeros(2, np.uint32) for s in slots])
+        occupied = [i for i, s in enumerate(slots) if s is not None]
+        rows = smallest_bucket(len(occupied), self.decode_batches)
+        if occupied[-1] >= rows:
+            order = occupied + [i for i, s in enumerate(slots) if s is None]
+            self._kv.permute_rows(np.asarray(order, np.int32))
+            slots[:] = [slots[i] for i in order]
+        running = slots[:rows]
+        active = np.array([s is not None for s in running])
+        tokens = np.array([s.last_token if s else 0 for s in running], np.int32)
+        positions = np.array([s.position if s else 0 for s in running], np.int32)
+        counts = np.array([len(s.token_ids) if s else 0 for s in running], np.int32)
+        keys = np.stack([s.job.key if s else np.zeros(2, np.uint32) for s in running])
         self._kv.cache, new_tokens, new_logprobs = self._decode(
             self._params, self._kv.cache, jnp.asarray(tokens), jnp.asarray(positions),
             jnp.asarray(active), jnp.asarray(counts), jnp.asarray(keys), settings)
         self._kv.index += steps
         self.calls["decode"] += 1
         new_tokens, new_logprobs = np.asarray(new_tokens), np.asarray(new_logprobs)
-        for i, slot in enumerate(slots):
+        for i, slot in enumerate(running):
             if slot is None:
                 continue
             slot.length += steps
@@ -424,9 +455,14 @@ class JaxEngine:
     def _decode_impl(self, params: Any, cache: KVCache, tokens: jax.Array, positions: jax.Array,
                      active: jax.Array, counts: jax.Array, keys: jax.Array,
                      settings: SamplingArrays) -> tuple[KVCache, jax.Array, jax.Array]:
-        """`decode_chunk` steps for all slots: feed each slot's last token, sample the next."""
+        """`decode_chunk` steps for the first len(tokens) slots: feed each slot's last token,
+        sample the next. The other rows of the cache are kept as they are."""
         self.trace_counts["decode"] += 1
         typed_keys = jax.random.wrap_key_data(keys)
+        rows = tokens.shape[0]
+        full = cache
+        cache = KVCache(keys=full.keys[:, :rows], values=full.values[:, :rows],
+                        valid=full.valid[:rows], index=full.index)
 
         def step(carry: tuple[KVCache, jax.Array], t: jax.Array):
             cache, last = carry
@@ -440,6 +476,9 @@ class JaxEngine:
 
         (cache, _), (new_tokens, logprobs) = jax.lax.scan(
             step, (cache, tokens), jnp.arange(self.decode_chunk, dtype=jnp.int32))
+        cache = KVCache(keys=full.keys.at[:, :rows].set(cache.keys),
+                        values=full.values.at[:, :rows].set(cache.values),
+                        valid=full.valid.at[:rows].set(cache.valid), index=cache.index)
         return cache, new_tokens.T, logprobs.T
 
 

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pyvision_jax.models import KVCache, ModelConfig
 
@@ -52,11 +53,13 @@ class SlotCache:
         self.index = 0
         self._shift = jax.jit(self._shift_impl, donate_argnums=(0,))
         self._grow = jax.jit(self._grow_impl, static_argnums=(1,))
+        self._permute = jax.jit(self._permute_impl, donate_argnums=(0,))
 
     @property
     def compile_counts(self) -> dict[str, int]:
-        """Compiled executables of the shift and grow functions."""
-        return {"shift": self._shift._cache_size(), "grow": self._grow._cache_size()}
+        """Compiled executables of the shift, grow and row-permute functions."""
+        return {"shift": self._shift._cache_size(), "grow": self._grow._cache_size(),
+                "permute": self._permute._cache_size()}
 
     def capacity(self, needed: int) -> int:
         """The smallest cache length (bucket + decode_chunk) holding `needed` columns."""
@@ -96,6 +99,12 @@ class SlotCache:
             self.calls["shift"] += 1
             self.index = target
 
+    def permute_rows(self, order: np.ndarray) -> None:
+        """Row i of the cache becomes row order[i] (a permutation of the slots); columns and
+        the write index stay."""
+        self.cache = self._permute(self.cache, jnp.asarray(order))
+        self.calls["permute"] += 1
+
     def _grow_to(self, needed: int) -> None:
         self.cache = self._grow(self.cache, self.capacity(needed))
         self.calls["grow"] += 1
@@ -107,6 +116,11 @@ class SlotCache:
         roll = lambda x: jnp.roll(x, offset, axis=3)
         valid = jnp.roll(cache.valid, offset, axis=1) & (jnp.arange(cache.max_length) < index)[None, :]
         return KVCache(keys=roll(cache.keys), values=roll(cache.values), valid=valid, index=index)
+
+    def _permute_impl(self, cache: KVCache, order: jax.Array) -> KVCache:
+        self.trace_counts["permute"] += 1
+        return KVCache(keys=cache.keys[:, order], values=cache.values[:, order],
+                       valid=cache.valid[order], index=cache.index)
 
     def _grow_impl(self, cache: KVCache, length: int) -> KVCache:
         """The same cache with `length` columns (new ones empty and invalid)."""

@@ -172,6 +172,26 @@ def test_continuous_batching_completes_every_request_without_recompiling(model, 
     assert engine.compile_counts["decode"] == 1 and engine.compile_counts["shift"] <= 1
 
 
+def test_stragglers_decode_in_a_smaller_batch_moved_to_the_front(model, tokenizer):
+    """Slots 0-2 end after one chunk; slot 3 goes on alone in a decode batch of 1 (its cache
+    row moved to row 0), with the tokens the full batch would have given it."""
+    config, params = model
+    small = JaxEngine(config, params, tokenizer, max_batch=4, length_buckets=(512,),
+                      decode_chunk=CHUNK, prefill_batch_sizes=(4,), decode_batch_sizes=(1, 4),
+                      min_cache_length=512, eos_token_ids=())
+    requests = [GenerationRequest(f"q{i}", text_ids(tokenizer, f"question {i} about it"),
+                                  max_new_tokens=limit) for i, limit in enumerate((3, 2, 4, 17))]
+    for attempt in range(2):
+        results = small.generate(requests, SamplingParams(temperature=0.0, max_new_tokens=20))
+        for request, result in zip(requests, results):
+            assert len(result.token_ids) == request.max_new_tokens
+            assert_greedy(config, params, request, result)
+        assert small.calls["permute"] == attempt + 1
+        assert small.compile_counts["decode"] == 2 and small.compile_counts["permute"] == 1
+    with pytest.raises(ValueError, match="decode_batch_sizes"):
+        JaxEngine(config, params, tokenizer, max_batch=4, decode_batch_sizes=(1, 2))
+
+
 def test_long_generations_shift_the_cache_and_later_joins_stay_correct(model, tokenizer,
                                                                         engine):
     """More tokens than the cache's columns: rows are shifted left while others join."""
