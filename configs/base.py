@@ -142,8 +142,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.eps = 1e-8               # Adam's epsilon; far above the typical gradient entry it makes small,
                                      # noisy entries move less than the sign-like step Adam gives every entry
     c.train.grad_clip = 1.0
-    c.train.lr_multipliers = ()      # "REGEX=FACTOR" strings: updates of the parameters whose path
-                                     # ("model/norm/scale") matches are scaled by FACTOR; none in the recipe
     c.train.freeze_vision = True
     c.train.micro_batch = 4
     c.train.length_buckets = (512, 1024)
