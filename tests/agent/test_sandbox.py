@@ -274,7 +274,7 @@ def test_pool_hands_out_fresh_sandboxes_and_replaces_released_ones():
         assert len(started.namespaces) == 2
         prints = [footprint(second), started]
     for trace in prints:
-        assert_gone(trace)
+        assert_gone(trace, grace_s=30)  # closing two runtimes can take seconds on a loaded machine
     with pytest.raises(SandboxError, match="closed"):
         pool.acquire(timeout_s=1)
 
