@@ -5,7 +5,8 @@ jitted work runs on a few static shapes: prompts are left-padded to a length buc
 prefilled in batches of 1, 2, 4, ... up to ``max_batch`` rows; decoding runs the first 1, 2,
 4, ... slots that hold every occupied one for ``decode_chunk`` tokens (one ``lax.scan``); the
 cache length S is one of the length buckets plus ``decode_chunk``. New prompt lengths, new
-requests and new weights within those shapes never recompile (``trace_counts`` counts the traces of every jitted function).
+requests and new weights within those shapes never recompile (``trace_counts`` counts the
+traces of every jitted function).
 
 Cache layout: see ``pyvision_jax.rollout.slot_cache`` (slots right-aligned at one shared
 write column; rows shift left together, and the cache grows only when that is not enough).

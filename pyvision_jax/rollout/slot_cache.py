@@ -3,9 +3,10 @@
 Cache layout. The model's cache writes every call's tokens at one shared column ``index``.
 Each slot keeps its tokens right-aligned: its valid columns are ``[index - length, index)``.
 A joining request is prefilled into a small cache of its bucket length and copied into its
-slot ending at ``index`` (its leading padding may wrap to the row's free end); a decode
-chunk appends ``decode_chunk`` columns for every slot (inactive slots write masked, invalid
-columns). When the cache runs out of room, all rows are shifted left together until the
+slot ending at ``index`` (its leading padding may wrap to the row's free end; joining clears
+the row's stale columns); a decode chunk appends ``decode_chunk`` columns to the first rows,
+which hold every occupied slot (inactive ones write masked, invalid columns), and leaves the
+free rows after them as they are (``permute_rows`` moves occupied rows to the front). When the cache runs out of room, all rows are shifted left together until the
 longest active row starts at column 0 (one jitted roll), and only if that is not enough the
 cache grows to the next bucket. The cache length is always one of the length buckets plus
 ``decode_chunk``.
@@ -118,6 +119,7 @@ class SlotCache:
         return KVCache(keys=roll(cache.keys), values=roll(cache.values), valid=valid, index=index)
 
     def _permute_impl(self, cache: KVCache, order: jax.Array) -> KVCache:
+        """Gathers the rows of keys, values and validity in `order`."""
         self.trace_counts["permute"] += 1
         return KVCache(keys=cache.keys[:, order], values=cache.values[:, order],
                        valid=cache.valid[order], index=cache.index)
