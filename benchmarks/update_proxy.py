@@ -18,6 +18,10 @@ every 3 steps scores pool B's rollouts under the new policy:
   importance weights exp(d) (exact for small moves; limited to the 4 sampled rollouts a task).
 
 Settings are comma-separated key=value over: lr, eps (Adam), negative_weight, entropy_coef,
+min_entropy (policy gradient only on tokens of at least that entropy), norm_lr and rest_lr
+(factors on the updates of the final norm's scale and of every other parameter:
+`train.lr_multipliers`; the norm's scale sets the temperature of every next-token
+distribution at once, and rest_lr=0 trains it alone),
 seq_mean (1: `rl.loss_agg="seq-mean-token-mean"`, each rollout weighted alike; 0: the recipe's
 token-mean). `--hf-dir` starts from another HF checkpoint than the config's.
 Prints a table and writes WORKDIR/proxy.json.
@@ -47,7 +51,8 @@ from pyvision_jax.train.mesh import make_mesh  # noqa: E402
 from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings  # noqa: E402
 from pyvision_jax.train.step import StepConfig, make_train_step, micro_batch_logprobs, shard_batch  # noqa: E402
 
-KEYS = {"lr": 1e-4, "eps": 1e-8, "negative_weight": 1.0, "entropy_coef": 0.0, "seq_mean": 0.0}
+KEYS = {"lr": 1e-4, "eps": 1e-8, "negative_weight": 1.0, "entropy_coef": 0.0, "seq_mean": 0.0, "min_entropy": 0.0,
+        "norm_lr": 1.0, "rest_lr": 1.0}
 GROUPS_PER_STEP, DRAWN_PER_STEP, EVAL_EVERY = 4, 8, 3
 
 
@@ -117,13 +122,15 @@ class PoolScorer:
 
 def run_setting(setting, model, params, pool_a, scorer: PoolScorer, base: np.ndarray, steps: int,
                 batching: BatchingConfig) -> list[dict[str, float]]:
-    optimizer = make_optimizer(OptimizerConfig(lr=setting["lr"], eps=setting["eps"]))
+    multipliers = (("model/norm/scale", setting["norm_lr"]), (".*", setting["rest_lr"]))
+    optimizer = make_optimizer(OptimizerConfig(lr=setting["lr"], eps=setting["eps"], lr_multipliers=multipliers))
     mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
     state = init_train_state(params, optimizer, seed=0)
     shardings = state_shardings(state, param_logical_axes(model), mesh)
     state = jax.device_put(state, shardings)
     aggregation = "seq-mean-token-mean" if setting["seq_mean"] else "token-mean"
-    step_config = StepConfig(loss=PPOLossConfig(entropy_coef=setting["entropy_coef"], aggregation=aggregation))
+    step_config = StepConfig(loss=PPOLossConfig(entropy_coef=setting["entropy_coef"], aggregation=aggregation,
+                                                min_entropy=setting["min_entropy"]))
     train_step = make_train_step(model, step_config, optimizer, mesh, shardings, donate=False)
     selection = SelectionConfig(batch_groups=GROUPS_PER_STEP, negative_weight=setting["negative_weight"])
     floor, points = BatchShape(), []

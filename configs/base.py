@@ -115,6 +115,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.kl_coef = 0.0
     c.rl.entropy_coef = 0.0          # the loss subtracts coef x token entropy: > 0 an entropy bonus, < 0
                                      # entropy minimisation (sharpens the policy towards its mode)
+    c.rl.min_entropy = 0.0           # > 0: policy gradient only on tokens of at least this entropy (nats),
+                                     # the forking tokens; 0: every generated token (the recipe)
     c.rl.importance_sampling = "none"  # off-policy correction of stale groups (decoupled PPO): "token" or
                                      # "sequence" weights exp(proximal - behaviour logprobs), truncated
                                      # at rl.is_truncation; needs train.old_logprobs="current"
@@ -142,6 +144,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.eps = 1e-8               # Adam's epsilon; far above the typical gradient entry it makes small,
                                      # noisy entries move less than the sign-like step Adam gives every entry
     c.train.grad_clip = 1.0
+    c.train.lr_multipliers = ()      # "REGEX=FACTOR" strings: updates of the parameters whose path
+                                     # ("model/norm/scale") matches are scaled by FACTOR; none in the recipe
     c.train.freeze_vision = True
     c.train.micro_batch = 4
     c.train.length_buckets = (512, 1024)

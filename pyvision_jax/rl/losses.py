@@ -46,12 +46,17 @@ class PPOLossConfig:
     kl_coef: float = 0.0
     kl_estimator: Literal["k1", "k3"] = "k3"
     entropy_coef: float = 0.0
+    min_entropy: float = 0.0
+    """Policy-gradient terms only on tokens whose entropy (nats, under the current policy) is at
+    least this: the "forking" tokens where sampled rollouts part ways (Wang et al. 2025, "Beyond
+    the 80/20 rule"). Other tokens stay in the denominator and get no gradient. 0 trains all."""
 
     @classmethod
     def from_config(cls, rl) -> "PPOLossConfig":
         """From the `rl` config section (dual_clip 0 disables the dual clip)."""
         return cls(eps_low=rl.eps_low, eps_high=rl.eps_high, dual_clip=rl.dual_clip or None,
                    aggregation=rl.loss_agg, kl_coef=rl.kl_coef, entropy_coef=rl.entropy_coef,
+                   min_entropy=rl.min_entropy,
                    importance_sampling=rl.importance_sampling, is_truncation=rl.is_truncation)
 
     def __post_init__(self):
@@ -72,6 +77,8 @@ class PPOLossConfig:
             problems.append(f"is_truncation={self.is_truncation} must be > 0")
         if self.kl_estimator not in KL_ESTIMATORS:
             problems.append(f"kl_estimator={self.kl_estimator!r} must be one of {KL_ESTIMATORS}")
+        if self.min_entropy < 0:
+            problems.append(f"min_entropy={self.min_entropy} must be >= 0")
         if problems:
             raise ValueError("PPOLossConfig: " + "; ".join(problems))
 
@@ -85,6 +92,8 @@ class PPOMetrics(NamedTuple):
     approx_kl_sum: jax.Array
     """Sum of the k3 estimate exp(old - new) - (old - new) - 1 of KL(new || old)."""
     entropy_sum: jax.Array
+    trained_tokens: jax.Array
+    """Loss tokens that carry a policy-gradient term (all of them unless `min_entropy` > 0)."""
     is_ratio_sum: jax.Array
     """Sum of the untruncated IS ratio exp(old - behaviour) (1 without behaviour logprobs)."""
     is_ratio_min: jax.Array
@@ -122,7 +131,8 @@ def ppo_loss(
       config: static settings (hashable; pass with functools.partial or static_argnames).
       behaviour_logprobs: [B, T] from the rollout engine; needed for `importance_sampling`.
       ref_logprobs: [B, T] of the reference policy; needed when `kl_coef` > 0.
-      entropy: [B, T] per-token policy entropy; needed when `entropy_coef` > 0, reported if given.
+      entropy: [B, T] per-token policy entropy; needed when `entropy_coef` or `min_entropy` > 0,
+        reported if given.
 
     Positions outside `loss_mask` never influence the result, whatever they hold.
     """
@@ -144,6 +154,13 @@ def ppo_loss(
         dual_bound = -advantages * config.dual_clip
         dual_clipped = (advantages < 0) & (dual_bound < token_loss)
         token_loss = jnp.where(advantages < 0, jnp.minimum(token_loss, dual_bound), token_loss)
+
+    trained = mask
+    if config.min_entropy:
+        if entropy is None:
+            raise ValueError(f"ppo_loss: min_entropy={config.min_entropy} needs entropy")
+        trained = mask & (jax.lax.stop_gradient(jnp.asarray(entropy, jnp.float32)) >= config.min_entropy)
+        token_loss = jnp.where(trained, token_loss, 0.0)
 
     is_ratio = jnp.ones((batch, length), jnp.float32)
     if behaviour_logprobs is not None:
@@ -207,6 +224,7 @@ def ppo_loss(
         dual_clipped_tokens=_masked_sum(dual_clipped.astype(jnp.float32), mask),
         approx_kl_sum=_masked_sum(approx_kl, mask),
         entropy_sum=entropy_values.sum(),
+        trained_tokens=trained.sum().astype(jnp.float32),
         is_ratio_sum=_masked_sum(is_ratio, mask),
         is_ratio_min=jnp.where(mask, is_ratio, jnp.inf).min(),
         is_ratio_max=jnp.where(mask, is_ratio, -jnp.inf).max(),
@@ -222,6 +240,7 @@ def combine_metrics(first: PPOMetrics, second: PPOMetrics) -> PPOMetrics:
         dual_clipped_tokens=first.dual_clipped_tokens + second.dual_clipped_tokens,
         approx_kl_sum=first.approx_kl_sum + second.approx_kl_sum,
         entropy_sum=first.entropy_sum + second.entropy_sum,
+        trained_tokens=first.trained_tokens + second.trained_tokens,
         is_ratio_sum=first.is_ratio_sum + second.is_ratio_sum,
         is_ratio_min=jnp.minimum(first.is_ratio_min, second.is_ratio_min),
         is_ratio_max=jnp.maximum(first.is_ratio_max, second.is_ratio_max),
@@ -236,6 +255,7 @@ def summarize_metrics(metrics: PPOMetrics) -> dict[str, jax.Array]:
         "dual_clip_fraction": metrics.dual_clipped_tokens / count,
         "approx_kl": metrics.approx_kl_sum / count,
         "entropy": metrics.entropy_sum / count,
+        "trained_token_fraction": metrics.trained_tokens / count,
         "is_ratio_mean": metrics.is_ratio_sum / count,
         "is_ratio_min": metrics.is_ratio_min,
         "is_ratio_max": metrics.is_ratio_max,

@@ -31,6 +31,8 @@ END_REASON_PREFIX = "end_reason/"
 
 ACTOR_LOSS = "actor/loss"
 ACTOR_LOSS_TOKENS = "actor/loss_tokens"
+ACTOR_TRAINED_TOKEN_FRAC = "actor/trained_token_frac"
+"""Share of loss tokens with a policy-gradient term (below 1 only with `rl.min_entropy`)."""
 ACTOR_UPDATED = "actor/updated"
 ACTOR_SKIPPED_NONFINITE = "actor/skipped_nonfinite"
 FILTER_GEN_ROUNDS = "filter/gen_rounds"
@@ -71,6 +73,7 @@ TRAINER_SCALARS: tuple[str, ...] = (
     VERSION_STALENESS_MAX,
     ACTOR_LOSS,
     ACTOR_LOSS_TOKENS,
+    ACTOR_TRAINED_TOKEN_FRAC,
     ACTOR_UPDATED,
     ACTOR_SKIPPED_NONFINITE,
     FILTER_GEN_ROUNDS,

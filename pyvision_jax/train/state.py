@@ -8,6 +8,7 @@ gradient or Adam memory.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import jax
@@ -38,14 +39,18 @@ class OptimizerConfig:
     """Length of the decay for "cosine"/"linear" (to 0 after warmup)."""
     frozen_prefixes: tuple[str, ...] = ("visual",)
     """Top-level parameter groups that are not trained (default: the vision tower)."""
+    lr_multipliers: tuple[tuple[str, float], ...] = ()
+    """(regex, factor): the update of every parameter whose path ("model/norm/scale") the
+    regex matches is multiplied by factor (the first match wins); none by default."""
 
     @classmethod
     def from_config(cls, train: Any, frozen_prefixes: tuple[str, ...]) -> "OptimizerConfig":
-        """From the `train` config section."""
+        """From the `train` config section (`lr_multipliers` as "REGEX=FACTOR" strings)."""
         return cls(lr=train.lr, b1=train.b1, b2=train.b2, eps=train.eps, weight_decay=train.weight_decay,
                    grad_clip=train.grad_clip,
                    schedule=train.schedule, warmup_steps=train.warmup_steps, total_steps=train.steps,
-                   frozen_prefixes=frozen_prefixes)
+                   frozen_prefixes=frozen_prefixes,
+                   lr_multipliers=tuple(parse_multiplier(text) for text in train.get("lr_multipliers", ())))
 
     def __post_init__(self) -> None:
         problems = []
@@ -62,8 +67,27 @@ class OptimizerConfig:
         if self.warmup_steps < 0 or self.total_steps < 1:
             problems.append(f"warmup_steps={self.warmup_steps} must be >= 0 and total_steps="
                             f"{self.total_steps} >= 1")
+        for pattern, factor in self.lr_multipliers:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                problems.append(f"lr_multipliers: {pattern!r} is not a regex ({error})")
+            if not factor >= 0:
+                problems.append(f"lr_multipliers: factor {factor} of {pattern!r} must be >= 0")
         if problems:
             raise ValueError("OptimizerConfig: " + "; ".join(problems))
+
+
+def parse_multiplier(text: str) -> tuple[str, float]:
+    """"REGEX=FACTOR" (the config's form of one `lr_multipliers` entry) -> (regex, factor)."""
+    pattern, sep, factor = str(text).rpartition("=")
+    try:
+        if not sep or not pattern:
+            raise ValueError
+        return pattern, float(factor)
+    except ValueError:
+        raise ValueError(f"train.lr_multipliers: {text!r} must be REGEX=FACTOR, e.g. "
+                         f"'model/norm/scale=10'") from None
 
 
 class TrainState(struct.PyTreeNode):
@@ -110,7 +134,25 @@ def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
         parts.append(optax.clip_by_global_norm(config.grad_clip))
     parts.append(optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2,
                              eps=config.eps, weight_decay=config.weight_decay))
+    if config.lr_multipliers:
+        parts.append(scale_by_path(config.lr_multipliers))
     return optax.chain(*parts)
+
+
+def scale_by_path(multipliers: tuple[tuple[str, float], ...]) -> optax.GradientTransformation:
+    """Multiplies each update by the factor of the first regex its path matches (else 1)."""
+    compiled = [(re.compile(pattern), float(factor)) for pattern, factor in multipliers]
+
+    def factor_of(path: Any) -> float:
+        name = "/".join(_path_keys(path))
+        return next((factor for regex, factor in compiled if regex.search(name)), 1.0)
+
+    def update(updates: Any, state: optax.EmptyState, params: Any = None) -> tuple[Any, optax.EmptyState]:
+        scaled = jax.tree_util.tree_map_with_path(
+            lambda path, u: u if factor_of(path) == 1.0 else u * factor_of(path), updates)
+        return scaled, state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 def init_train_state(params: Any, optimizer: optax.GradientTransformation, seed: int,

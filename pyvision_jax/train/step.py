@@ -219,7 +219,7 @@ def frozen_vision_features(model_config: ModelConfig, step_config: StepConfig, p
 def _empty_metrics() -> PPOMetrics:
     zero = jnp.zeros((), jnp.float32)
     return PPOMetrics(token_count=zero, clipped_tokens=zero, dual_clipped_tokens=zero, approx_kl_sum=zero,
-                      entropy_sum=zero, is_ratio_sum=zero, is_ratio_min=jnp.array(jnp.inf, jnp.float32),
+                      entropy_sum=zero, trained_tokens=zero, is_ratio_sum=zero, is_ratio_min=jnp.array(jnp.inf, jnp.float32),
                       is_ratio_max=jnp.array(-jnp.inf, jnp.float32))
 
 
@@ -307,7 +307,8 @@ def train_step(model_config: ModelConfig, step_config: StepConfig, optimizer: op
         "loss": first["loss"], "grad_norm": first["grad_norm"], "loss_tokens": first["metrics"].token_count,
         "denominator": first["denominator"], "updated": first["apply"].astype(jnp.float32),
         "nonfinite": (~first["finite"]).astype(jnp.float32), "skipped_updates": new_state.skipped_updates,
-        "entropy": summary["entropy"], "clip_fraction": moved["clip_fraction"],
+        "entropy": summary["entropy"], "trained_token_fraction": summary["trained_token_fraction"],
+        "clip_fraction": moved["clip_fraction"],
         "approx_kl": moved["approx_kl"], "is_ratio_max": jnp.where(has_tokens, moved["is_ratio_max"], 1.0),
         "is_ratio_mean": jnp.where(has_tokens, moved["is_ratio_mean"], 1.0),
     }

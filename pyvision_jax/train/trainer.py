@@ -285,6 +285,7 @@ class Trainer:
             tags.VERSION_STALENESS_MEAN: float(np.mean([step - v for v in versions])) if versions else 0.0,
             tags.VERSION_STALENESS_MAX: float(max([step - v for v in versions], default=0)),
             tags.ACTOR_LOSS: out["loss"], tags.ACTOR_LOSS_TOKENS: out["loss_tokens"],
+            tags.ACTOR_TRAINED_TOKEN_FRAC: out["trained_token_fraction"],
             tags.ACTOR_UPDATED: out["updated"], tags.ACTOR_SKIPPED_NONFINITE: out["skipped_updates"],
             tags.FILTER_GEN_ROUNDS: rounds, tags.FILTER_GROUPS_DRAWN: len(pool.groups),
             tags.FILTER_ELIGIBLE: selected.counts.eligible, tags.BATCH_LENGTH: stats.length,

@@ -111,6 +111,8 @@ def ppo_loss(logprobs, old, advantages, mask, config, behaviour=None, ref=None, 
                                   config.eps_low, config.eps_high, config.dual_clip)
             ratio = math.exp(logprobs[b, t] - old[b, t])
             clipped_tokens += -a * min(max(ratio, 1 - config.eps_low), 1 + config.eps_high) > -a * ratio
+            if entropy is not None and entropy[b, t] < config.min_entropy:
+                loss = 0.0  # below the forking threshold: no policy-gradient term
             if config.importance_sampling == "token":
                 loss *= min(math.exp(old[b, t] - behaviour[b, t]), config.is_truncation)
             elif config.importance_sampling == "sequence":

@@ -16,6 +16,7 @@ CONFIGS = [
     PPOLossConfig(importance_sampling="token", is_truncation=1.5, kl_coef=0.05, kl_estimator="k1"),
     PPOLossConfig(importance_sampling="sequence", kl_coef=0.1, kl_estimator="k3", entropy_coef=0.01,
                   aggregation="seq-mean-token-mean"),
+    PPOLossConfig(min_entropy=1.0, kl_coef=0.05, entropy_coef=-0.1),
 ]
 
 
@@ -172,6 +173,26 @@ def test_jit_equals_eager():
     eager, jitted = run(CONFIGS[4], data, fn=ppo_loss), run(CONFIGS[4], data)
     for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_min_entropy_trains_only_the_forking_tokens():
+    """Tokens below the entropy threshold get no policy gradient but stay in the denominator."""
+    data = random_tokens(1)
+    config = PPOLossConfig(min_entropy=1.0)
+    forking = data["mask"] & (data["entropy"] >= 1.0)
+    assert forking.any() and (data["mask"] & ~forking).any()
+    grad = np.asarray(loss_grad(*(data[k] for k in GRAD_KEYS), config=config))
+    assert not grad[~forking].any() and grad[forking].any()
+    out, everything = run(config, data), run(PPOLossConfig(), data)
+    assert float(out.metrics.trained_tokens) == forking.sum()
+    assert float(everything.metrics.trained_tokens) == data["mask"].sum()
+    assert float(out.denominator) == float(everything.denominator) == data["mask"].sum()
+    fraction = summarize_metrics(out.metrics)["trained_token_fraction"]
+    np.testing.assert_allclose(fraction, forking.sum() / data["mask"].sum(), rtol=1e-6)
+    with pytest.raises(ValueError, match="min_entropy=1.0 needs entropy"):
+        ppo_loss(data["logprobs"], data["old"], data["advantages"], data["mask"], config)
+    with pytest.raises(ValueError, match="min_entropy=-1"):
+        PPOLossConfig(min_entropy=-1)
 
 
 def test_bad_settings_raise_clear_errors():

@@ -215,3 +215,25 @@ def test_ppo_epochs_are_successive_updates_against_the_fixed_behaviour_logprobs(
     np.testing.assert_allclose(out["clip_fraction"], last["clip_fraction"], rtol=1e-5, atol=1e-7)  # of the last
     with pytest.raises(ValueError, match="train.ppo_epochs=2.*old_logprobs='behaviour'"):
         StepConfig(old_logprobs="current", ppo_epochs=2)
+
+
+def test_lr_multipliers_scale_the_update_of_matching_parameters_only():
+    params = {"model": {"norm": {"scale": jnp.ones(4)}, "layers": {"kernel": jnp.ones((2, 4))}}}
+    grads = jax.tree.map(lambda p: jnp.full(p.shape, 0.5), params)
+    updates = {}
+    for factor in (1.0, 10.0):
+        config = OptimizerConfig(lr=1e-3, weight_decay=0.0, lr_multipliers=(("model/norm", factor),))
+        optimizer = make_optimizer(config)
+        updates[factor], _ = optimizer.update(grads, optimizer.init(params), params)
+    np.testing.assert_allclose(updates[10.0]["model"]["norm"]["scale"],
+                               10.0 * updates[1.0]["model"]["norm"]["scale"], rtol=1e-6)
+    np.testing.assert_array_equal(updates[10.0]["model"]["layers"]["kernel"],
+                                  updates[1.0]["model"]["layers"]["kernel"])
+    train = base_config().train
+    train.lr_multipliers = ("model/norm/scale=30",)
+    assert OptimizerConfig.from_config(train, ()).lr_multipliers == (("model/norm/scale", 30.0),)
+    train.lr_multipliers = ("model/norm",)
+    with pytest.raises(ValueError, match="REGEX=FACTOR"):
+        OptimizerConfig.from_config(train, ())
+    with pytest.raises(ValueError, match="not a regex"):
+        OptimizerConfig(lr_multipliers=(("model/(norm", 2.0),))
