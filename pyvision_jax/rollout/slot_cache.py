@@ -6,9 +6,10 @@ A joining request is prefilled into a small cache of its bucket length and copie
 slot ending at ``index`` (its leading padding may wrap to the row's free end; joining clears
 the row's stale columns); a decode chunk appends ``decode_chunk`` columns to the first rows,
 which hold every occupied slot (inactive ones write masked, invalid columns), and leaves the
-free rows after them as they are (``permute_rows`` moves occupied rows to the front). When the cache runs out of room, all rows are shifted left together until the
-longest active row starts at column 0 (one jitted roll), and only if that is not enough the
-cache grows to the next bucket. The cache length is always one of the length buckets plus
+free rows after them as they are (``permute_rows`` moves occupied rows to the front). When the
+cache runs out of room, all rows are shifted left together until the longest active row starts
+at column 0 (one jitted roll), and only if that is not enough the cache grows to the next
+bucket. The cache length is always one of the length buckets plus
 ``decode_chunk``.
 """
 

@@ -148,9 +148,7 @@ def scale_by_path(multipliers: tuple[tuple[str, float], ...]) -> optax.GradientT
         return next((factor for regex, factor in compiled if regex.search(name)), 1.0)
 
     def update(updates: Any, state: optax.EmptyState, params: Any = None) -> tuple[Any, optax.EmptyState]:
-        scaled = jax.tree_util.tree_map_with_path(
-            lambda path, u: u if factor_of(path) == 1.0 else u * factor_of(path), updates)
-        return scaled, state
+        return jax.tree_util.tree_map_with_path(lambda path, u: u * factor_of(path), updates), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 

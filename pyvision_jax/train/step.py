@@ -219,8 +219,8 @@ def frozen_vision_features(model_config: ModelConfig, step_config: StepConfig, p
 def _empty_metrics() -> PPOMetrics:
     zero = jnp.zeros((), jnp.float32)
     return PPOMetrics(token_count=zero, clipped_tokens=zero, dual_clipped_tokens=zero, approx_kl_sum=zero,
-                      entropy_sum=zero, trained_tokens=zero, is_ratio_sum=zero, is_ratio_min=jnp.array(jnp.inf, jnp.float32),
-                      is_ratio_max=jnp.array(-jnp.inf, jnp.float32))
+                      entropy_sum=zero, trained_tokens=zero, is_ratio_sum=zero,
+                      is_ratio_min=jnp.array(jnp.inf, jnp.float32), is_ratio_max=jnp.array(-jnp.inf, jnp.float32))
 
 
 def loss_and_grads(model_config: ModelConfig, step_config: StepConfig, params: Any,
