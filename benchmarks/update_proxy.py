@@ -21,7 +21,8 @@ Settings are comma-separated key=value over: lr, eps (Adam), negative_weight, en
 min_entropy (policy gradient only on tokens of at least that entropy), norm_lr and rest_lr
 (factors on the updates of the final norm's scale and of every other parameter:
 `train.lr_multipliers`; the norm's scale sets the temperature of every next-token
-distribution at once, and rest_lr=0 trains it alone),
+distribution at once, and rest_lr=0 trains it alone), uniform_norm (1: the norm's scale moves
+all its entries by one shared amount, `train.uniform_updates`: a trained temperature),
 seq_mean (1: `rl.loss_agg="seq-mean-token-mean"`, each rollout weighted alike; 0: the recipe's
 token-mean). `--hf-dir` starts from another HF checkpoint than the config's.
 Prints a table and writes WORKDIR/proxy.json.
@@ -52,7 +53,7 @@ from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_opt
 from pyvision_jax.train.step import StepConfig, make_train_step, micro_batch_logprobs, shard_batch  # noqa: E402
 
 KEYS = {"lr": 1e-4, "eps": 1e-8, "negative_weight": 1.0, "entropy_coef": 0.0, "seq_mean": 0.0, "min_entropy": 0.0,
-        "norm_lr": 1.0, "rest_lr": 1.0}
+        "norm_lr": 1.0, "rest_lr": 1.0, "uniform_norm": 0.0}
 GROUPS_PER_STEP, DRAWN_PER_STEP, EVAL_EVERY = 4, 8, 3
 
 
@@ -123,7 +124,9 @@ class PoolScorer:
 def run_setting(setting, model, params, pool_a, scorer: PoolScorer, base: np.ndarray, steps: int,
                 batching: BatchingConfig) -> list[dict[str, float]]:
     multipliers = (("model/norm/scale", setting["norm_lr"]), (".*", setting["rest_lr"]))
-    optimizer = make_optimizer(OptimizerConfig(lr=setting["lr"], eps=setting["eps"], lr_multipliers=multipliers))
+    uniform = ("model/norm/scale",) if setting["uniform_norm"] else ()
+    optimizer = make_optimizer(OptimizerConfig(lr=setting["lr"], eps=setting["eps"], lr_multipliers=multipliers,
+                                               uniform_updates=uniform))
     mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
     state = init_train_state(params, optimizer, seed=0)
     shardings = state_shardings(state, param_logical_axes(model), mesh)

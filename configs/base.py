@@ -146,6 +146,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.grad_clip = 1.0
     c.train.lr_multipliers = ()      # "REGEX=FACTOR" strings: updates of the parameters whose path
                                      # ("model/norm/scale") matches are scaled by FACTOR; none in the recipe
+    c.train.uniform_updates = ()     # regexes: each matching parameter moves all its entries by one shared
+                                     # amount (its gradient's mean); none in the recipe
     c.train.freeze_vision = True
     c.train.micro_batch = 4
     c.train.length_buckets = (512, 1024)

@@ -25,12 +25,15 @@ def get_config() -> ml_collections.ConfigDict:
     c.sandbox.pool_size = 4
     c.rollout.length_buckets = (512, 1024)
     c.train.length_buckets = (1024,)
-    # Only the final norm's scale is trained (every other update is multiplied by 0): it sets the
-    # temperature of every next-token distribution at once, and sharpening is the one update that
-    # carries over to new tasks at this scale (README, "Learning dynamics"). The whole model at any
-    # step size either does not move (1e-4) or drifts off its own samples (3e-4 and up).
-    c.train.lr = 0.5
+    # Only the temperature is trained: the final norm's scale, every entry moved by one shared
+    # amount (its entries are nearly equal after SFT, so this divides every logit by one number),
+    # and every other update multiplied by 0. Sharpening is the one update that carries over to new
+    # tasks at this scale (README, "Learning dynamics"); the whole model at any step size either
+    # does not move (1e-4) or drifts off its own samples (3e-4 and up), and the norm's scale
+    # trained entry by entry reshapes the logits instead of sharpening them.
+    c.train.lr = 1.0
     c.train.lr_multipliers = ("model/norm/scale=1", ".*=0")
+    c.train.uniform_updates = ("model/norm/scale",)
     c.rl.batch_groups = 4
     c.eval.max_new_tokens_per_turn = 384
     c.eval.heldout_per_kind = 8

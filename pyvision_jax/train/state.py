@@ -42,6 +42,11 @@ class OptimizerConfig:
     lr_multipliers: tuple[tuple[str, float], ...] = ()
     """(regex, factor): the update of every parameter whose path ("model/norm/scale") the
     regex matches is multiplied by factor (the first match wins); none by default."""
+    uniform_updates: tuple[str, ...] = ()
+    """Regexes: every parameter whose path one matches gets its gradient replaced by the mean
+    over its entries, so all its entries move by one shared amount (a scalar offset). On a
+    final norm's scale, whose entries are nearly equal after training, that trains the
+    temperature of every next-token distribution and nothing else."""
 
     @classmethod
     def from_config(cls, train: Any, frozen_prefixes: tuple[str, ...]) -> "OptimizerConfig":
@@ -50,7 +55,8 @@ class OptimizerConfig:
                    grad_clip=train.grad_clip,
                    schedule=train.schedule, warmup_steps=train.warmup_steps, total_steps=train.steps,
                    frozen_prefixes=frozen_prefixes,
-                   lr_multipliers=tuple(parse_multiplier(text) for text in train.get("lr_multipliers", ())))
+                   lr_multipliers=tuple(parse_multiplier(text) for text in train.get("lr_multipliers", ())),
+                   uniform_updates=tuple(str(text) for text in train.get("uniform_updates", ())))
 
     def __post_init__(self) -> None:
         problems = []
@@ -74,6 +80,11 @@ class OptimizerConfig:
                 problems.append(f"lr_multipliers: {pattern!r} is not a regex ({error})")
             if not factor >= 0:
                 problems.append(f"lr_multipliers: factor {factor} of {pattern!r} must be >= 0")
+        for pattern in self.uniform_updates:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                problems.append(f"uniform_updates: {pattern!r} is not a regex ({error})")
         if problems:
             raise ValueError("OptimizerConfig: " + "; ".join(problems))
 
@@ -128,8 +139,11 @@ def split_trainable(params: Any, frozen_prefixes: tuple[str, ...]) -> tuple[dict
 
 
 def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
-    """Global-norm clip (when grad_clip > 0), then AdamW with the configured schedule."""
+    """Gradient means (`uniform_updates`), global-norm clip (when grad_clip > 0), then AdamW
+    with the configured schedule and the `lr_multipliers`."""
     parts = []
+    if config.uniform_updates:
+        parts.append(mean_by_path(config.uniform_updates))
     if config.grad_clip > 0:
         parts.append(optax.clip_by_global_norm(config.grad_clip))
     parts.append(optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2,
@@ -149,6 +163,21 @@ def scale_by_path(multipliers: tuple[tuple[str, float], ...]) -> optax.GradientT
 
     def update(updates: Any, state: optax.EmptyState, params: Any = None) -> tuple[Any, optax.EmptyState]:
         return jax.tree_util.tree_map_with_path(lambda path, u: u * factor_of(path), updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def mean_by_path(patterns: tuple[str, ...]) -> optax.GradientTransformation:
+    """Replaces each gradient whose path a regex matches by its mean, broadcast to its shape."""
+    compiled = [re.compile(pattern) for pattern in patterns]
+
+    def matches(path: Any) -> bool:
+        name = "/".join(_path_keys(path))
+        return any(regex.search(name) for regex in compiled)
+
+    def update(updates: Any, state: optax.EmptyState, params: Any = None) -> tuple[Any, optax.EmptyState]:
+        return jax.tree_util.tree_map_with_path(
+            lambda path, u: jnp.full_like(u, jnp.mean(u)) if matches(path) else u, updates), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 

@@ -237,3 +237,27 @@ def test_lr_multipliers_scale_the_update_of_matching_parameters_only():
         OptimizerConfig.from_config(train, ())
     with pytest.raises(ValueError, match="not a regex"):
         OptimizerConfig(lr_multipliers=(("model/(norm", 2.0),))
+
+
+def test_uniform_updates_move_every_entry_of_matching_parameters_by_one_shared_amount():
+    params = {"model": {"norm": {"scale": jnp.ones(4)}, "layers": {"kernel": jnp.ones((2, 4))}}}
+    grads = {"model": {"norm": {"scale": jnp.array([0.4, -0.1, 0.2, 0.3])},
+                       "layers": {"kernel": jnp.array([[0.4, -0.1, 0.2, 0.3]] * 2)}}}
+    config = OptimizerConfig(lr=1e-2, weight_decay=0.0, grad_clip=0.0, uniform_updates=("model/norm",))
+    optimizer = make_optimizer(config)
+    state = optimizer.init(params)
+    for _ in range(3):
+        updates, state = optimizer.update(grads, state, params)
+    scale = np.asarray(updates["model"]["norm"]["scale"])
+    np.testing.assert_allclose(scale, np.full(4, scale[0]), rtol=1e-6)
+    assert scale[0] < 0  # the mean gradient (0.2) is positive: every entry moves down
+    plain_optimizer = make_optimizer(dataclasses.replace(config, uniform_updates=()))
+    plain = np.asarray(plain_optimizer.update(grads, plain_optimizer.init(params), params)[0]["model"]["norm"]["scale"])
+    assert plain[1] > 0 > plain[0]  # without it, entries follow their own gradient's sign
+    kernel = np.asarray(updates["model"]["layers"]["kernel"])
+    assert kernel[0, 1] > 0 > kernel[0, 0]
+    train = base_config().train
+    train.uniform_updates = ("model/norm/scale",)
+    assert OptimizerConfig.from_config(train, ()).uniform_updates == ("model/norm/scale",)
+    with pytest.raises(ValueError, match="uniform_updates.*not a regex"):
+        OptimizerConfig(uniform_updates=("model/(norm",))
