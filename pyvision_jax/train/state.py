@@ -74,17 +74,11 @@ class OptimizerConfig:
             problems.append(f"warmup_steps={self.warmup_steps} must be >= 0 and total_steps="
                             f"{self.total_steps} >= 1")
         for pattern, factor in self.lr_multipliers:
-            try:
-                re.compile(pattern)
-            except re.error as error:
-                problems.append(f"lr_multipliers: {pattern!r} is not a regex ({error})")
+            problems += _regex_problems("lr_multipliers", pattern)
             if not factor >= 0:
                 problems.append(f"lr_multipliers: factor {factor} of {pattern!r} must be >= 0")
         for pattern in self.uniform_updates:
-            try:
-                re.compile(pattern)
-            except re.error as error:
-                problems.append(f"uniform_updates: {pattern!r} is not a regex ({error})")
+            problems += _regex_problems("uniform_updates", pattern)
         if problems:
             raise ValueError("OptimizerConfig: " + "; ".join(problems))
 
@@ -158,7 +152,7 @@ def scale_by_path(multipliers: tuple[tuple[str, float], ...]) -> optax.GradientT
     compiled = [(re.compile(pattern), float(factor)) for pattern, factor in multipliers]
 
     def factor_of(path: Any) -> float:
-        name = "/".join(_path_keys(path))
+        name = _path_name(path)
         return next((factor for regex, factor in compiled if regex.search(name)), 1.0)
 
     def update(updates: Any, state: optax.EmptyState, params: Any = None) -> tuple[Any, optax.EmptyState]:
@@ -172,7 +166,7 @@ def mean_by_path(patterns: tuple[str, ...]) -> optax.GradientTransformation:
     compiled = [re.compile(pattern) for pattern in patterns]
 
     def matches(path: Any) -> bool:
-        name = "/".join(_path_keys(path))
+        name = _path_name(path)
         return any(regex.search(name) for regex in compiled)
 
     def update(updates: Any, state: optax.EmptyState, params: Any = None) -> tuple[Any, optax.EmptyState]:
@@ -214,3 +208,16 @@ def state_shardings(state: TrainState, param_axes: Any, mesh: Mesh) -> TrainStat
 
 def _path_keys(path: Any) -> tuple[str, ...]:
     return tuple(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+
+
+def _path_name(path: Any) -> str:
+    """A pytree path as the regexes of `lr_multipliers` and `uniform_updates` see it."""
+    return "/".join(_path_keys(path))
+
+
+def _regex_problems(field: str, pattern: str) -> list[str]:
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        return [f"{field}: {pattern!r} is not a regex ({error})"]
+    return []
