@@ -18,13 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-import jax
 from absl import app, flags
 from ml_collections import config_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pyvision_jax import wiring  # noqa: E402
 from pyvision_jax.eval.ablations import VARIANTS, run_variant  # noqa: E402
 from pyvision_jax.eval.dynamics_figures import plot_dynamics, results_table  # noqa: E402
 from pyvision_jax.eval.heldout import evaluate_heldout  # noqa: E402
@@ -50,8 +50,7 @@ def main(argv: list[str]) -> None:
         raise app.UsageError("the config has no held-out set: set --config.eval.heldout_per_kind > 0")
     workdir.mkdir(parents=True, exist_ok=True)
     # each segment and evaluation builds its engine and train step anew: compile each shape once
-    jax.config.update("jax_compilation_cache_dir", str(workdir / "jax_cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    wiring.use_compilation_cache(workdir)
     start = time.perf_counter()
     before = evaluate_heldout(config, workdir, None, "before")
     print(f"held-out before training: {before.summary()}", flush=True)

@@ -5,9 +5,10 @@
         --config.model.hf_dir=/models/Qwen2.5-VL-7B-Instruct --workdir /runs/image7b
     python launch/train.py --config configs/sft_tiny.py --workdir /tmp/sft_tiny
 
-The workdir holds checkpoints/, tb/ (TensorBoard), trajectories.jsonl (a sample) and
-config.json (the resolved config). Rerunning with the same workdir resumes from the latest
-checkpoint. SIGTERM saves a checkpoint and exits. With `eval.heldout_per_kind` > 0 the model
+The workdir holds checkpoints/, tb/ (TensorBoard), trajectories.jsonl (a sample),
+config.json (the resolved config) and jax_cache/ (compiled XLA executables; unless
+JAX_COMPILATION_CACHE_DIR names another place). Rerunning with the same workdir resumes from
+the latest checkpoint. SIGTERM saves a checkpoint and exits. With `eval.heldout_per_kind` > 0 the model
 is evaluated on held-out synthetic tasks before and after training (WORKDIR/heldout/).
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pyvision_jax import wiring  # noqa: E402
 from pyvision_jax.eval.heldout import train_with_heldout  # noqa: E402
 from pyvision_jax.train.sft import train_sft  # noqa: E402
 from pyvision_jax.train.trainer import train  # noqa: E402
@@ -43,6 +45,7 @@ def main(argv: list[str]) -> None:
     algorithm = _CONFIG.value.algorithm
     if algorithm not in ALGORITHMS:
         raise app.UsageError(f"config algorithm={algorithm!r} must be one of {sorted(ALGORITHMS)}")
+    wiring.use_compilation_cache(_WORKDIR.value)
     summary, _ = train_with_heldout(_CONFIG.value, _WORKDIR.value, ALGORITHMS[algorithm], progress=_PROGRESS.value)
     if jax.process_index() != 0:
         return

@@ -72,6 +72,24 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "mer
                    "chat_template.jinja")
 
 
+COMPILATION_CACHE_DIR = "jax_cache"
+
+
+def use_compilation_cache(workdir: str | os.PathLike) -> Path:
+    """Keeps compiled XLA executables in WORKDIR/jax_cache, unless a cache is already set
+    (JAX_COMPILATION_CACHE_DIR or jax.config); returns the directory in use.
+
+    A run builds several engines and train steps over the same shapes (the held-out evaluation
+    before training, the rollout engine, the evaluation after, each resumed segment): with the
+    cache each shape compiles once per workdir, and a rerun in the same workdir compiles
+    nothing. Call it before the first compilation: JAX reads the setting once.
+    """
+    if not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", str(Path(workdir).absolute() / COMPILATION_CACHE_DIR))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    return Path(jax.config.jax_compilation_cache_dir)
+
+
 def int_tuple(value: Sequence[int], field: str) -> tuple[int, ...]:
     """A config list of integers (a tuple in the config file) as a tuple, with a clear error."""
     if isinstance(value, str) or not all(isinstance(x, int) and not isinstance(x, bool) for x in value):

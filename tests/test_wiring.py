@@ -1,5 +1,10 @@
 """Config -> objects: every config section maps onto its dataclass in `wiring`, with clear
 errors naming the field, and the trainer's source follows `rollout.mode`."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from configs.base import get_config as base_config
@@ -76,3 +81,29 @@ def test_group_source_follows_rollout_mode(tmp_path):
     config.rollout.mode, config.rollout.engine = "sync", "vllm"
     with pytest.raises(ValueError, match="cannot run inside the trainer"):
         wiring.group_source(config, tmp_path, model, None, None, **parts)
+
+
+CACHE_PROBE = """
+import sys
+import jax, jax.numpy as jnp
+from pyvision_jax import wiring
+print(wiring.use_compilation_cache(sys.argv[1]))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.jit(lambda x: jnp.sin(x) * 3)(jnp.ones(5)).block_until_ready()
+"""
+
+
+@pytest.mark.parametrize("preset", [False, True])
+def test_a_run_keeps_compiled_executables_in_its_workdir_unless_a_cache_is_set(tmp_path, preset):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[1]), JAX_PLATFORMS="cpu")
+    if preset:
+        env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "mine")
+    out = subprocess.run([sys.executable, "-c", CACHE_PROBE, str(tmp_path / "run")], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    used = tmp_path / ("mine" if preset else "run/jax_cache")
+    assert out.stdout.strip() == str(used)
+    assert any(used.iterdir())
+    assert not (tmp_path / "run").exists() if preset else not (tmp_path / "mine").exists()
+

@@ -113,4 +113,5 @@ def run_variant(config: ml_collections.ConfigDict, variant: Variant, workdir: st
     return {"name": variant.name, "overrides": variant.overrides, "paper": variant.paper,
             "heldout": {str(step): {"accuracy": r.accuracy, "tool_calls": r.tool_calls}
                         for step, r in sorted(heldout.items())},
-            "curves": {tag: curves.get(tag, []) for tag in CURVES}}
+            "curves": {**{tag: curves.get(tag, []) for tag in CURVES},
+                       **{tag: points for tag, points in curves.items() if tag.startswith(tags.PARAMS_PREFIX)}}}

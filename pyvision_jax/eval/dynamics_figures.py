@@ -23,17 +23,30 @@ TITLES: dict[str, str] = {
 }
 
 
+def _title(tag: str) -> str:
+    if tag.startswith(tags.PARAMS_PREFIX):
+        return f"mean of {tag[len(tags.PARAMS_PREFIX):].removesuffix('/mean')}"
+    return TITLES[tag]
+
+
 def plot_dynamics(runs: list[dict[str, Any]], out_png: str | os.PathLike, title: str = "") -> None:
-    """One PNG: a 2 x 3 grid of the CURVES, one line per run (`ablations.run_variant` output)."""
-    figure, axes = plt.subplots(2, 3, figsize=(15, 8))
-    for axis, tag in zip(axes.flat, CURVES):
+    """One PNG: a grid of the CURVES (2 x 3), then any `params/` curve the runs logged (the
+    parameters trained by `train.uniform_updates`), one line per run (`ablations.run_variant`
+    output)."""
+    params = sorted({tag for run in runs for tag in run["curves"] if tag.startswith(tags.PARAMS_PREFIX)})
+    panels = [*CURVES, *params]
+    columns = -(-len(panels) // 2)
+    figure, axes = plt.subplots(2, columns, figsize=(5 * columns, 8))
+    for axis in axes.flat[len(panels):]:
+        axis.set_visible(False)
+    for axis, tag in zip(axes.flat, panels):
         for run in runs:
             points = run["curves"].get(tag, [])
             if points:
                 steps, values = zip(*points)
                 axis.plot(steps, values, marker="o" if tag == HELDOUT_ACCURACY else None, markersize=3,
                           label=run["name"])
-        axis.set_title(TITLES[tag])
+        axis.set_title(_title(tag))
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=8)

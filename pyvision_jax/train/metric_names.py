@@ -28,6 +28,9 @@ VERSION_STALENESS_MAX = "version/staleness_max"
 """Staleness of the rows trained: the trainer's step minus each group's policy version (the
 version its rollouts started with), i.e. the updates between behaviour and trained params."""
 END_REASON_PREFIX = "end_reason/"
+PARAMS_PREFIX = "params/"
+"""`params/<path>/mean`: the mean of each parameter `train.uniform_updates` names, written every
+step (on the final norm's scale: the policy's inverse temperature, up to the SFT scale)."""
 
 ACTOR_LOSS = "actor/loss"
 ACTOR_LOSS_TOKENS = "actor/loss_tokens"
@@ -95,3 +98,8 @@ def end_reason_tag(name: str) -> str:
             f"got {name!r}"
         )
     return END_REASON_PREFIX + name
+
+
+def param_mean_tag(path: str) -> str:
+    """The tag of the mean of the parameter at `path` (as `train.uniform_updates` sees it)."""
+    return f"{PARAMS_PREFIX}{path}/mean"

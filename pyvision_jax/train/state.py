@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -163,17 +163,21 @@ def scale_by_path(multipliers: tuple[tuple[str, float], ...]) -> optax.GradientT
 
 def mean_by_path(patterns: tuple[str, ...]) -> optax.GradientTransformation:
     """Replaces each gradient whose path a regex matches by its mean, broadcast to its shape."""
-    compiled = [re.compile(pattern) for pattern in patterns]
-
-    def matches(path: Any) -> bool:
-        name = _path_name(path)
-        return any(regex.search(name) for regex in compiled)
+    matches = _any_regex(patterns)
 
     def update(updates: Any, state: optax.EmptyState, params: Any = None) -> tuple[Any, optax.EmptyState]:
         return jax.tree_util.tree_map_with_path(
-            lambda path, u: jnp.full_like(u, jnp.mean(u)) if matches(path) else u, updates), state
+            lambda path, u: jnp.full_like(u, jnp.mean(u)) if matches(_path_name(path)) else u, updates), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def path_means(params: Any, patterns: tuple[str, ...]) -> dict[str, jax.Array]:
+    """{path: mean} of each parameter whose path a regex matches: the one number a
+    `uniform_updates` parameter's updates move."""
+    matches = _any_regex(patterns)
+    named = {_path_name(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+    return {name: jnp.mean(leaf) for name, leaf in named.items() if matches(name)}
 
 
 def init_train_state(params: Any, optimizer: optax.GradientTransformation, seed: int,
@@ -213,6 +217,11 @@ def _path_keys(path: Any) -> tuple[str, ...]:
 def _path_name(path: Any) -> str:
     """A pytree path as the regexes of `lr_multipliers` and `uniform_updates` see it."""
     return "/".join(_path_keys(path))
+
+
+def _any_regex(patterns: tuple[str, ...]) -> Callable[[str], bool]:
+    compiled = [re.compile(pattern) for pattern in patterns]
+    return lambda name: any(regex.search(name) for regex in compiled)
 
 
 def _regex_problems(field: str, pattern: str) -> list[str]:

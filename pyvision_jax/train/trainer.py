@@ -43,7 +43,8 @@ from pyvision_jax.train.multihost import agree, is_primary
 from pyvision_jax.train.run_outputs import append_jsonl, truncate_events, truncate_jsonl
 from pyvision_jax.train.metrics import MetricsWriter, format_console_line
 from pyvision_jax.train.source import GroupSource
-from pyvision_jax.train.state import OptimizerConfig, TrainState, init_train_state, make_optimizer, state_shardings
+from pyvision_jax.train.state import (OptimizerConfig, TrainState, init_train_state, make_optimizer, path_means,
+                                      state_shardings)
 from pyvision_jax.train.step import StepConfig, make_train_step, shard_batch
 
 CHECKPOINT_DIR, TB_DIR = "checkpoints", "tb"
@@ -117,7 +118,8 @@ class Trainer:
         self.model_config = self._model[0] if self._model else wiring.model_config(c)
         shapes = jax.eval_shape(lambda: self._model[1]) if self._model else wiring.param_shapes(c, self.model_config)
         frozen = ("visual",) if c.train.freeze_vision else ()
-        self.optimizer = make_optimizer(OptimizerConfig.from_config(c.train, frozen_prefixes=frozen))
+        self.optimizer_config = OptimizerConfig.from_config(c.train, frozen_prefixes=frozen)
+        self.optimizer = make_optimizer(self.optimizer_config)
         init = functools.partial(init_train_state, optimizer=self.optimizer, seed=c.seed, frozen_prefixes=frozen)
         abstract = jax.eval_shape(init, shapes)
         self.shardings = state_shardings(abstract, param_logical_axes(self.model_config), self.mesh)
@@ -291,6 +293,8 @@ class Trainer:
             tags.FILTER_ELIGIBLE: selected.counts.eligible, tags.BATCH_LENGTH: stats.length,
             tags.BATCH_REAL_TOKENS: stats.real_tokens,
             **{tags.SOURCE_STATS[name]: value for name, value in self.source.stats().items()},
+            **{tags.param_mean_tag(name): float(mean) for name, mean
+               in path_means(self.state.params, self.optimizer_config.uniform_updates).items()},
         })
         if self.primary:
             self.writer.write(new_step, scalars)

@@ -54,6 +54,9 @@ def test_figure_and_table(tmp_path):
     plot_dynamics(runs, tmp_path / "f.png", title="t")
     image = np.asarray(Image.open(tmp_path / "f.png"))
     assert image.shape[:2] == (800, 1500) and image.std() > 10
+    runs[0]["curves"][tags.param_mean_tag("model/norm/scale")] = [(1, 1.3), (2, 1.5)]
+    plot_dynamics(runs, tmp_path / "with_params.png")
+    assert np.asarray(Image.open(tmp_path / "with_params.png")).shape[:2] == (800, 2000)  # a 2 x 4 grid
     table = results_table(runs).splitlines()
     assert table[2] == "| full | 0.200 | 0.500 | +30.0 | 1.00 | 1.60 | p |"
     assert table[3] == "| no_tool_reward | 0.200 | 0.250 | +5.0 | 1.00 | 0.00 | p |"

@@ -13,7 +13,7 @@ from pyvision_jax.models.qwen2_5_vl import ModelInputs
 from pyvision_jax.rl.losses import PPOLossConfig, ppo_loss
 from pyvision_jax.train.batching import BatchingConfig, BatchShape, pack_batch
 from pyvision_jax.train.mesh import make_mesh
-from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings
+from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, path_means, state_shardings
 from pyvision_jax.train.step import StepConfig, loss_and_grads, make_train_step, shard_batch
 
 ADVANTAGES = [0.7, -0.4, 1.1, -0.9]
@@ -261,3 +261,13 @@ def test_uniform_updates_move_every_entry_of_matching_parameters_by_one_shared_a
     assert OptimizerConfig.from_config(train, ()).uniform_updates == ("model/norm/scale",)
     with pytest.raises(ValueError, match="uniform_updates.*not a regex"):
         OptimizerConfig(uniform_updates=("model/(norm",))
+
+
+def test_path_means_are_the_means_of_the_matching_parameters_only():
+    params = {"model": {"norm": {"scale": jnp.array([1.0, 2.0, 4.0, 5.0])},
+                        "layers": {"norm": {"scale": jnp.ones((2, 4))}, "kernel": jnp.zeros((2, 4))}}}
+    means = path_means(params, ("^model/norm/scale$", "kernel"))
+    assert sorted(means) == ["model/layers/kernel", "model/norm/scale"]
+    assert float(means["model/norm/scale"]) == 3.0 and float(means["model/layers/kernel"]) == 0.0
+    assert path_means(params, ()) == {}
+

@@ -56,6 +56,21 @@ def test_resume_gives_bit_identical_params(tmp_path, tiny_config, tiny_params, t
     assert TrainCheckpoints(tmp_path / "b" / "checkpoints", 3, 2).all_steps() == [3, 6]
 
 
+def test_uniform_updates_parameters_are_logged_as_their_mean_every_step(tmp_path, tiny_config, tiny_params,
+                                                                          tokenizer, tasks):
+    config = small_config(2)
+    config.train.uniform_updates = ("model/norm/scale",)
+    config.train.lr = 0.05
+    _, trainer = run(config, tmp_path, tiny_config, tiny_params, tokenizer, tasks, answers_by_rollout)
+    curve = read_scalars(str(tmp_path / "tb"))[tags.param_mean_tag("model/norm/scale")]
+    assert [s for s, _ in curve] == [1, 2]
+    final = np.asarray(jax.device_get(trainer.state.params["model"]["norm"]["scale"]))
+    np.testing.assert_allclose(curve[-1][1], final.mean(), rtol=1e-6)
+    start = float(np.asarray(tiny_params["model"]["norm"]["scale"]).mean())
+    assert abs(curve[-1][1] - start) > 1e-3  # the logged mean moved with training
+    assert np.ptp(final - np.asarray(tiny_params["model"]["norm"]["scale"])) < 1e-5  # by one shared amount
+
+
 def test_no_informative_group_still_steps_after_max_gen_rounds(tmp_path, tiny_config, tiny_params, tokenizer, tasks):
     config = small_config(1)
     config.rl.max_gen_rounds = 3
