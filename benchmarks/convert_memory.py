@@ -34,7 +34,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 _CHILD_PRELUDE = """
 import json, sys, psutil, jax, numpy as np
-sys.path.insert(0, {repo!r})
 from pyvision_jax.convert import load_hf, save_hf
 jax.numpy.zeros(1).block_until_ready()
 baseline = psutil.Process().memory_info().rss
@@ -96,7 +95,6 @@ def benchmark_config(size_bytes: float) -> dict:
 
 def write_checkpoint(directory: Path, config: dict, shard_bytes: int = 400 * 2**20) -> int:
     """Random bf16 tensors in Hub-named shards plus index and config.json; returns total bytes."""
-    sys.path.insert(0, str(REPO))
     from pyvision_jax.convert.names import checkpoint_shapes
 
     rng = np.random.default_rng(0)

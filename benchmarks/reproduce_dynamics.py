@@ -22,12 +22,12 @@ from absl import app, flags
 from ml_collections import config_flags
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from pyvision_jax import wiring  # noqa: E402
-from pyvision_jax.eval.ablations import VARIANTS, run_variant  # noqa: E402
+from pyvision_jax.eval.ablations import VARIANTS  # noqa: E402
+from pyvision_jax.wiring.dynamics_runs import run_variant  # noqa: E402
 from pyvision_jax.eval.dynamics_figures import plot_dynamics, results_table  # noqa: E402
-from pyvision_jax.eval.heldout import evaluate_heldout  # noqa: E402
+from pyvision_jax.wiring.heldout import evaluate_heldout  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", str(ROOT / "configs" / "tiny_cpu.py"), "Base config.",
                                           lock_config=True)

@@ -44,7 +44,6 @@ import numpy as np
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from pyvision_jax.agent.episode import EpisodeConfig  # noqa: E402
 from pyvision_jax.agent.runner import EpisodeRunner, _PromptCache  # noqa: E402

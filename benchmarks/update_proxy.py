@@ -40,7 +40,6 @@ import jax
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from configs.tiny_cpu import get_config  # noqa: E402
 from pyvision_jax import wiring  # noqa: E402

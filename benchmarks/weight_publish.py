@@ -8,7 +8,7 @@ once). While a version is written, the "trainer" keeps running jitted steps on t
 (donating them, as the real step does); during the last one it waits, which gives the time
 per GB of the writer alone. Prints for each version the bytes written, the
 publish time and time per GB, the time the trainer was blocked in `publish`, and their ratio
-(target < 10 %); and, as the reference measured in the same run, the old synchronous path:
+(target < 10 %); and, as the reference measured in the same run, the synchronous path:
 `save_hf` of the whole model in fp32 inside the trainer loop.
 
   .venv/bin/python benchmarks/weight_publish.py [--layers 4] [--vision-depth 8] [--versions 4]
@@ -122,10 +122,10 @@ def report(rows: list[tuple], reference: float, size: int) -> None:
               f"{blocked * 1e3:>10.1f} {blocked / seconds:>15.2%} {steps:>15}")
     stepping = [r for r in rows if r[0] > 0 and r[4] != "idle"] or rows
     mean_publish = sum(r[2] for r in stepping) / max(len(stepping), 1)
-    print(f"reference (the old path): save_hf of the whole model in fp32, {size / GB:.2f} GB, {reference:.2f} s "
+    print(f"reference (synchronous): save_hf of the whole model in fp32, {size / GB:.2f} GB, {reference:.2f} s "
           f"({reference / (size / GB):.2f} s per GB), all of it blocking the trainer")
-    print(f"trainer blocked per version: {1e3 * max(r[3] for r in stepping):.1f} ms at most (new) vs "
-          f"{reference:.2f} s (old); a version is on disk {mean_publish:.2f} s after the step")
+    print(f"trainer blocked per version: {1e3 * max(r[3] for r in stepping):.1f} ms at most (background) vs "
+          f"{reference:.2f} s (synchronous); a version is on disk {mean_publish:.2f} s after the step")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.hf_dir = ""              # required: --config.model.hf_dir=/path/to/Qwen2.5-VL-7B-Instruct
     c.model.tokenizer = ""           # empty: the tokenizer of model.hf_dir
     c.model.param_dtype = "float32"  # fp32 master weights (AdamW at lr 1e-6 moves a weight by ~1e-6,
-                                     # below bf16's resolution); compute in bf16; see README "7B memory"
+                                     # below bf16's resolution); compute in bf16; see docs/scaling.md
     c.model.remat = "full"           # keep each decoder layer's input only; recompute the rest
     c.model.attention = "cudnn"      # GPU hosts; the v5p-8 config uses "splash"
     c.model.attention_block_q = 512
@@ -79,7 +79,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.dual_clip = 3.0
     c.rl.kl_coef = 0.0
     c.rl.entropy_coef = 0.0
-    c.rl.selection_mode = "group"    # NOT the released "trajectory": splitting groups is a defect (DESIGN.md)
+    c.rl.selection_mode = "group"    # NOT the released "trajectory": splitting groups is a defect (docs/design.md)
     c.rl.stats_include_broken = True
     c.rl.train_end_reasons = ("DONE", "EXCEED_MAX_TURNS", "ERROR_IN_ACTION")
     c.rl.require_code_image = True

@@ -1,5 +1,5 @@
 """The embedded default: GRPO on CPU from the packaged SFT checkpoint of the "small" model
-(configs/sft_tiny.py, README "The SFT stage"), synthetic tasks, the JAX engine in process.
+(configs/sft_tiny.py, docs/learning.md "The starting checkpoint"), synthetic tasks, the JAX engine in process.
 
 A short run of the full recipe, with held-out accuracy before and after, in under ten
 minutes on 2 cores:
@@ -28,7 +28,7 @@ def get_config() -> ml_collections.ConfigDict:
     # Only the temperature is trained: the final norm's scale, every entry moved by one shared
     # amount (its entries are nearly equal after SFT, so this divides every logit by one number),
     # and every other update multiplied by 0. Sharpening is the one update that carries over to new
-    # tasks at this scale (README, "Learning dynamics"); the whole model at any step size either
+    # tasks at this scale (docs/learning.md); the whole model at any step size either
     # does not move (1e-4) or drifts off its own samples (3e-4 and up), and the norm's scale
     # trained entry by entry reshapes the logits instead of sharpening them.
     c.train.lr = 1.0

@@ -16,56 +16,7 @@ directory gets results.json, trajectories.jsonl and report.html; rerunning the s
 skips the tasks already finished there. Override any config field with --config.x=y, e.g.
 --config.rollout.max_batch=16 --config.eval.temperature=0.6.
 """
-from __future__ import annotations
-
-import json
-import sys
-from pathlib import Path
-
-from absl import app, flags
-from ml_collections import config_flags
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from pyvision_jax.eval.pipeline import evaluate_checkpoint  # noqa: E402
-
-DEFAULT_CONFIG = str(Path(__file__).resolve().parent.parent / "configs" / "tiny_cpu.py")
-
-_CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Config file.", lock_config=True)
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None,
-                                  "HF directory, params checkpoint or training checkpoint (default: "
-                                  "the config's own model, e.g. the packaged SFT checkpoint of "
-                                  "configs/tiny_cpu.py).")
-_DATA = flags.DEFINE_string("data", None, "Task file (.jsonl or .json).")
-_OUT = flags.DEFINE_string("out", None, "Output directory (results.json, trajectories.jsonl, "
-                                        "report.html); reused to resume.")
-_K = flags.DEFINE_integer("k", None, "Rollouts per task (default: config eval.k).")
-_MAX_TOOL_CALLS = flags.DEFINE_integer("max-tool-calls", None,
-                                       "Tool-call budget per episode (default: config "
-                                       "eval.max_tool_calls).")
-_PROGRESS = flags.DEFINE_bool("progress", True, "Show progress bars.")
-
-_HEADLINE = ("accuracy", "avg_at_k", "pass_at_k", "num_tasks", "num_rollouts",
-             "mean_visual_tokens_per_task", "mean_response_tokens", "wall_time_s")
-
-
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    for name, holder in (("--data", _DATA), ("--out", _OUT)):
-        if not holder.value:
-            raise app.UsageError(f"{name} is required")
-    results = evaluate_checkpoint(_CONFIG.value, _CHECKPOINT.value, _DATA.value, _OUT.value,
-                                  k=_K.value, max_tool_calls=_MAX_TOOL_CALLS.value,
-                                  progress=_PROGRESS.value)
-    print(json.dumps({key: results[key] for key in _HEADLINE}, indent=1))
-    video = results["video_token_efficiency"]
-    if video["num_video_tasks"]:
-        print(f"video: {video['mean_agent_visual_tokens']:.0f} visual tokens per task in "
-              f"context vs {video['mean_uniform_1fps_tokens']:.0f} for uniform 1-fps sampling")
-    print(f"results: {Path(_OUT.value) / 'results.json'}")
-    print(f"report:  {Path(_OUT.value) / 'report.html'}")
-
+from pyvision_jax.cli.eval import run
 
 if __name__ == "__main__":
-    app.run(main)
+    run()

@@ -6,41 +6,7 @@ One JSONL file per kind (`DIR/<kind>.jsonl`, media beside it) plus `DIR/tasks.js
 every task, ready for `launch/eval.py --data`. Seeds used in training: data.synthetic_seed
 (RL, default 0) and sft.synthetic_seed (SFT, default 1000); evaluate on another seed.
 """
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-from absl import app, flags
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from pyvision_jax.data import synthetic  # noqa: E402
-from pyvision_jax.data.tasks import load_tasks  # noqa: E402
-
-
-_OUT = flags.DEFINE_string("out", None, "Output directory.")
-_PER_KIND = flags.DEFINE_integer("per-kind", 8, "Tasks per kind.")
-_SEED = flags.DEFINE_integer("seed", None, "Generator seed (every file depends only on seed, kind, index).")
-_KINDS = flags.DEFINE_list("kinds", list(synthetic.GENERATORS), "Kinds, comma-separated.")
-
-
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not _OUT.value or _SEED.value is None:
-        raise app.UsageError("--out and --seed are required")
-    if _PER_KIND.value < 1:
-        raise app.UsageError(f"--per-kind must be >= 1, got {_PER_KIND.value}")
-    unknown = sorted(set(_KINDS.value) - set(synthetic.GENERATORS))
-    if unknown:
-        raise app.UsageError(f"--kinds: unknown kinds {unknown}; known: {sorted(synthetic.GENERATORS)}")
-    path = synthetic.write_synthetic_task_file(_OUT.value, _PER_KIND.value, _SEED.value, tuple(_KINDS.value),
-                                               progress=True)
-    for kind in _KINDS.value:
-        print(f"{kind}: {Path(_OUT.value) / (kind + '.jsonl')}")
-    print(f"all {len(load_tasks(path).tasks)} tasks: {path}")
-
+from pyvision_jax.cli.make_tasks import run
 
 if __name__ == "__main__":
-    app.run(main)
+    run()

@@ -20,69 +20,7 @@ abandons them.
 Worker config keys: rollout.script_file, rollout.max_epochs (0: run until stopped),
 rollout.poll_s, rollout.queue_namespace (the trainer's), rollout.worker_stream.
 """
-from __future__ import annotations
-
-import signal
-import sys
-from pathlib import Path
-from typing import Any
-
-from absl import app, flags, logging
-from ml_collections import config_flags
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from pyvision_jax import wiring  # noqa: E402
-
-DEFAULT_CONFIG = str(Path(__file__).resolve().parent.parent / "configs" / "tiny_cpu.py")
-
-_CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Config file.", lock_config=True)
-_INDEX = flags.DEFINE_integer("worker-index", 0, "This worker's index in [0, num-workers).")
-_COUNT = flags.DEFINE_integer("num-workers", 1, "Workers sharing the tasks.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for the cursor (and synthetic tasks).")
-
-
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not _WORKDIR.value:
-        raise app.UsageError("--workdir is required")
-    logging.set_verbosity(logging.INFO)
-    worker_holder: dict[str, Any] = {}
-    terms = []
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        terms.append(signum)
-        if len(terms) > 1:
-            raise KeyboardInterrupt("second SIGTERM: abandoning the current group")
-        if "worker" in worker_holder:
-            worker_holder["worker"].request_stop()
-
-    signal.signal(signal.SIGTERM, on_sigterm)  # before the sandbox pool installs its own
-    config = _CONFIG.value
-    if config.rollout.engine == "vllm":
-        wiring.require_vllm()
-    workdir = Path(_WORKDIR.value).absolute()
-    workdir.mkdir(parents=True, exist_ok=True)
-    queue = wiring.trajectory_queue(config, max_staleness=None)
-    sandboxes = wiring.sandbox_pool(config)
-    try:
-        worker = wiring.fleet_worker(config, workdir, _INDEX.value, _COUNT.value, sandboxes=sandboxes,
-                                     queue=queue, log=lambda line: logging.info("%s", line))
-        worker_holder["worker"] = worker
-        if terms:
-            worker.request_stop()
-        summary = worker.run()
-    except ValueError as error:
-        raise app.UsageError(str(error)) from None
-    finally:
-        sandboxes.close()
-        queue.close()
-    state = "stopped" if summary.stopped else "finished"
-    print(f"rollout worker {_INDEX.value}/{_COUNT.value} {state}: {len(summary.produced)} groups "
-          f"put, cursor {summary.cursor}, weights loaded {list(summary.versions_loaded)}, "
-          f"{summary.pauses} pauses", flush=True)
-
+from pyvision_jax.cli.rollout_worker import run
 
 if __name__ == "__main__":
-    app.run(main)
+    run()

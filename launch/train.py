@@ -11,50 +11,7 @@ JAX_COMPILATION_CACHE_DIR names another place). Rerunning with the same workdir 
 the latest checkpoint. SIGTERM saves a checkpoint and exits. With `eval.heldout_per_kind` > 0 the model
 is evaluated on held-out synthetic tasks before and after training (WORKDIR/heldout/).
 """
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-import jax
-from absl import app, flags, logging
-from ml_collections import config_flags
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from pyvision_jax import wiring  # noqa: E402
-from pyvision_jax.eval.heldout import train_with_heldout  # noqa: E402
-from pyvision_jax.train.sft import train_sft  # noqa: E402
-from pyvision_jax.train.trainer import train  # noqa: E402
-
-ALGORITHMS = {"grpo": train, "sft": train_sft}
-
-DEFAULT_CONFIG = str(Path(__file__).resolve().parent.parent / "configs" / "tiny_cpu.py")
-
-_CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Training config file.", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, TensorBoard logs, samples).")
-_PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar over steps.")
-
-
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not _WORKDIR.value:
-        raise app.UsageError("--workdir is required")
-    logging.set_verbosity(logging.WARNING)
-    algorithm = _CONFIG.value.algorithm
-    if algorithm not in ALGORITHMS:
-        raise app.UsageError(f"config algorithm={algorithm!r} must be one of {sorted(ALGORITHMS)}")
-    wiring.use_compilation_cache(_WORKDIR.value)
-    summary, _ = train_with_heldout(_CONFIG.value, _WORKDIR.value, ALGORITHMS[algorithm], progress=_PROGRESS.value)
-    if jax.process_index() != 0:
-        return
-    state = "interrupted at" if summary.interrupted else "finished at"
-    print(f"training {state} step {summary.last_step} (started at step {summary.first_step})")
-    print(f"TensorBoard logs: {summary.tensorboard_dir}  (tensorboard --logdir {summary.tensorboard_dir})")
-    print(f"checkpoints:      {summary.checkpoint_dir}")
-    print(f"trajectory sample and resolved config: {summary.workdir}")
-
+from pyvision_jax.cli.train import run
 
 if __name__ == "__main__":
-    app.run(main)
+    run()

@@ -12,8 +12,11 @@ PACKAGE = ROOT / "pyvision_jax"
 MAX_LINES = 500
 
 # Lower layers first; a package may import only from packages listed before it (and itself).
-LAYERS = ("models", "processing", "convert", "data", "agent", "grading", "rl", "rollout", "wiring", "train",
-          "eval")
+LAYERS = ("models", "processing", "convert", "data", "agent", "grading", "rl", "rollout", "train", "eval",
+          "wiring", "cli")
+
+# Packages that take typed settings and built objects: the composition root (`wiring`) reads the config.
+CONFIG_FREE = ("train", "eval")
 
 # Heavy optional dependencies that are imported where used, with a clear error when missing.
 OPTIONAL_LOCAL_IMPORTS = ("vllm", "torch", "redis", "safetensors", "transformers", "math_verify",
@@ -130,3 +133,32 @@ def test_no_function_local_project_imports():
 def test_module_size(module):
     lines = len(MODULES[module].read_text().splitlines())
     assert lines <= MAX_LINES, f"{MODULES[module].relative_to(ROOT)} has {lines} lines (limit {MAX_LINES})"
+
+
+def test_training_and_evaluation_never_read_a_config():
+    """train/ and eval/ import neither ml_collections nor the composition root."""
+    offenders = []
+    for module, path in MODULES.items():
+        if _package(module) not in CONFIG_FREE:
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                target = _resolve(module, node)
+                names = [target] + [f"{target}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            bad = [n for n in names if n.split(".")[0] == "ml_collections" or n.startswith("pyvision_jax.wiring")]
+            offenders += [f"{module}:{node.lineno} imports {n}" for n in bad]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_no_sys_path_insert_anywhere():
+    """Every script imports the installed package; none edits sys.path."""
+    found = [str(path.relative_to(ROOT)) for folder in ("pyvision_jax", "launch", "benchmarks", "scripts", "tests",
+                                                          "configs")
+             for path in (ROOT / folder).rglob("*.py")
+             if "sys.path.insert" in path.read_text() and path.name != "test_architecture.py"]
+    assert not found, f"sys.path.insert in {found}"

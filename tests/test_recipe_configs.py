@@ -10,6 +10,7 @@ from pyvision_jax.models import ModelConfig
 from pyvision_jax.rl.losses import PPOLossConfig
 from pyvision_jax.train.groups import SelectionConfig
 from pyvision_jax.wiring import episode_config, scorer_routes
+from pyvision_jax import wiring
 
 
 @pytest.mark.parametrize("module", [pyvision_image_7b, pyvision_video_7b])
@@ -19,10 +20,10 @@ def test_the_7b_configs_use_the_released_positions(module):
     assert (episode.max_response_tokens, episode.action_syntax, episode.turn_boundary, episode.image_cap_rule,
             episode.stdout_strip) == (20_480, "released", "newline", "reach", "both")
     assert episode_config(c, ModelConfig.preset("7b"), evaluation=True).max_response_tokens == 0
-    selection = SelectionConfig.from_config(c.rl)
+    selection = wiring.selection_config(c.rl)
     assert selection.stats_include_broken and selection.require_code_image and selection.mode == "group"  # splitting groups is a defect we do not copy
     assert selection.train_end_reasons == (EndReason.DONE, EndReason.EXCEED_MAX_TURNS, EndReason.ERROR_IN_ACTION)
-    assert PPOLossConfig.from_config(c.rl).aggregation == "token-mean-per-micro-batch"
+    assert wiring.loss_config(c.rl).aggregation == "token-mean-per-micro-batch"
     with pytest.raises(ValueError, match="grading.judge_url"):
         scorer_routes(c)
     c.grading.judge_url = "http://127.0.0.1:9"
@@ -37,10 +38,10 @@ def test_the_embedded_default_keeps_our_positions():
     assert (episode.max_response_tokens, episode.action_syntax, episode.turn_boundary, episode.image_cap_rule,
             episode.stdout_strip) == (0, "tagged", "im_end", "exceed", "right")
     assert episode.prompts == default_prompt_templates()
-    selection = SelectionConfig.from_config(c.rl)
+    selection = wiring.selection_config(c.rl)
     assert (selection.stats_include_broken, selection.require_code_image, selection.train_end_reasons) == (
         False, False, ())
-    assert PPOLossConfig.from_config(c.rl).aggregation == "token-mean"
+    assert wiring.loss_config(c.rl).aggregation == "token-mean"
     routes = scorer_routes(c)
     assert routes.routes == ANSWER_TYPE_ROUTES and routes.judge is None
 

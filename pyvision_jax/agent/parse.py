@@ -1,6 +1,6 @@
 """Reading the model's action out of one assistant turn.
 
-The protocol (DESIGN.md): code is ``<code>\\n```python\\n...\\n```\\n</code>``; the final answer
+The protocol (docs/design.md): code is ``<code>\\n```python\\n...\\n```\\n</code>``; the final answer
 is ``<answer>\\n\\boxed{...}\\n</answer>``. An answer ends the episode even when the turn also
 contains code; otherwise the LAST complete code block is the one that runs. Anything else is a
 malformed action, classified so the episode can report (or feed back) what went wrong.

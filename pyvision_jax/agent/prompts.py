@@ -88,7 +88,7 @@ def video_prompt_messages(task: Task, info: VideoInfo,
 
 
 def observation_content(text_result: str, image_labels: Sequence[int]) -> list[dict[str, Any]]:
-    """The user-turn content of one runtime result, in DESIGN.md's exact format:
+    """The user-turn content of one runtime result, in docs/design.md's exact format:
     ``<tool_response>\\n<interpreter>\\nText Result:\\n{text}\\nImage Result:\\n``
     ``<image_clue_k>{image}</image_clue_k>...</interpreter>\\n\\n</tool_response>``."""
     content: list[dict[str, Any]] = [{"type": "text", "text": (

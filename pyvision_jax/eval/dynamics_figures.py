@@ -31,7 +31,7 @@ def _title(tag: str) -> str:
 
 def plot_dynamics(runs: list[dict[str, Any]], out_png: str | os.PathLike, title: str = "") -> None:
     """One PNG: a grid of the CURVES (2 x 3), then any `params/` curve the runs logged (the
-    parameters trained by `train.uniform_updates`), one line per run (`ablations.run_variant`
+    parameters trained by `train.uniform_updates`), one line per run (`wiring.dynamics_runs.run_variant`
     output)."""
     params = sorted({tag for run in runs for tag in run["curves"] if tag.startswith(tags.PARAMS_PREFIX)})
     panels = [*CURVES, *params]

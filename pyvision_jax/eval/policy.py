@@ -9,7 +9,8 @@
   Only the ``params`` subtree of the saved TrainState is read (orbax partial restore), so
   the optimizer state never costs memory. The model architecture comes from the trainer's
   resolved ``config.json`` in the workdir when present, else from the evaluation config's
-  ``model`` section; the policy version is the checkpoint step.
+  ``model`` section (the caller's ``model_for`` turns either into a ``ModelConfig``); the
+  policy version is the checkpoint step.
 """
 
 from __future__ import annotations
@@ -17,14 +18,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import orbax.checkpoint as ocp
 
-from pyvision_jax import wiring
 from pyvision_jax.convert import load_hf, load_params
 from pyvision_jax.convert.orbax_io import HF_FILES_DIR
 from pyvision_jax.models import ModelConfig, init_params
@@ -82,15 +81,20 @@ def detect_checkpoint_kind(path: str | Path) -> CheckpointKind:
         f"checkpoints/<step>/state, a checkpoints directory, or one <step>/state directory)")
 
 
-def _train_model_config(step_dir: Path, config: ml_collections.ConfigDict) -> ModelConfig:
+ModelFor = Callable[[dict[str, Any] | None], ModelConfig]
+"""The architecture of a training checkpoint from the trainer's resolved config (a dict), or
+from the evaluation's own config when there is none (None)."""
+
+
+def _train_model_config(step_dir: Path, model_for: ModelFor) -> ModelConfig:
     """The trainer's resolved config beside its checkpoints wins over the evaluation config."""
     for parent in step_dir.parents:
         resolved = parent / _RESOLVED_TRAIN_CONFIG
         if resolved.is_file() and (parent / _TRAIN_SUBDIR).is_dir():
             data = json.loads(resolved.read_text())
             if isinstance(data, dict) and isinstance(data.get("model"), dict):
-                return wiring.model_config(ml_collections.ConfigDict(data))
-    return wiring.model_config(config)
+                return model_for(data)
+    return model_for(None)
 
 
 def _restore_train_params(step_dir: Path, model_config: ModelConfig, dtype: Any = None) -> Any:
@@ -137,12 +141,12 @@ def _tokenizer_dir(directory: Path) -> str | None:
     return str(directory) if any((directory / f).is_file() for f in TOKENIZER_FILES) else None
 
 
-def load_policy(path: str | Path, config: ml_collections.ConfigDict,
+def load_policy(path: str | Path, model_for: ModelFor, *, dtype: str | None = None,
                 progress: bool = True) -> LoadedPolicy:
-    """Loads the weights at ``path`` (any layout of ``detect_checkpoint_kind``)."""
+    """Loads the weights at ``path`` (any layout of ``detect_checkpoint_kind``), cast to
+    ``dtype`` (None: as stored)."""
     path = Path(path).absolute()
     kind = detect_checkpoint_kind(path)
-    dtype = config.model.get("param_dtype") or None
     if kind == "hf":
         model_config, params = load_hf(path, dtype=dtype, progress=progress)
         return LoadedPolicy(kind, str(path), model_config, params, 0, _tokenizer_dir(path))
@@ -151,6 +155,6 @@ def load_policy(path: str | Path, config: ml_collections.ConfigDict,
         return LoadedPolicy(kind, str(path), model_config, params, 0,
                             _tokenizer_dir(path / HF_FILES_DIR))
     step_dir = _train_step_dir(path)
-    model_config = _train_model_config(step_dir, config)
+    model_config = _train_model_config(step_dir, model_for)
     params = _restore_train_params(step_dir, model_config, dtype)
     return LoadedPolicy(kind, str(step_dir), model_config, params, int(step_dir.name), None)

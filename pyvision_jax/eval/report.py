@@ -2,7 +2,8 @@
 URIs) built from results.json and trajectories.jsonl.
 
 Summary tables first (scores, per data source, tool calls, end reasons, video token
-efficiency), then one view per trajectory: the question, each turn's reasoning and code, the
+efficiency), the first three with an inline SVG bar chart beside them (``report_charts``),
+then one view per trajectory: the question, each turn's reasoning and code, the
 interpreter's text, the images the code produced, the answer, its score and the end reason.
 Filters by correctness and by data source are plain JS over ``data-*`` attributes; a URL
 fragment like ``#correct=1&source=vstar`` presets them (shareable links).
@@ -28,6 +29,7 @@ from pyvision_jax.eval.records import (
     read_finished,
     write_text_atomic,
 )
+from pyvision_jax.eval.report_charts import accuracy_chart, end_reasons_chart, tool_calls_chart
 
 _BASE64 = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
 _CODE_BLOCK = re.compile(r"<code>.*?</code>", re.DOTALL)
@@ -51,6 +53,8 @@ img{max-width:360px;max-height:360px;border:1px solid #ccc;margin:.2em}
 #filters{position:sticky;top:0;background:#fafafa;padding:.5em 0;border-bottom:1px solid #ccc}
 .hidden{display:none}
 .error{color:#c0392b}
+.chart-row{display:flex;flex-wrap:wrap;gap:1.5em;align-items:flex-start}
+svg.chart{border:1px solid #ddd;margin:.5em 0}
 """
 
 _JS = """
@@ -125,6 +129,11 @@ def _image(image: Mapping[str, Any]) -> str:
     return f'<img alt="{_e(title)}" title="{_e(title)}" src="data:image/png;base64,{data}">'
 
 
+def _with_chart(table: str, chart: str) -> str:
+    """A summary table with its chart beside it (below it on a narrow window)."""
+    return f'<div class="chart-row">{table}{chart}</div>'
+
+
 def _summary(results: Mapping[str, Any]) -> str:
     parts = ["<h2>Summary</h2>", _table(
         ["tasks done / total", "rollouts", "accuracy", "avg@k", "pass@k", "k",
@@ -136,15 +145,18 @@ def _summary(results: Mapping[str, Any]) -> str:
           results.get("tool_calls", {}).get("mean"), results.get("mean_visual_tokens_per_task"),
           results.get("mean_response_tokens"), results.get("wall_time_s_all_runs")]])]
     sources = results.get("per_data_source", {})
-    parts += ["<h2>Per data source</h2>", _table(
+    parts += ["<h2>Per data source</h2>", _with_chart(_table(
         ["data source", "tasks", "accuracy", "avg@k", "pass@k"],
         [[name, s.get("num_tasks"), s.get("accuracy"), s.get("avg_at_k"), s.get("pass_at_k")]
-         for name, s in sources.items()])]
+         for name, s in sources.items()]), accuracy_chart(sources))]
     distribution = results.get("tool_calls", {}).get("distribution", {})
+    end_reasons = results.get("end_reasons", {})
     parts += ["<h2>Tool calls per trajectory</h2>",
-              _table(["tool calls", "trajectories"], distribution.items()),
+              _with_chart(_table(["tool calls", "trajectories"], distribution.items()),
+                          tool_calls_chart(distribution)),
               "<h2>End reasons</h2>",
-              _table(["end reason", "trajectories"], results.get("end_reasons", {}).items())]
+              _with_chart(_table(["end reason", "trajectories"], end_reasons.items()),
+                          end_reasons_chart(end_reasons))]
     video = results.get("video_token_efficiency", {})
     if video.get("num_video_tasks"):
         parts += ["<h2>Video token efficiency (agent context vs uniform 1-fps sampling)</h2>",

@@ -9,8 +9,12 @@ has q's dtype.
 - "dense": the reference; materialises the [T, S] scores.
 - "blockwise": online softmax over blocks with a recomputing backward pass
   (models/blockwise_attention.py); O(T x block) memory; the default, and the one for CPU.
-- "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")`, GPU only. The segment
-  mask is passed as a [B, 1, T, S] boolean mask, which cuDNN turns into a bias.
+- "cudnn": cuDNN flash attention, GPU only (Hopper or newer for packed rows). Segments go in
+  as cuDNN's packed layout (each row's segment offsets and lengths, `packed_segments`), so
+  no [T, S] mask or bias exists; rows the layout cannot express (more than
+  CUDNN_MAX_SEGMENTS segments, or a segment id in two separate runs) take the blockwise
+  kernel instead, chosen at run time. A jax without the packed layout gets the public
+  `jax.nn.dot_product_attention` with a [B, 1, T, S] mask.
 - "splash": the Pallas TPU splash-attention kernel, one call per row; under a mesh set with
   `jax.set_mesh` it runs in a `shard_map` over the batch axes (a Pallas call is not
   partitioned by the compiler). On CPU it runs in Pallas interpret mode (for tests: slow).
@@ -18,12 +22,18 @@ has q's dtype.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
+
+try:  # cuDNN's packed layout (segment offsets) is not in jax.nn.dot_product_attention's signature
+    from jax._src.cudnn import fused_attention_stablehlo as _cudnn_fused
+except ImportError:
+    _cudnn_fused = None
 
 from pyvision_jax.models.blockwise_attention import MASK_VALUE, blockwise_attention, block_count
 from pyvision_jax.models.sharding import mesh_partition_spec
@@ -32,6 +42,10 @@ IMPLEMENTATIONS = ("dense", "blockwise", "cudnn", "splash")
 
 SPLASH_LANES = 128
 """Splash block sizes must be multiples of the TPU lane width."""
+
+CUDNN_MAX_SEGMENTS = 16
+"""Segments per row the packed cuDNN call is compiled for: its softmax statistics are
+[B * this, H, T] float32 (at T = 32768 and 28 heads, 59 MiB per row)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,13 +65,6 @@ class AttentionConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"model.attention_{name} must be a positive integer, got {value!r}")
-
-    @classmethod
-    def from_config(cls, section: Any) -> "AttentionConfig":
-        """From the `model` config section: attention, attention_block_q, attention_block_kv."""
-        return cls(implementation=section.attention, block_q=section.attention_block_q,
-                   block_kv=section.attention_block_kv)
-
 
 def query_groups(q: jax.Array, kv_heads: int) -> jax.Array:
     """q [B, T, H, d] -> heads-major [B, KVH, G, T, d], the G query heads sharing each kv head."""
@@ -94,17 +101,83 @@ def _zero_padding_queries(out: jax.Array, q_segments: jax.Array, dtype: Any) -> 
     return jnp.where((q_segments != 0)[:, :, None, None], out, 0).astype(dtype)
 
 
+def cudnn_packed_layout_available() -> bool:
+    """Whether this jax's cuDNN attention takes packed rows (per-segment offsets and lengths)."""
+    if _cudnn_fused is None:
+        return False
+    parameters = inspect.signature(_cudnn_fused.dot_product_attention).parameters
+    return ({"q_seqlen", "kv_seqlen", "q_offsets", "kv_offsets", "mask_type"} <= set(parameters)
+            and hasattr(_cudnn_fused, "MaskType") and hasattr(_cudnn_fused.MaskType, "PADDING_CAUSAL"))
+
+
+def packed_segments(segments: jax.Array, max_segments: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Segment ids [B, T] as cuDNN's packed layout: (lengths [B, M], offsets [B, M + 1], run ids
+    [B, M], fits []). A run is a maximal stretch of one non-zero id; row b's runs in order have
+    their lengths, start positions and ids in the first entries, -1 (ids: 0) after. `fits`
+    says that the layout means what the ids mean: every row has at most M runs, each id
+    forms one run (ids increase along the row), and some row has a run."""
+    b, t = segments.shape
+    previous = jnp.pad(segments[:, :-1], ((0, 0), (1, 0)))
+    starts = (segments != 0) & (segments != previous)
+    seen = jax.lax.cummax(previous, axis=1)  # largest id before each position
+    counts = jnp.sum(starts, axis=1)
+    fits = jnp.all(~starts | (segments > seen)) & jnp.all(counts <= max_segments) & jnp.any(counts > 0)
+    run = jnp.cumsum(starts, axis=1) - 1
+    rows = jnp.arange(b)[:, None]
+    slot = lambda keep, size: jnp.where(keep & (run < max_segments), run, size)  # noqa: E731
+    lengths = jnp.zeros((b, max_segments), jnp.int32).at[rows, slot(segments != 0, max_segments)].add(1, mode="drop")
+    used = jnp.arange(max_segments)[None] < counts[:, None]
+    offsets = jnp.full((b, max_segments + 1), -1, jnp.int32).at[rows, slot(starts, max_segments + 1)].set(
+        jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), mode="drop")
+    ids = jnp.zeros((b, max_segments), segments.dtype).at[rows, slot(starts, max_segments)].set(segments, mode="drop")
+    return jnp.where(used, lengths, -1), offsets, ids, fits
+
+
+def _cudnn_packed(q: jax.Array, k: jax.Array, v: jax.Array, q_layout: tuple, kv_layout: tuple, *,
+                  causal: bool, scale: float) -> jax.Array:
+    """cuDNN flash attention over packed rows. The kv heads are repeated up to the query heads:
+    jax releases up to 0.10 scale the kv offsets by the query heads' per-token stride."""
+    groups = q.shape[2] // k.shape[2]
+    if groups > 1:
+        k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+    mask_type = _cudnn_fused.MaskType.PADDING_CAUSAL if causal else _cudnn_fused.MaskType.PADDING
+    return _cudnn_fused.dot_product_attention(
+        q, k, v, q_seqlen=q_layout[0], kv_seqlen=kv_layout[0], q_offsets=q_layout[1], kv_offsets=kv_layout[1],
+        scale=scale, mask_type=mask_type, qkv_layout="BTNH")
+
+
 def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array,
-                    kv_segments: jax.Array, *, causal: bool, scale: float) -> jax.Array:
-    """Token-major cuDNN flash attention (GPU). Padding queries attend to padding keys (never
-    an empty row inside the kernel) and are zeroed afterwards."""
+                    kv_segments: jax.Array, *, causal: bool, scale: float, block_q: int = 128,
+                    block_kv: int = 128) -> jax.Array:
+    """Token-major cuDNN flash attention (GPU) on cuDNN's packed layout; rows it cannot express
+    run the blockwise kernel (`block_q`, `block_kv`). Inputs of padding tokens are zeroed,
+    so whatever the kernel leaves at positions outside every segment reaches neither the
+    output nor the gradients."""
     backend = jax.default_backend()
     if backend != "gpu":
         raise ValueError(f"model.attention='cudnn' needs a GPU, but the JAX backend is {backend!r}; "
                          "set --config.model.attention=blockwise (or splash on TPU)")
-    mask = (q_segments[:, :, None] == kv_segments[:, None, :])[:, None]
-    out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal,
-                                       implementation="cudnn")
+    if not cudnn_packed_layout_available():
+        mask = (q_segments[:, :, None] == kv_segments[:, None, :])[:, None]
+        out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal,
+                                           implementation="cudnn")
+        return _zero_padding_queries(out, q_segments, q.dtype)
+    q_layout = packed_segments(q_segments.astype(jnp.int32), CUDNN_MAX_SEGMENTS)
+    kv_layout = packed_segments(kv_segments.astype(jnp.int32), CUDNN_MAX_SEGMENTS)
+    fits = q_layout[3] & kv_layout[3] & jnp.all(q_layout[2] == kv_layout[2])
+    live = lambda x, segments: jnp.where((segments != 0)[:, :, None, None], x, 0).astype(x.dtype)  # noqa: E731
+    q, k, v = live(q, q_segments), live(k, kv_segments), live(v, kv_segments)
+
+    def packed(q, k, v):
+        return _cudnn_packed(q, k, v, q_layout[:2], kv_layout[:2], causal=causal, scale=scale)
+
+    def blockwise(q, k, v):
+        out = blockwise_attention(query_groups(q, k.shape[2]), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+                                  q_segments, kv_segments, causal=causal, scale=scale, block_q=block_q,
+                                  block_kv=block_kv)
+        return _token_major(out)
+
+    out = jax.lax.cond(fits, packed, blockwise, q, k, v)
     return _zero_padding_queries(out, q_segments, q.dtype)
 
 
@@ -171,7 +244,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array, k
         raise ValueError(f"attention: causal self-attention needs as many queries as keys, got {t} and {s}")
     impl = config.implementation
     if impl == "cudnn":
-        return cudnn_attention(q, k, v, q_segments, kv_segments, causal=causal, scale=scale)
+        return cudnn_attention(q, k, v, q_segments, kv_segments, causal=causal, scale=scale,
+                               block_q=config.block_q, block_kv=config.block_kv)
     if impl == "splash":
         return splash_attention(q, k, v, q_segments, kv_segments, causal=causal, scale=scale,
                                 block_q=config.block_q, block_kv=config.block_kv)

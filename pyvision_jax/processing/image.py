@@ -20,7 +20,7 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 RESCALE_FACTOR = 1 / 255
 MAX_ASPECT_RATIO = 200
 
-# The PyVision recipe's image budget (DESIGN.md).
+# The PyVision recipe's image budget (docs/design.md).
 IMAGE_MIN_PIXELS = 3136
 IMAGE_MAX_PIXELS = 2_000_000
 

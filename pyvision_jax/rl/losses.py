@@ -51,14 +51,6 @@ class PPOLossConfig:
     least this: the "forking" tokens where sampled rollouts part ways (Wang et al. 2025, "Beyond
     the 80/20 rule"). Other tokens stay in the denominator and get no gradient. 0 trains all."""
 
-    @classmethod
-    def from_config(cls, rl) -> "PPOLossConfig":
-        """From the `rl` config section (dual_clip 0 disables the dual clip)."""
-        return cls(eps_low=rl.eps_low, eps_high=rl.eps_high, dual_clip=rl.dual_clip or None,
-                   aggregation=rl.loss_agg, kl_coef=rl.kl_coef, entropy_coef=rl.entropy_coef,
-                   min_entropy=rl.min_entropy,
-                   importance_sampling=rl.importance_sampling, is_truncation=rl.is_truncation)
-
     def __post_init__(self):
         problems = []
         if not 0 <= self.eps_low < 1:

@@ -3,27 +3,43 @@
 Shapes. The engine owns ``max_batch`` decode slots sharing one KV cache [max_batch, S]. All
 jitted work runs on a few static shapes: prompts are left-padded to a length bucket and
 prefilled in batches of 1, 2, 4, ... up to ``max_batch`` rows; decoding runs the first 1, 2,
-4, ... slots that hold every occupied one for ``decode_chunk`` tokens (one ``lax.scan``); the
-cache length S is one of the length buckets plus ``decode_chunk``. New prompt lengths, new
-requests and new weights within those shapes never recompile (``trace_counts`` counts the
-traces of every jitted function).
+4, ... slots that hold every active one for up to ``decode_chunk`` tokens per dispatch (one
+compiled loop, ``pyvision_jax.rollout.decode_loop``, that stops early once every row has
+ended); the cache length S is one of the length buckets plus ``decode_chunk``. New prompt
+lengths, new requests and new weights within those shapes never recompile (``trace_counts``
+counts the traces of every jitted function).
 
-Cache layout: see ``pyvision_jax.rollout.slot_cache`` (slots right-aligned at one shared
-write column; rows shift left together, and the cache grows only when that is not enough).
-Positions never depend on columns: every token carries its M-RoPE position (``rope_index``
-for the prompt, then ``n_real_prompt + k + rope_delta``), so moving columns changes no logits.
+Cache layout: see ``pyvision_jax.rollout.slot_cache`` (every row's columns end before one
+shared write column; rows are compacted together, and the cache grows only when that is not
+enough). Positions never depend on columns: every token carries its M-RoPE position
+(``rope_index`` for the prompt, then one more per generated token), so moving columns changes
+no logits.
 
 Continuous batching. ``generate`` queues its requests; whenever a slot is free the next
-queued requests are prefilled into free slots, and after every decode chunk the host checks
-each new token in order: a stop token id or the end-of-turn token ends it with "eos", a stop
-string completed by the token's text (incremental detokenization) ends it with "stop" (the
-string is kept), the request's token limit ends it with "length". Tokens a slot produced in
-its chunk after it finished are discarded and the slot is freed for the queue.
+queued requests are prefilled into free slots, and after every decode dispatch the host
+checks each new token in order: a stop token id or the end-of-turn token ends it with "eos",
+a stop string completed by the token's text (incremental detokenization) ends it with "stop"
+(the string is kept), the request's token limit ends it with "length". Tokens a slot produced
+in its dispatch after it finished are discarded.
+
+Context continuation (``kv_continuation``). A finished request's slot is held with its
+context's KV (``pyvision_jax.rollout.held_context``). A later request with the same request id
+whose prompt starts with that context (the episode's next turn: the context, the tool
+response and its images, the next prompt) goes back to its slot, and only the rest of its
+prompt is prefilled after the kept columns (``cache_rows.extend_rows``), with the positions
+``rope_index`` gives those tokens in the whole prompt, so the logits are those of a prefill of
+the whole prompt. Memory is bounded by the cache itself: a held slot is one of the
+``max_batch`` rows, holding costs nothing beyond the cache that serving ``max_batch``
+requests needs, and S never exceeds the largest length bucket plus ``decode_chunk``. A held
+slot is given up (its episode's next request is prefilled in full) when a request needs a
+slot and none is free (least recently held first), and all are given up on new weights.
+While slots are held the cache only grows, it is never replaced by a smaller one.
 
 Sampling. See ``pyvision_jax.rollout.sampling`` for exactly which distribution the logprobs
 come from. Token k of a request is drawn with ``fold_in(key(seed, request), k)``, where the
 request key folds the seed with a CRC of the request id (and the id's repeat count within the
-call), so a seeded request gives the same tokens whatever slot, batch or timing it gets.
+call), so a seeded request gives the same tokens whatever slot, batch, timing, number of
+decode steps per dispatch or cache continuation it gets.
 """
 
 from __future__ import annotations
@@ -38,74 +54,52 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pyvision_jax.convert.names import TensorKind, hub_name, is_tied_lm_head, tensor_kind
-from pyvision_jax.convert.tree import stack_tensors
-from pyvision_jax.models import KVCache, ModelConfig, ModelInputs, forward, prepare_inputs
-from pyvision_jax.models.rope_index import decode_position_ids
+from pyvision_jax.models import KVCache, ModelConfig, ModelInputs, prepare_inputs
+from pyvision_jax.models.rope_index import PADDING_POSITION, decode_position_ids, rope_index_for
 from pyvision_jax.models.vision import window_units
-from pyvision_jax.processing.image import preprocess_images
 from pyvision_jax.agent.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
-from pyvision_jax.rollout.sampling import SamplingArrays, sample_tokens
+from pyvision_jax.rollout.cache_rows import extend_rows, prefill_rows
+from pyvision_jax.rollout.decode_loop import decode_steps
+from pyvision_jax.rollout.held_context import HeldContext, reusable_prefix
+from pyvision_jax.rollout.incremental_text import IncrementalText
+from pyvision_jax.rollout.named_params import params_from_named
+from pyvision_jax.rollout.request_images import check_images, image_patches
+from pyvision_jax.rollout.sampling import SamplingArrays
 from pyvision_jax.rollout.slot_cache import SlotCache, smallest_bucket
 
 DEFAULT_LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
-class IncrementalText:
-    """Text of a growing token sequence, decoded incrementally (vLLM's detokenizer scheme).
-
-    Only complete characters are appended: while the newest tokens decode to an incomplete
-    UTF-8 sequence (a trailing U+FFFD), their text is held back until a later token
-    completes it, so a stop string is found at the first token that completes it.
-    """
-
-    def __init__(self, tokenizer: Any, window: int = 6):
-        self._tokenizer = tokenizer
-        self._window = window
-        self._ids: list[int] = []
-        self._prefix_offset = 0
-        self._read_offset = 0
-        self.text = ""
-
-    def _decode(self, ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=True)
-
-    def append(self, token_id: int) -> str:
-        """Adds one token; returns the text it completed (possibly empty)."""
-        self._ids.append(int(token_id))
-        prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])
-        full = self._decode(self._ids[self._prefix_offset:])
-        if len(full) <= len(prefix) or full.endswith("\ufffd"):
-            return ""
-        delta = full[len(prefix):]
-        self._read_offset = len(self._ids)
-        self._prefix_offset = max(self._prefix_offset, self._read_offset - self._window)
-        self.text += delta
-        return delta
-
-
 @dataclasses.dataclass
 class _Prepared:
-    """A validated request with its position in the call, token limit and PRNG key."""
+    """A validated request with its position in the call, token limit and PRNG key, and the
+    held slot (``row``) whose first ``reused`` tokens and ``reused_images`` images it continues."""
 
     index: int
     request: GenerationRequest
     limit: int
     key: np.ndarray  # raw key data of the request's PRNG key
-    pixel_values: np.ndarray | None
+    pixel_values: np.ndarray | None = None  # patches of the images it prefills
+    row: int | None = None
+    reused: int = 0
+    reused_images: int = 0
 
 
 @dataclasses.dataclass
 class _Slot:
-    """Host state of one occupied decode slot."""
+    """Host state of one decoding slot."""
 
     job: _Prepared
-    length: int  # valid cache columns of the row
     position: int  # M-RoPE position of `last_token` (not yet in the cache)
     last_token: int
     token_ids: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     text: IncrementalText | None = None
+
+    @property
+    def context(self) -> int:
+        """Tokens whose KV the slot's row holds: the prompt and all generated tokens but the last."""
+        return len(self.job.request.prompt_token_ids) + len(self.token_ids) - 1
 
 
 class JaxEngine:
@@ -115,13 +109,15 @@ class JaxEngine:
     state); ``tokenizer`` is used for the end-of-turn ids and to detect stop strings.
     ``length_buckets`` are the prompt lengths prefill pads to (and, plus ``decode_chunk``,
     the cache lengths); prompt + token limit must fit in the largest one. Prefill batches are
-    padded to one of ``prefill_batch_sizes`` (default 1, 2, 4, ... max_batch). A decode chunk
-    runs only the first ``r`` slots, ``r`` the smallest of ``decode_batch_sizes`` (default:
-    the prefill sizes) holding the occupied ones; when an occupied slot lies past ``r`` the
-    occupied rows are first moved to the front (one jitted row gather), so that a call's
-    stragglers do not pay for the whole batch. The cache
-    never has fewer than ``min_cache_length`` columns (rounded up to a cache length), which
-    avoids growing, and compiling for, larger caches when the workload's lengths are known.
+    padded to one of ``prefill_batch_sizes`` (default 1, 2, 4, ... max_batch). A decode
+    dispatch runs up to ``decode_chunk`` steps (1: one step per dispatch) for the first ``r``
+    slots, ``r`` the smallest of ``decode_batch_sizes`` (default: the prefill sizes) holding
+    the active ones; when an active slot lies past ``r`` the active rows are first moved to
+    the front (one jitted row gather), so that a call's stragglers do not pay for the whole
+    batch. The cache never has fewer than ``min_cache_length`` columns (rounded up to a cache
+    length), which avoids growing, and compiling for, larger caches when the workload's
+    lengths are known. ``kv_continuation`` holds finished slots for their episode's next
+    request (module docstring); off, every request is prefilled in full.
     """
 
     def __init__(self, config: ModelConfig, params: Any, tokenizer: Any, *, max_batch: int = 8,
@@ -129,7 +125,7 @@ class JaxEngine:
                  prefill_batch_sizes: Sequence[int] | None = None,
                  decode_batch_sizes: Sequence[int] | None = None, min_cache_length: int = 0,
                  compute_dtype: Any = jnp.float32, cache_dtype: Any = None, version: int = 0,
-                 eos_token_ids: Iterable[int] | None = None):
+                 eos_token_ids: Iterable[int] | None = None, kv_continuation: bool = True):
         if max_batch < 1:
             raise ValueError(f"JaxEngine: max_batch must be >= 1, got {max_batch}")
         if decode_chunk < 1:
@@ -142,6 +138,7 @@ class JaxEngine:
         self.max_batch = max_batch
         self.length_buckets = buckets
         self.decode_chunk = decode_chunk
+        self.kv_continuation = bool(kv_continuation)
         self.compute_dtype = jnp.dtype(compute_dtype).name
         self.cache_dtype = jnp.dtype(cache_dtype or compute_dtype)
         self.eos_token_ids = frozenset(end_of_turn_ids(tokenizer) if eos_token_ids is None
@@ -158,14 +155,18 @@ class JaxEngine:
                              f"max_batch={max_batch}, got {decode_batch_sizes}")
         self.trace_counts: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()
+        self.token_counts: Counter[str] = Counter()  # "prefilled", "reused" prompt tokens; "generated"
         self._kv = SlotCache(config, max_batch, buckets, decode_chunk, self.cache_dtype,
                              min_cache_length, self.trace_counts, self.calls)
+        self._slots: list[_Slot | HeldContext | None] = [None] * max_batch
+        self._clock = 0
         self._params = jax.tree.map(jnp.asarray, params)
         self._version = int(version)
         self._lock = threading.Lock()
         self._seed_source = np.random.default_rng()
-        self._vision_floor: dict[int, tuple[int, int]] = {}  # prefill batch -> (windows, merged)
+        self._vision_floor: dict[tuple[str, int], tuple[int, int]] = {}  # (kind, batch) -> (windows, merged)
         self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1,))
+        self._extend = jax.jit(self._extend_impl, donate_argnums=(1,))
         self._decode = jax.jit(self._decode_impl, donate_argnums=(1,))
 
     # ------------------------------------------------------------------ Engine protocol
@@ -179,10 +180,15 @@ class JaxEngine:
         return self._params
 
     @property
+    def held_slots(self) -> int:
+        """Slots holding a finished request's context for its episode's next request."""
+        return sum(isinstance(s, HeldContext) for s in self._slots)
+
+    @property
     def compile_counts(self) -> dict[str, int]:
         """Compiled executables held by each jitted function (a retrace or a new argument
         placement adds one; ``trace_counts`` only sees retraces)."""
-        functions = {"prefill": self._prefill, "decode": self._decode}
+        functions = {"prefill": self._prefill, "extend": self._extend, "decode": self._decode}
         return {name: fn._cache_size() for name, fn in functions.items()} | self._kv.compile_counts
 
     def update_weights(self, weights: Any, version: int) -> None:
@@ -192,7 +198,7 @@ class JaxEngine:
         iterable of (Hub or transformers-v5 tensor name, array in HF layout) pairs.
         """
         if not isinstance(weights, Mapping):
-            weights = self._params_from_named(weights)
+            weights = params_from_named(self.config, weights)
         current = self._params
         if jax.tree.structure(weights) != jax.tree.structure(current):
             raise ValueError("update_weights: the new weights' tree differs from the engine's "
@@ -210,26 +216,7 @@ class JaxEngine:
         with self._lock:
             self._params = new_params
             self._version = int(version)
-
-    def _params_from_named(self, named: Iterable[tuple[str, Any]]) -> dict:
-        """A params tree from (HF name, HF-layout array) pairs; missing or unknown tensors raise."""
-        hf_config = self.config.to_hf_dict()
-        tensors: dict[str, np.ndarray] = {}
-        for name, array in named:
-            if is_tied_lm_head(name, hf_config):
-                continue
-            array = np.asarray(array.detach().cpu().float().numpy() if hasattr(array, "detach")
-                               else array)
-            kind = tensor_kind(hub_name(name))
-            if kind is TensorKind.LINEAR_WEIGHT:
-                array = array.T
-            elif kind is TensorKind.CONV_WEIGHT:
-                array = array.reshape(array.shape[0], -1).T
-            tensors[name] = array
-        try:
-            return stack_tensors(tensors, hf_config)
-        except ValueError as error:
-            raise ValueError(f"update_weights: {error}") from None
+            self._release(lambda s: isinstance(s, HeldContext))  # their KV is of the old weights
 
     def generate(self, requests: Sequence[GenerationRequest],
                  params: SamplingParams) -> list[GenerationResult]:
@@ -240,24 +227,32 @@ class JaxEngine:
             seed = params.call_seed(self._seed_source)
             jobs = self._prepare(requests, params, seed)
             settings = SamplingArrays.create(params.temperature, params.top_k, params.top_p)
+            stop_mask = np.zeros(self.config.vocab_size, bool)
+            stop_mask[[t for t in self.eos_token_ids | set(params.stop_token_ids)
+                       if 0 <= t < self.config.vocab_size]] = True
             version = self._version
             results: list[GenerationResult | None] = [None] * len(jobs)
             self._kv.reset(max(len(j.request.prompt_token_ids) for j in jobs))
             queued = deque(jobs)
-            slots: list[_Slot | None] = [None] * self.max_batch
-            while queued or any(slots):
-                free = [i for i, s in enumerate(slots) if s is None]
-                if queued and free:
-                    joining = [queued.popleft() for _ in range(min(len(free), len(queued)))]
-                    self._admit(joining, free, slots, settings, params, results, version)
-                    continue
-                self._decode_chunk(slots, settings, params, results, version)
+            try:
+                while queued or any(isinstance(s, _Slot) for s in self._slots):
+                    kind, joining, rows = self._joining(queued)
+                    if joining:
+                        admit = self._admit_extended if kind == "extend" else self._admit
+                        admit(joining, rows, settings, params, results, version)
+                        continue
+                    self._decode_chunk(settings, jnp.asarray(stop_mask), params, results, version)
+            except BaseException:
+                self._release(lambda s: isinstance(s, _Slot))
+                raise
             return [r for r in results if r is not None]
 
     # ------------------------------------------------------------------ host side
 
     def _prepare(self, requests: Sequence[GenerationRequest], params: SamplingParams,
                  seed: int) -> list[_Prepared]:
+        """Validates the requests, gives each its key and held slot, and preprocesses the
+        images each will prefill."""
         largest = self.length_buckets[-1]
         repeats: Counter[str] = Counter()
         base = jax.random.key(seed)
@@ -271,46 +266,56 @@ class JaxEngine:
                 raise ValueError(
                     f"request {request.request_id}: prompt of {len(prompt)} tokens + token "
                     f"limit {limit} exceeds the engine's largest length bucket {largest}")
-            pixel_values = self._pixel_values(request)
+            check_images(self.config, request)
             key = jax.random.fold_in(base, zlib.crc32(request.request_id.encode()) & 0x7FFFFFFF)
             key = jax.random.fold_in(key, repeats[request.request_id])
             repeats[request.request_id] += 1
-            jobs.append(_Prepared(index, request, limit, np.asarray(jax.random.key_data(key)),
-                                  pixel_values))
+            jobs.append(_Prepared(index, request, limit, np.asarray(jax.random.key_data(key))))
+        if self.kv_continuation:
+            self._claim(jobs)
+        for job in jobs:
+            job.pixel_values = image_patches(self.config, job.request, job.reused_images)
         return jobs
 
-    def _pixel_values(self, request: GenerationRequest) -> np.ndarray | None:
-        """Patches of the request's images, checked against its grids and pad tokens."""
-        vision = self.config.vision
-        grids = request.image_grid_thw
-        pads = sum(1 for t in request.prompt_token_ids if t == self.config.image_token_id)
-        expected = int(np.sum(np.prod(grids, axis=-1))) // vision.spatial_merge_size ** 2
-        if pads != expected:
-            raise ValueError(f"request {request.request_id}: {pads} image-pad tokens in the "
-                             f"prompt but image_grid_thw accounts for {expected}")
-        if not request.images:
-            return None
-        for k, (image, (_, h, w)) in enumerate(zip(request.images, grids)):
-            size = (int(w) * vision.patch_size, int(h) * vision.patch_size)
-            if image.size != size:
-                raise ValueError(f"request {request.request_id}: image {k} is {image.size[0]}x"
-                                 f"{image.size[1]} but its grid {list(map(int, grids[k]))} "
-                                 f"needs {size[0]}x{size[1]} (images come resized)")
-        pixels = [im.size[0] * im.size[1] for im in request.images]
-        patches, got = preprocess_images(
-            request.images, min_pixels=min(pixels), max_pixels=max(pixels),
-            patch_size=vision.patch_size, merge_size=vision.spatial_merge_size,
-            temporal_patch_size=vision.temporal_patch_size)
-        if not np.array_equal(got, grids):
-            raise ValueError(f"request {request.request_id}: preprocessing gave grids "
-                             f"{got.tolist()}, the request says {grids.tolist()}")
-        return patches
+    def _claim(self, jobs: list[_Prepared]) -> None:
+        """Sends each request continuing a held slot's context back to that slot."""
+        held = {i: s for i, s in enumerate(self._slots) if isinstance(s, HeldContext)}
+        merge = self.config.vision.spatial_merge_size
+        for job in jobs:
+            options = [(reusable_prefix(s, job.request, self.config.image_token_id, merge), i)
+                       for i, s in held.items() if s.request_id == job.request.request_id]
+            if options:
+                (reused, images), row = max(options)
+                if reused > 0:
+                    job.row, job.reused, job.reused_images = row, reused, images
+                    del held[row]
 
-    def _admit(self, joining: list[_Prepared], free: list[int], slots: list[_Slot | None],
-               settings: SamplingArrays, params: SamplingParams,
-               results: list[GenerationResult | None], version: int) -> None:
-        """Prefills `joining` into free slots and takes their first tokens."""
-        prompts = [j.request.prompt_token_ids for j in joining]
+    def _joining(self, queued: deque) -> tuple[str, list[_Prepared], list[int]]:
+        """The next requests to admit and their slots: every queued continuation, else as many
+        queued requests as there are free slots, given up held ones included (least
+        recently held first)."""
+        continuing = [j for j in queued if j.row is not None]
+        if continuing:
+            for job in continuing:
+                queued.remove(job)
+            return "extend", continuing, [j.row for j in continuing]
+        free = [i for i, s in enumerate(self._slots) if s is None]
+        held = sorted((s.used, i) for i, s in enumerate(self._slots) if isinstance(s, HeldContext))
+        rows = (free + [i for _, i in held])[:len(queued)]
+        self._release(lambda s: False, rows)
+        return "prefill", [queued.popleft() for _ in rows], rows
+
+    def _release(self, which: Any, rows: Iterable[int] = ()) -> None:
+        """Frees the slots `rows` and every slot whose state satisfies `which`."""
+        rows = set(rows) | {i for i, s in enumerate(self._slots) if s is not None and which(s)}
+        for i in rows:
+            self._slots[i] = None
+            self._kv.content[i] = 0
+
+    def _block(self, joining: list[_Prepared], starts: Sequence[int]) -> tuple[dict, int, int]:
+        """Model inputs of the prompts' tokens from `starts` on, left-padded to a length
+        bucket in a batch of a prefill size, with those tokens' images."""
+        prompts = [j.request.prompt_token_ids[s:] for j, s in zip(joining, starts)]
         length = smallest_bucket(max(map(len, prompts)), self.length_buckets)
         batch = smallest_bucket(len(joining), self.prefill_batches)
         ids = np.full((batch, length), self.config.pad_token_id, np.int32)
@@ -322,85 +327,130 @@ class JaxEngine:
         with_images = [j for j in joining if j.pixel_values is not None]
         if with_images:
             inputs["pixel_values"] = np.concatenate([j.pixel_values for j in with_images])
-            inputs["image_grid_thw"] = np.concatenate([j.request.image_grid_thw
+            inputs["image_grid_thw"] = np.concatenate([j.request.image_grid_thw[j.reused_images:]
                                                        for j in with_images])
-        model_inputs, deltas = self._prepare_held(batch, inputs)
+        return inputs, batch, length
+
+    def _admit(self, joining: list[_Prepared], rows: list[int], settings: SamplingArrays,
+               params: SamplingParams, results: list[GenerationResult | None], version: int) -> None:
+        """Prefills `joining` into the free slots `rows` and takes their first tokens."""
+        inputs, batch, length = self._block(joining, [0] * len(joining))
+        model_inputs, deltas = self._prepare_held(("prefill", batch), inputs)
+        prompt_lengths = [len(j.request.prompt_token_ids) for j in joining]
+        self._kv.hold_block(length)
+        self._kv.make_room(max(prompt_lengths), 0)
+        self._kv.cache, tokens, logprobs = self._prefill(
+            self._params, self._kv.cache, model_inputs, self._targets(rows, batch),
+            jnp.asarray(self._kv.index - length, jnp.int32), self._keys(joining, batch), settings)
+        self.calls["prefill"] += 1
+        self.token_counts["prefilled"] += sum(prompt_lengths)
+        starts = decode_position_ids(deltas, inputs["attention_mask"].sum(-1))[0, :, 0]
+        self._seat(joining, rows, starts, tokens, logprobs, params, results, version)
+
+    def _admit_extended(self, joining: list[_Prepared], rows: list[int], settings: SamplingArrays,
+                        params: SamplingParams, results: list[GenerationResult | None],
+                        version: int) -> None:
+        """Prefills the rest of each continuing prompt after its held slot's kept columns and
+        takes the first tokens."""
+        inputs, batch, length = self._block(joining, [j.reused for j in joining])
+        positions = np.full((3, batch, length), PADDING_POSITION, np.int32)
+        starts = []
+        for row, job in enumerate(joining):
+            prompt = np.asarray(job.request.prompt_token_ids)[None]
+            full, delta = rope_index_for(self.config, prompt, None, job.request.image_grid_thw)
+            positions[:, row, length - prompt.shape[1] + job.reused:] = full[:, 0, job.reused:]
+            starts.append(prompt.shape[1] + int(delta[0]))
+        inputs["position_ids"] = positions
+        model_inputs, _ = self._prepare_held(("extend", batch), inputs)
+        keep = np.zeros(batch, np.int32)
+        keep[:len(joining)] = [j.reused for j in joining]
+        self._kv.make_room(max(len(j.request.prompt_token_ids) for j in joining), 0)
+        self._kv.cache, tokens, logprobs = self._extend(
+            self._params, self._kv.cache, model_inputs, self._targets(rows, batch), jnp.asarray(keep),
+            self._keys(joining, batch), settings)
+        self.calls["extend"] += 1
+        self.token_counts["reused"] += int(keep.sum())
+        self.token_counts["prefilled"] += sum(len(j.request.prompt_token_ids) - j.reused for j in joining)
+        self._seat(joining, rows, starts, tokens, logprobs, params, results, version)
+
+    def _targets(self, rows: list[int], batch: int) -> jax.Array:
         targets = np.full(batch, self.max_batch, np.int32)  # out of range: dropped
-        targets[:len(joining)] = free[:len(joining)]
+        targets[:len(rows)] = rows
+        return jnp.asarray(targets)
+
+    def _keys(self, joining: list[_Prepared], batch: int) -> jax.Array:
         keys = np.zeros((batch, 2), np.uint32)
         keys[:len(joining)] = [j.key for j in joining]
-        self._kv.hold_block(length)
-        self._kv.make_room(_lengths(slots), max(map(len, prompts)), 0)
-        self._kv.cache, tokens, logprobs = self._prefill(
-            self._params, self._kv.cache, model_inputs, jnp.asarray(targets),
-            jnp.asarray(self._kv.index - length, jnp.int32), jnp.asarray(keys), settings)
-        self.calls["prefill"] += 1
-        tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
-        n_real = mask.sum(-1)
-        starts = decode_position_ids(deltas, n_real)[0, :, 0]
-        for row, job in enumerate(joining):
-            slot = _Slot(job, length=int(n_real[row]), position=int(starts[row]),
-                         last_token=int(tokens[row]),
-                         text=IncrementalText(self.tokenizer) if params.stop else None)
-            slots[free[row]] = slot
-            self._accept(free[row], slots, int(tokens[row]), float(logprobs[row]), params,
-                         results, version)
+        return jnp.asarray(keys)
 
-    def _prepare_held(self, batch: int, inputs: dict) -> tuple[ModelInputs, np.ndarray]:
-        """Model inputs whose vision buckets never shrink for a prefill batch size: the
+    def _seat(self, joining: list[_Prepared], rows: list[int], starts: Sequence[int], tokens: jax.Array,
+              logprobs: jax.Array, params: SamplingParams, results: list[GenerationResult | None],
+              version: int) -> None:
+        """Puts the prefilled requests in their slots with their first tokens."""
+        tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
+        for k, (job, row) in enumerate(zip(joining, rows)):
+            self._slots[row] = _Slot(job, position=int(starts[k]), last_token=int(tokens[k]),
+                                     text=IncrementalText(self.tokenizer) if params.stop else None)
+            self._kv.content[row] = len(job.request.prompt_token_ids)
+            self._accept(row, int(tokens[k]), float(logprobs[k]), params, results, version)
+
+    def _prepare_held(self, kind: tuple[str, int], inputs: dict) -> tuple[ModelInputs, np.ndarray]:
+        """Model inputs whose vision buckets never shrink for a (kind, batch size): the
         number of images varies from batch to batch, and each new vision shape would
         compile the prefill anew."""
-        model_inputs, deltas = prepare_inputs(self.config, inputs, *self._vision_floor.get(batch, (1, 1)))
+        model_inputs, deltas = prepare_inputs(self.config, inputs, *self._vision_floor.get(kind, (1, 1)))
         if model_inputs.layout is not None:
             vision = self.config.vision
             slots_per_window = window_units(vision) ** 2 * vision.merge_unit
-            self._vision_floor[batch] = (model_inputs.layout.patch_index.shape[0] // slots_per_window,
-                                         model_inputs.layout.merged_index.shape[0])
+            self._vision_floor[kind] = (model_inputs.layout.patch_index.shape[0] // slots_per_window,
+                                        model_inputs.layout.merged_index.shape[0])
         return model_inputs, deltas
 
-    def _decode_chunk(self, slots: list[_Slot | None], settings: SamplingArrays,
-                      params: SamplingParams, results: list[GenerationResult | None],
-                      version: int) -> None:
-        """Runs `decode_chunk` tokens for the first slots (a decode batch size holding every
-        occupied one, moved to the front if needed) and hands each active slot its tokens."""
-        steps = self.decode_chunk
-        self._kv.make_room(_lengths(slots), 0, steps)
-        occupied = [i for i, s in enumerate(slots) if s is not None]
-        rows = smallest_bucket(len(occupied), self.decode_batches)
-        if occupied[-1] >= rows:
-            order = occupied + [i for i, s in enumerate(slots) if s is None]
+    def _decode_chunk(self, settings: SamplingArrays, stop_mask: jax.Array, params: SamplingParams,
+                      results: list[GenerationResult | None], version: int) -> None:
+        """Runs up to `decode_chunk` tokens for the first slots (a decode batch size holding
+        every active one, moved to the front if needed) and hands each slot its tokens."""
+        slots = self._slots
+        self._kv.make_room(0, self.decode_chunk)
+        active = [i for i, s in enumerate(slots) if isinstance(s, _Slot)]
+        rows = smallest_bucket(len(active), self.decode_batches)
+        if active[-1] >= rows:
+            order = active + [i for i, s in enumerate(slots) if not isinstance(s, _Slot)]
             self._kv.permute_rows(np.asarray(order, np.int32))
             slots[:] = [slots[i] for i in order]
-        running = slots[:rows]
-        active = np.array([s is not None for s in running])
-        tokens = np.array([s.last_token if s else 0 for s in running], np.int32)
-        positions = np.array([s.position if s else 0 for s in running], np.int32)
-        counts = np.array([len(s.token_ids) if s else 0 for s in running], np.int32)
-        keys = np.stack([s.job.key if s else np.zeros(2, np.uint32) for s in running])
-        self._kv.cache, new_tokens, new_logprobs = self._decode(
-            self._params, self._kv.cache, jnp.asarray(tokens), jnp.asarray(positions),
-            jnp.asarray(active), jnp.asarray(counts), jnp.asarray(keys), settings)
+        running = [s if isinstance(s, _Slot) else None for s in slots[:rows]]
+        live = np.array([s is not None for s in running])
+        column = lambda value, dtype=np.int32: np.array([value(s) if s else 0 for s in running], dtype)
+        self._kv.cache, new_tokens, new_logprobs, drawn, steps = self._decode(
+            self._params, self._kv.cache, jnp.asarray(column(lambda s: s.last_token)),
+            jnp.asarray(column(lambda s: s.position)), jnp.asarray(live),
+            jnp.asarray(column(lambda s: len(s.token_ids))), jnp.asarray(column(lambda s: s.job.limit)),
+            jnp.asarray(np.stack([s.job.key if s else np.zeros(2, np.uint32) for s in running])),
+            stop_mask, settings)
+        steps = int(steps)
         self._kv.index += steps
         self.calls["decode"] += 1
-        new_tokens, new_logprobs = np.asarray(new_tokens), np.asarray(new_logprobs)
+        self.calls["decode_steps"] += steps
+        new_tokens, new_logprobs, drawn = np.asarray(new_tokens), np.asarray(new_logprobs), np.asarray(drawn)
         for i, slot in enumerate(running):
             if slot is None:
                 continue
-            slot.length += steps
-            slot.position += steps
-            for step in range(steps):
+            slot.position += int(drawn[i])
+            for step in range(int(drawn[i])):
                 slot.last_token = int(new_tokens[i, step])
-                if self._accept(i, slots, slot.last_token, float(new_logprobs[i, step]),
-                                params, results, version):
+                if self._accept(i, slot.last_token, float(new_logprobs[i, step]), params, results, version):
                     break
+            else:
+                self._kv.content[i] = slot.context
 
-    def _accept(self, i: int, slots: list[_Slot | None], token: int, logprob: float,
-                params: SamplingParams, results: list[GenerationResult | None],
-                version: int) -> bool:
-        """Appends one token to slot i; on a finish, records the result and frees the slot."""
-        slot = slots[i]
+    def _accept(self, i: int, token: int, logprob: float, params: SamplingParams,
+                results: list[GenerationResult | None], version: int) -> bool:
+        """Appends one token to slot i; on a finish, records the result and frees or holds
+        the slot."""
+        slot = self._slots[i]
         slot.token_ids.append(token)
         slot.logprobs.append(logprob)
+        self.token_counts["generated"] += 1
         reason, matched = None, None
         if token in self.eos_token_ids or token in params.stop_token_ids:
             reason = "eos"
@@ -418,71 +468,39 @@ class JaxEngine:
             return False
         results[slot.job.index] = GenerationResult(
             tuple(slot.token_ids), tuple(slot.logprobs), reason, matched, version)
-        slots[i] = None
+        self._slots[i], self._kv.content[i] = None, 0
+        if self.kv_continuation:
+            request = slot.job.request
+            self._clock += 1
+            self._slots[i] = HeldContext(request.request_id,
+                                         np.asarray(request.prompt_token_ids + tuple(slot.token_ids[:-1])),
+                                         request.images, request.image_grid_thw, self._clock)
+            self._kv.content[i] = slot.context
         return True
 
     # ------------------------------------------------------------------ jitted functions
 
-    def _prefill_impl(self, params: Any, cache: KVCache, inputs: ModelInputs,
-                      targets: jax.Array, start: jax.Array, keys: jax.Array,
+    def _prefill_impl(self, params: Any, cache: KVCache, inputs: ModelInputs, targets: jax.Array,
+                      start: jax.Array, keys: jax.Array,
                       settings: SamplingArrays) -> tuple[KVCache, jax.Array, jax.Array]:
-        """Runs left-padded prompts into a fresh cache, copies its rows into the slots
-        `targets` at columns [start, start + length) and samples each first token.
-
-        `start` may be negative as long as the real tokens fit before the write index: the
-        leading padding columns then wrap to the end of the row, past the write index, as
-        invalid columns that decoding overwrites."""
+        """``cache_rows.prefill_rows``."""
         self.trace_counts["prefill"] += 1
-        batch, length = inputs.input_ids.shape
-        fresh = KVCache.init(self.config, batch, length, self.cache_dtype)
-        logits, fresh = forward(self.config, self.compute_dtype, params, inputs, fresh)
-        token_keys = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(keys),
-                                                   jnp.zeros(batch, jnp.int32))
-        tokens, logprobs = sample_tokens(logits[:, -1], token_keys, settings)
-        rows = targets[:, None]
-        columns = (start + jnp.arange(length)[None, :]) % cache.max_length
+        return prefill_rows(self.config, self.compute_dtype, params, cache, inputs, targets, start,
+                            keys, settings)
 
-        def place(big: jax.Array, small: jax.Array) -> jax.Array:
-            """Stacked heads-major [L, B, KVH, S, d]: indexing puts (row, column) first."""
-            small = small.transpose(1, 3, 0, 2, 4).astype(big.dtype)
-            return big.at[:, rows, :, columns].set(small, mode="drop")
-
-        valid = cache.valid.at[targets].set(False, mode="drop")
-        valid = valid.at[rows, columns].set(fresh.valid, mode="drop")
-        cache = KVCache(keys=place(cache.keys, fresh.keys), values=place(cache.values, fresh.values),
-                        valid=valid, index=cache.index)
+    def _extend_impl(self, params: Any, cache: KVCache, inputs: ModelInputs, targets: jax.Array,
+                     keep: jax.Array, keys: jax.Array,
+                     settings: SamplingArrays) -> tuple[KVCache, jax.Array, jax.Array]:
+        """``cache_rows.extend_rows`` without the block's logits."""
+        self.trace_counts["extend"] += 1
+        cache, _, tokens, logprobs = extend_rows(self.config, self.compute_dtype, params, cache, inputs,
+                                                 targets, keep, keys, settings)
         return cache, tokens, logprobs
 
     def _decode_impl(self, params: Any, cache: KVCache, tokens: jax.Array, positions: jax.Array,
-                     active: jax.Array, counts: jax.Array, keys: jax.Array,
-                     settings: SamplingArrays) -> tuple[KVCache, jax.Array, jax.Array]:
-        """`decode_chunk` steps for the first len(tokens) slots: feed each slot's last token,
-        sample the next. The other rows of the cache are kept as they are."""
+                     live: jax.Array, counts: jax.Array, limits: jax.Array, keys: jax.Array,
+                     stop_mask: jax.Array, settings: SamplingArrays) -> tuple:
+        """``decode_loop.decode_steps`` of up to `decode_chunk` steps."""
         self.trace_counts["decode"] += 1
-        typed_keys = jax.random.wrap_key_data(keys)
-        rows = tokens.shape[0]
-        full = cache
-        cache = KVCache(keys=full.keys[:, :rows], values=full.values[:, :rows],
-                        valid=full.valid[:rows], index=full.index)
-
-        def step(carry: tuple[KVCache, jax.Array], t: jax.Array):
-            cache, last = carry
-            pos = jnp.broadcast_to((positions + t)[None, :, None], (3, last.shape[0], 1))
-            inputs = ModelInputs(input_ids=last[:, None], attention_mask=active[:, None],
-                                 positions=pos)
-            logits, cache = forward(self.config, self.compute_dtype, params, inputs, cache)
-            step_keys = jax.vmap(jax.random.fold_in)(typed_keys, counts + t)
-            new, logprobs = sample_tokens(logits[:, 0], step_keys, settings)
-            return (cache, new), (new, logprobs)
-
-        (cache, _), (new_tokens, logprobs) = jax.lax.scan(
-            step, (cache, tokens), jnp.arange(self.decode_chunk, dtype=jnp.int32))
-        cache = KVCache(keys=full.keys.at[:, :rows].set(cache.keys),
-                        values=full.values.at[:, :rows].set(cache.values),
-                        valid=full.valid.at[:rows].set(cache.valid), index=cache.index)
-        return cache, new_tokens.T, logprobs.T
-
-
-def _lengths(slots: list[_Slot | None]) -> list[int]:
-    """Valid cache columns of every occupied slot."""
-    return [s.length for s in slots if s is not None]
+        return decode_steps(self.config, self.compute_dtype, self.decode_chunk, params, cache, tokens,
+                            positions, live, counts, limits, keys, stop_mask, settings)

@@ -1,23 +1,29 @@
 """The KV cache shared by ``JaxEngine``'s decode slots, and its column bookkeeping.
 
-Cache layout. The model's cache writes every call's tokens at one shared column ``index``.
-Each slot keeps its tokens right-aligned: its valid columns are ``[index - length, index)``.
+Cache layout. The model's cache writes every call's tokens at one shared column ``index``;
+every valid column of every row lies before it. Positions never depend on columns (each token
+carries its M-RoPE position), so a row's valid columns may sit anywhere before ``index`` as
+long as their order is the order of the context: gaps of invalid columns change no logits.
 A joining request is prefilled into a small cache of its bucket length and copied into its
 slot ending at ``index`` (its leading padding may wrap to the row's free end; joining clears
-the row's stale columns); a decode chunk appends ``decode_chunk`` columns to the first rows,
-which hold every occupied slot (inactive ones write masked, invalid columns), and leaves the
-free rows after them as they are (``permute_rows`` moves occupied rows to the front). When the
-cache runs out of room, all rows are shifted left together until the longest active row starts
-at column 0 (one jitted roll), and only if that is not enough the cache grows to the next
-bucket. The cache length is always one of the length buckets plus
-``decode_chunk``.
+the row's stale columns); a continued request's row is rebuilt ending at ``index`` (see
+``pyvision_jax.rollout.cache_rows``); a decode dispatch appends columns to the first rows,
+which hold every active slot (inactive ones write masked, invalid columns), and leaves the
+free rows after them as they are (``permute_rows`` moves active rows to the front).
+
+``content[row]`` is the number of leading valid columns of the row worth keeping: all of an
+active row's, the context of a held row (the columns a stop string's overrun wrote after it
+are not), 0 for a free row. When the cache runs out of room, every row's kept columns are
+compacted to end at the smallest write index that holds the longest of them (one jitted
+gather), and only if that is not enough the cache grows to the next bucket. The cache length
+is always one of the length buckets plus ``decode_chunk``.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import Counter
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -32,12 +38,33 @@ def smallest_bucket(value: int, buckets: Sequence[int]) -> int | None:
     return buckets[position] if position < len(buckets) else None
 
 
-class SlotCache:
-    """The KV cache [max_batch, S] of the decode slots and its shared write column.
+def compact_columns(keys: jax.Array, values: jax.Array, valid: jax.Array, keep: jax.Array,
+                    end: jax.Array, length: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Rows of `length` columns holding each row's first keep[b] valid columns, in order, at
+    columns [end - keep[b], end); every other column is invalid.
 
-    The engine's jitted prefill and decode read ``cache`` (donating it) and ``index``, and
-    store what they return; this class sizes, shifts and grows the cache. ``trace_counts``
-    and ``calls`` are the engine's counters, to which the shift and grow functions add.
+    keys/values are stacked heads-major [L, B, KVH, S, d], valid [B, S], keep [B]; the values
+    are moved, never recomputed, so attention over a compacted row gives the same logits.
+    """
+    batch, columns = valid.shape
+    keep = jnp.minimum(keep, jnp.sum(valid, axis=1))
+    order = jnp.argsort(~valid, axis=1, stable=True)  # valid columns first, in column order
+    rank = jnp.arange(length)[None, :] - (end - keep)[:, None]
+    inside = (rank >= 0) & (rank < keep[:, None])
+    source = jnp.take_along_axis(order, jnp.clip(rank, 0, columns - 1), axis=1)
+    rows = jnp.arange(batch)[:, None]
+    gather = lambda x: x[:, rows, :, source].transpose(2, 0, 3, 1, 4)
+    return gather(keys), gather(values), inside
+
+
+class SlotCache:
+    """The KV cache [max_batch, S] of the decode slots, its shared write column and the
+    columns each row keeps (``content``).
+
+    The engine's jitted prefill, extension and decode read ``cache`` (donating it) and
+    ``index``, store what they return and keep ``content`` up to date; this class sizes,
+    compacts and grows the cache. ``trace_counts`` and ``calls`` are the engine's counters,
+    to which the compact, grow and permute functions add.
     """
 
     def __init__(self, config: ModelConfig, max_batch: int, length_buckets: Sequence[int],
@@ -53,14 +80,15 @@ class SlotCache:
         self.min_length = self.capacity(min_length)
         self.cache: KVCache | None = None
         self.index = 0
-        self._shift = jax.jit(self._shift_impl, donate_argnums=(0,))
+        self.content = np.zeros(max_batch, np.int64)
+        self._compact = jax.jit(self._compact_impl, donate_argnums=(0,))
         self._grow = jax.jit(self._grow_impl, static_argnums=(1,))
         self._permute = jax.jit(self._permute_impl, donate_argnums=(0,))
 
     @property
     def compile_counts(self) -> dict[str, int]:
-        """Compiled executables of the shift, grow and row-permute functions."""
-        return {"shift": self._shift._cache_size(), "grow": self._grow._cache_size(),
+        """Compiled executables of the compact, grow and row-permute functions."""
+        return {"compact": self._compact._cache_size(), "grow": self._grow._cache_size(),
                 "permute": self._permute._cache_size()}
 
     def capacity(self, needed: int) -> int:
@@ -72,52 +100,56 @@ class SlotCache:
         return bucket + self.decode_chunk
 
     def reset(self, longest_prompt: int) -> None:
-        """Sizes the (all free) cache for the call's longest prompt bucket; a cache of the
-        right size is reused as it is, since joining rows clear their slot."""
+        """Sizes the cache for a call's longest prompt bucket. With no row kept, a cache of
+        another size is replaced (a cache of the right size is reused as it is, since joining
+        rows clear their slot); with kept rows it only grows, never losing them."""
         length = max(self.min_length, self.capacity(
             smallest_bucket(longest_prompt, self.length_buckets) + self.decode_chunk))
-        if self.cache is None or self.cache.max_length != length:
+        if self.cache is None or (not self.content.any() and self.cache.max_length != length):
             self.cache = KVCache.init(self.config, self.max_batch, length, self.dtype)
             self.index = 0
+        elif self.cache.max_length < length:
+            self._grow_to(length)
 
     def hold_block(self, length: int) -> None:
         """Grows the cache when a prefill block of `length` columns would overlap itself."""
         if self.cache.max_length < length:
             self._grow_to(length + self.decode_chunk)
 
-    def make_room(self, lengths: Iterable[int], index_at_least: int, extra: int) -> None:
-        """Moves all rows (of valid `lengths`) so that the write index is >=
-        `index_at_least` and `extra` more columns fit after it, growing the cache only if
-        shifting is not enough."""
-        longest = max(lengths, default=0)
+    def make_room(self, index_at_least: int, extra: int) -> None:
+        """Moves the write index to >= `index_at_least` with `extra` more columns after it,
+        compacting the rows when there is no room after the index, growing the cache only if
+        compacting is not enough."""
         target = self.index
         if target + extra > self.cache.max_length:
-            target = longest  # shift left as far as the longest row allows
+            target = int(self.content.max())  # as far left as the longest row allows
         target = max(target, index_at_least)
         if target + extra > self.cache.max_length:
             self._grow_to(target + extra)
         if target != self.index:
-            self.cache = self._shift(self.cache, jnp.asarray(target, jnp.int32))
-            self.calls["shift"] += 1
+            self.cache = self._compact(self.cache, jnp.asarray(self.content, jnp.int32),
+                                       jnp.asarray(target, jnp.int32))
+            self.calls["compact"] += 1
             self.index = target
 
     def permute_rows(self, order: np.ndarray) -> None:
         """Row i of the cache becomes row order[i] (a permutation of the slots); columns and
         the write index stay."""
         self.cache = self._permute(self.cache, jnp.asarray(order))
+        self.content = self.content[order]
         self.calls["permute"] += 1
 
     def _grow_to(self, needed: int) -> None:
         self.cache = self._grow(self.cache, self.capacity(needed))
         self.calls["grow"] += 1
 
-    def _shift_impl(self, cache: KVCache, index: jax.Array) -> KVCache:
-        """Moves every row's columns by (index - cache.index); columns >= index are invalid."""
-        self.trace_counts["shift"] += 1
-        offset = index - cache.index
-        roll = lambda x: jnp.roll(x, offset, axis=3)
-        valid = jnp.roll(cache.valid, offset, axis=1) & (jnp.arange(cache.max_length) < index)[None, :]
-        return KVCache(keys=roll(cache.keys), values=roll(cache.values), valid=valid, index=index)
+    def _compact_impl(self, cache: KVCache, keep: jax.Array, index: jax.Array) -> KVCache:
+        """Every row's first keep[row] valid columns moved to end at `index`, the new write
+        column."""
+        self.trace_counts["compact"] += 1
+        keys, values, valid = compact_columns(cache.keys, cache.values, cache.valid, keep, index,
+                                              cache.max_length)
+        return KVCache(keys=keys, values=values, valid=valid, index=index)
 
     def _permute_impl(self, cache: KVCache, order: jax.Array) -> KVCache:
         """Gathers the rows of keys, values and validity in `order`."""

@@ -2,13 +2,15 @@
 
 The groups of one step's pool become padded [P, G] arrays of the scores stored on them when
 they were produced (the RL kernels' contract; G is the groups' size, P the pool's static
-capacity); `select_rollouts` (jitted) drops zero-variance and broken groups, ranks the rest
-by reward std and keeps B; advantages are r - mean(group). Then the rollout filters (the
-released recipe's, off by default) drop selected rollouts whose end reason is not in
-`train_end_reasons` or that never showed an image produced by code; the advantages of the
-others are unchanged. Rows that are not selected or dropped come back as None (padding:
-trained on with no loss). A rollout is broken when its episode broke or its grading failed
-(`GroupScores.broken`). Nothing here scores an answer.
+capacity); advantages are r - mean(group), over the whole group. The rollout filters (the
+released recipe's, off by default) mark the rollouts whose end reason is not in
+`train_end_reasons` or that never showed an image produced by code; then `select_rollouts`
+(jitted) drops zero-variance and broken groups and the filtered rollouts, ranks what is left
+by reward std and keeps B groups (or fills B * G rows, `batch_unit` "rollouts"), so a
+dropped rollout, or a group left without one, never takes a place in the batch. Rows that
+are not selected come back as None (padding: trained on with no loss). A rollout is broken
+when its episode broke or its grading failed (`GroupScores.broken`). Nothing here scores an
+answer.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import numpy as np
 
 from pyvision_jax.agent.trajectory import EndReason, Trajectory, TrajectoryGroup
 from pyvision_jax.rl import group_advantages, select_rollouts
-from pyvision_jax.rl.selection import SelectionCounts
+from pyvision_jax.rl.selection import BATCH_UNITS, SelectionCounts
 from pyvision_jax.train import metric_names as tags
 
 
@@ -53,7 +55,11 @@ class SelectedRows:
     advantages: np.ndarray
     counts: SelectionCounts
     filtered: int = 0
-    """Selected rollouts the rollout filters dropped."""
+    """Usable rollouts of informative groups that the rollout filters dropped."""
+    full: bool = False
+    """The batch holds all it can: B groups (group mode, batch_unit "groups") or B * G
+    trainable rollouts (batch_unit "rollouts", trajectory mode); else another generation
+    round may add to it."""
 
 
 def pool_arrays(groups: Sequence[TrajectoryGroup], capacity: int, group_size: int) -> GroupPool:
@@ -77,13 +83,13 @@ def pool_arrays(groups: Sequence[TrajectoryGroup], capacity: int, group_size: in
     return GroupPool(tuple(groups), rewards, correct, valid, broken)
 
 
-@functools.partial(jax.jit, static_argnames=("num_select", "mode", "rank_by", "min_members",
+@functools.partial(jax.jit, static_argnames=("num_select", "mode", "batch_unit", "rank_by", "min_members",
                                              "drop_groups_with_broken", "normalize_std", "stats_include_broken",
                                              "negative_weight"))
-def _select(rewards, valid, broken, *, num_select, mode, rank_by, min_members, drop_groups_with_broken,
-            normalize_std, stats_include_broken, negative_weight):
-    selection = select_rollouts(rewards, valid, broken, num_select, mode=mode, rank_by=rank_by,
-                                min_members=min_members,
+def _select(rewards, valid, broken, keep, *, num_select, mode, batch_unit, rank_by, min_members,
+            drop_groups_with_broken, normalize_std, stats_include_broken, negative_weight):
+    selection = select_rollouts(rewards, valid, broken, num_select, keep=keep, mode=mode, batch_unit=batch_unit,
+                                rank_by=rank_by, min_members=min_members,
                                 drop_groups_with_broken=drop_groups_with_broken,
                                 stats_include_broken=stats_include_broken)
     advantages = group_advantages(rewards, valid, broken, normalize_std=normalize_std,
@@ -96,15 +102,18 @@ def _select(rewards, valid, broken, *, num_select, mode, rank_by, min_members, d
 class SelectionConfig:
     """How a pool becomes a batch: the top `batch_groups` groups (or `batch_groups * G`
     trajectories in "trajectory" mode), ranked by reward std (rank_by="std") or taken in
-    arrival order ("arrival", an ablation). stats_include_broken: group statistics, the
-    advantage mean and `min_members` over every valid rollout (released) instead of the
-    usable ones. train_end_reasons (empty: all) and require_code_image: the rollout filters
-    applied after advantages (released: DONE, EXCEED_MAX_TURNS, ERROR_IN_ACTION; True).
-    negative_weight: the factor on negative advantages (1: the recipe; see
-    `rl.advantages.group_advantages`)."""
+    arrival order ("arrival", an ablation). batch_unit (group mode): "groups" (ours: B
+    groups of G rows each, a rollout that does not train is a masked row) or "rollouts"
+    (released: B * G rows of trainable rollouts, filled with whole groups in rank order).
+    stats_include_broken: group statistics, the advantage mean and `min_members` over every
+    valid rollout (released) instead of the usable ones. train_end_reasons (empty: all) and
+    require_code_image: the rollout filters, applied after advantages and before ranking
+    (released: DONE, EXCEED_MAX_TURNS, ERROR_IN_ACTION; True). negative_weight: the factor
+    on negative advantages (1: the recipe; see `rl.advantages.group_advantages`)."""
 
     batch_groups: int = 2
     mode: str = "group"
+    batch_unit: str = "groups"
     rank_by: str = "std"
     min_members: int = 2
     drop_groups_with_broken: bool = False
@@ -115,6 +124,8 @@ class SelectionConfig:
     negative_weight: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.batch_unit not in BATCH_UNITS:
+            raise ValueError(f"rl.batch_unit must be one of {BATCH_UNITS}, got {self.batch_unit!r}")
         if not 0.0 <= self.negative_weight <= 1.0:
             raise ValueError(f"rl.negative_weight={self.negative_weight} must be in [0, 1]")
         try:
@@ -124,17 +135,8 @@ class SelectionConfig:
                              f"{[r.value for r in EndReason]}") from None
         object.__setattr__(self, "train_end_reasons", reasons)
 
-    @classmethod
-    def from_config(cls, rl) -> "SelectionConfig":
-        return cls(batch_groups=int(rl.batch_groups), mode=rl.selection_mode, rank_by=rl.rank_by,
-                   min_members=int(rl.min_members),
-                   drop_groups_with_broken=bool(rl.drop_groups_with_broken), normalize_std=bool(rl.normalize_std),
-                   stats_include_broken=bool(rl.stats_include_broken),
-                   train_end_reasons=tuple(rl.train_end_reasons), require_code_image=bool(rl.require_code_image),
-                   negative_weight=float(rl.negative_weight))
-
     def trains(self, trajectory: Trajectory) -> bool:
-        """Whether a selected, usable rollout passes the rollout filters."""
+        """Whether a rollout passes the rollout filters."""
         if self.train_end_reasons and trajectory.end_reason not in self.train_end_reasons:
             return False
         return not self.require_code_image or any(im.source == "code" for im in trajectory.images)
@@ -144,20 +146,30 @@ def select_rows(pool: GroupPool, config: SelectionConfig) -> SelectedRows:
     """The selected trajectories as batch rows with their advantages; unselected slots are
     None with advantage 0."""
     num_select = config.batch_groups if config.mode == "group" else config.batch_groups * pool.group_size
-    selection, advantages = _select(pool.rewards, pool.valid, pool.broken, num_select=num_select,
-                                    mode=config.mode, rank_by=config.rank_by, min_members=config.min_members,
+    selection, advantages = _select(pool.rewards, pool.valid, pool.broken, pool_filter(pool, config),
+                                    num_select=num_select, mode=config.mode, batch_unit=config.batch_unit,
+                                    rank_by=config.rank_by, min_members=config.min_members,
                                     drop_groups_with_broken=config.drop_groups_with_broken,
                                     normalize_std=config.normalize_std,
                                     stats_include_broken=config.stats_include_broken,
                                     negative_weight=config.negative_weight)
-    indices = np.asarray(selection.rollout_indices)
-    selected = [pool.trajectory(i) if r else None for i, r in zip(indices, np.asarray(selection.rollout_real))]
-    rows = [t if t is not None and config.trains(t) else None for t in selected]
-    real = np.asarray([t is not None for t in rows])
+    indices, real = np.asarray(selection.rollout_indices), np.asarray(selection.rollout_real)
+    rows = [pool.trajectory(i) if r else None for i, r in zip(indices, real)]
     advantages = np.where(real, np.asarray(advantages), 0.0).astype(np.float32)
     counts = SelectionCounts(*(int(x) for x in selection.counts))
-    filtered = sum(t is not None for t in selected) - int(real.sum())
-    return SelectedRows(rows, advantages, counts, filtered)
+    if config.mode == "group" and config.batch_unit == "groups":
+        full = counts.kept == config.batch_groups
+    else:
+        full = counts.trainable == config.batch_groups * pool.group_size
+    return SelectedRows(rows, advantages, counts, counts.filtered, full)
+
+
+def pool_filter(pool: GroupPool, config: SelectionConfig) -> np.ndarray:
+    """[capacity, G] bool: the rollouts that pass the rollout filters (padding: False)."""
+    keep = np.zeros(pool.rewards.shape, bool)
+    for p, group in enumerate(pool.groups):
+        keep[p, :len(group)] = [config.trains(t) for t in group.trajectories]
+    return keep
 
 
 def rollout_scalars(pool: GroupPool, counts: SelectionCounts) -> dict[str, float]:

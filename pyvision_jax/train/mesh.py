@@ -1,8 +1,8 @@
 """The device mesh of the trainer: `data` x `fsdp` x `tensor` axes, from config.
 
 Sizes multiply to the number of devices; one size may be -1 to take whatever is left.
-Multi-host runs call `initialize_distributed` before any other JAX call (the trainer does it
-first when `train.distributed` is set), after which `jax.devices()` lists the devices of
+Multi-host runs call `initialize_distributed` before any other JAX call (the run harness does
+it first when `train.distributed` is set), after which `jax.devices()` lists the devices of
 every process. With several processes the mesh is hybrid: the processes (DCN, slow links)
 split the `data` axis first, then `fsdp`, then `tensor`, and each process's own devices
 (ICI, fast links) hold the rest, so the collectives of fsdp and tensor stay within a host
@@ -10,6 +10,7 @@ whenever the sizes allow it.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Sequence
 
@@ -84,15 +85,29 @@ def initialize_distributed(coordinator_address: str = "", num_processes: int = 0
     jax.distributed.initialize(**kwargs)
 
 
-def distributed_from_config(train_config: Any) -> None:
-    """`initialize_distributed` with the keys of a `config.train` block when `distributed` is
-    set; must run before any other JAX call of the process."""
-    if train_config.get("distributed", False):
-        initialize_distributed(train_config.get("coordinator_address", ""),
-                               train_config.get("num_processes", 0), train_config.get("process_id", -1))
+@dataclasses.dataclass(frozen=True)
+class DistributedSettings:
+    """`jax.distributed` of a multi-host run; `enabled` False: one process. Empty fields let
+    JAX autodetect (TPU pods, SLURM, ...)."""
+
+    enabled: bool = False
+    coordinator_address: str = ""
+    num_processes: int = 0
+    process_id: int = -1
+
+    def initialize(self) -> None:
+        """`initialize_distributed` when enabled; must run before any other JAX call."""
+        if self.enabled:
+            initialize_distributed(self.coordinator_address, self.num_processes, self.process_id)
 
 
-def mesh_from_config(train_config: Any) -> Mesh:
-    """The mesh of a `config.train` block (mesh_data, mesh_fsdp, mesh_tensor, distributed)."""
-    distributed_from_config(train_config)
-    return make_mesh(train_config.mesh_data, train_config.mesh_fsdp, train_config.mesh_tensor)
+@dataclasses.dataclass(frozen=True)
+class MeshSettings:
+    """Sizes of the (data, fsdp, tensor) mesh axes; one may be -1 (the rest of the devices)."""
+
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+
+    def build(self, devices: Sequence[jax.Device] | None = None) -> Mesh:
+        return make_mesh(self.data, self.fsdp, self.tensor, devices)

@@ -12,17 +12,16 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager, Sequence
 
-import ml_collections
 import numpy as np
 
-from pyvision_jax import wiring
+from pyvision_jax.agent.episode import EpisodeConfig
+from pyvision_jax.agent.runner import SandboxSource
 from pyvision_jax.agent.trajectory import Trajectory
 from pyvision_jax.data import synthetic
 from pyvision_jax.data.sft_rows import load_sft_rows
 from pyvision_jax.data.tasks import load_tasks
-from pyvision_jax.models import ModelConfig
 from pyvision_jax.train.sft_render import SftRenderer
 from pyvision_jax.train.sft_synthetic import SFT_FILE, write_synthetic_sft
 
@@ -36,38 +35,48 @@ class SftSamples:
     too_long: int
 
 
-def synthetic_sft_file(config: ml_collections.ConfigDict, workdir: str | os.PathLike, model: ModelConfig,
-                       tokenizer: Any, log: Callable[[str], None] = print) -> Path:
-    """`WORKDIR/sft_data/sft.jsonl`, generated when absent (see the module docstring)."""
+@dataclasses.dataclass(frozen=True)
+class SyntheticSftSettings:
+    """Synthetic SFT data: `per_kind` tasks of each of `kinds` (seed `seed`), each solved
+    `rollouts_per_task` times by the scripted plans, `guess_share` / `wrong_share` of them
+    the untooled-guess and wrong-answer plans (config section `sft`)."""
+
+    per_kind: int
+    seed: int
+    kinds: tuple[str, ...]
+    rollouts_per_task: int = 1
+    guess_share: float = 0.0
+    wrong_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        if min(self.guess_share, self.wrong_share) < 0 or self.guess_share + self.wrong_share > 1:
+            raise ValueError(f"sft.guess_share = {self.guess_share!r}, sft.wrong_share = {self.wrong_share!r}: "
+                             "shares of the scripted plans, each >= 0 and at most 1 together")
+
+
+def synthetic_sft_file(settings: SyntheticSftSettings, workdir: str | os.PathLike, *, tokenizer: Any,
+                       sandboxes: Callable[[], ContextManager[SandboxSource]], episode: EpisodeConfig,
+                       log: Callable[[str], None] = print) -> Path:
+    """`WORKDIR/sft_data/sft.jsonl`, generated when absent (see the module docstring);
+    `sandboxes()` opens the sandbox pool the scripted solutions run in."""
     out_dir = Path(workdir) / SFT_DATA_DIR
     path = out_dir / SFT_FILE
     if path.is_file():
         return path
-    s = config.sft
-    if min(s.guess_share, s.wrong_share) < 0 or s.guess_share + s.wrong_share > 1:
-        raise ValueError(f"sft.guess_share = {s.guess_share!r}, sft.wrong_share = {s.wrong_share!r}: shares of "
-                         "the scripted plans, each >= 0 and at most 1 together")
-    kinds = wiring.str_tuple(config.data.synthetic_kinds, "data.synthetic_kinds")
-    files = synthetic.generate_synthetic_suite(out_dir / "tasks", s.synthetic_per_kind, s.synthetic_seed, kinds)
+    s = settings
+    files = synthetic.generate_synthetic_suite(out_dir / "tasks", s.per_kind, s.seed, s.kinds)
     tasks = [task for file in files.values() for task in load_tasks(file).tasks]
-    with wiring.sandbox_pool(config) as sandboxes:
-        report = write_synthetic_sft(tasks, out_dir, tokenizer=tokenizer, sandboxes=sandboxes,
-                                     episode=wiring.episode_config(config, model), per_task=s.rollouts_per_task,
-                                     seed=s.synthetic_seed, guess_share=s.guess_share,
+    with sandboxes() as pool:
+        report = write_synthetic_sft(tasks, out_dir, tokenizer=tokenizer, sandboxes=pool, episode=episode,
+                                     per_task=s.rollouts_per_task, seed=s.seed, guess_share=s.guess_share,
                                      wrong_share=s.wrong_share)
     log(f"synthetic SFT data: {report.rows} trajectories in {report.path} (dropped {report.dropped}); "
         f"plans {report.strategies}")
     return path
 
 
-def load_sft_samples(config: ml_collections.ConfigDict, workdir: str | os.PathLike, model: ModelConfig,
-                     tokenizer: Any, log: Callable[[str], None] = print) -> SftSamples:
-    """Every sample of `sft.train_files` (or of the synthetic file), rendered."""
-    files = wiring.str_tuple(config.sft.train_files, "sft.train_files")
-    if not files:
-        files = (str(synthetic_sft_file(config, workdir, model, tokenizer, log)),)
-    renderer = SftRenderer(tokenizer, wiring.episode_config(config, model))
-    longest = max(wiring.int_tuple(config.train.length_buckets, "train.length_buckets"))
+def load_sft_samples(files: Sequence[str], renderer: SftRenderer, longest: int) -> SftSamples:
+    """Every sample of `files` rendered; rows longer than `longest` tokens are left out."""
     samples, too_long = [], 0
     for file in files:
         for row in load_sft_rows(file):

@@ -48,16 +48,6 @@ class OptimizerConfig:
     final norm's scale, whose entries are nearly equal after training, that trains the
     temperature of every next-token distribution and nothing else."""
 
-    @classmethod
-    def from_config(cls, train: Any, frozen_prefixes: tuple[str, ...]) -> "OptimizerConfig":
-        """From the `train` config section (`lr_multipliers` as "REGEX=FACTOR" strings)."""
-        return cls(lr=train.lr, b1=train.b1, b2=train.b2, eps=train.eps, weight_decay=train.weight_decay,
-                   grad_clip=train.grad_clip,
-                   schedule=train.schedule, warmup_steps=train.warmup_steps, total_steps=train.steps,
-                   frozen_prefixes=frozen_prefixes,
-                   lr_multipliers=tuple(parse_multiplier(text) for text in train.get("lr_multipliers", ())),
-                   uniform_updates=tuple(str(text) for text in train.get("uniform_updates", ())))
-
     def __post_init__(self) -> None:
         problems = []
         if self.lr < 0:

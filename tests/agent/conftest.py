@@ -2,12 +2,6 @@ import pytest
 from PIL import Image
 
 from pyvision_jax.data.tasks import Task
-from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
-
-
-@pytest.fixture(scope="session")
-def tokenizer():
-    return load_tiny_tokenizer()
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
 from pyvision_jax.agent.engine import (
     Engine,
     GenerationRequest,
@@ -14,11 +13,6 @@ from pyvision_jax.agent.engine import (
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 
 PAD, IM_END = 2012, 2002
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tiny_tokenizer()
 
 
 def test_sampling_params_validate_their_fields():

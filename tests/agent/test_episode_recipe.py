@@ -1,5 +1,5 @@
 """The episode's recipe switches in both positions (docs/recipe.md): turn boundary, response
-budget, action syntax, image cap and stdout stripping, on the issue's examples."""
+budget, action syntax, image cap and stdout stripping, on the examples docs/recipe.md quotes."""
 
 import pytest
 

@@ -11,7 +11,8 @@ import pytest
 from PIL import Image
 
 from tests.tiny_random_cpu import get_config
-from pyvision_jax.eval.ablations import CURVES, HELDOUT_ACCURACY, VARIANTS, Variant, eval_points, variant_config
+from pyvision_jax.eval.ablations import CURVES, HELDOUT_ACCURACY, VARIANTS, Variant, eval_points
+from pyvision_jax.wiring.dynamics_runs import variant_config
 from pyvision_jax.eval.dynamics_figures import plot_dynamics, results_table
 from pyvision_jax.train import metric_names as tags
 from tests.eval.tiny_run import TINY

@@ -6,7 +6,7 @@ import pytest
 
 from configs.tiny_cpu import get_config
 from pyvision_jax.convert import save_hf
-from pyvision_jax.eval.pipeline import config_policy
+from pyvision_jax.wiring.evaluation import config_policy
 from pyvision_jax.models import ModelConfig, init_params
 
 

@@ -13,7 +13,7 @@ from pyvision_jax.data.tasks import write_tasks_jsonl
 from pyvision_jax.convert import save_hf, save_params
 from pyvision_jax.eval.policy import detect_checkpoint_kind, load_policy
 from pyvision_jax.eval.records import REPORT_FILE, RESULTS_FILE, TRAJECTORIES_FILE
-from pyvision_jax.eval.pipeline import evaluate_checkpoint, jax_engine
+from pyvision_jax.wiring.evaluation import evaluate_checkpoint, jax_engine
 from pyvision_jax.models import ModelConfig, init_params
 from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR
 from pyvision_jax.rollout.jax_engine import JaxEngine

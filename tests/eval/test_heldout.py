@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.tiny_random_cpu import get_config
-from pyvision_jax.eval.heldout import HeldoutConfig, train_with_heldout
+from pyvision_jax.wiring.heldout import train_with_heldout
+from pyvision_jax.wiring.settings import heldout_config
 from tests.eval.tiny_run import TINY
 from tests.train.compilation_cache import COMPILATION_CACHE
 
@@ -24,14 +25,14 @@ def test_a_heldout_seed_that_is_also_a_training_seed_is_refused(field):
     section, name = field.split(".")
     config.eval.heldout_seed = config[section][name]
     with pytest.raises(ValueError, match=re.escape(field)):
-        HeldoutConfig.from_config(config)
+        heldout_config(config)
 
 
 def test_heldout_evaluation_is_refused_in_a_multi_process_run():
     config = get_config()
     config.eval.heldout_per_kind, config.train.distributed = 1, True
     with pytest.raises(ValueError, match="single-process run"):
-        HeldoutConfig.from_config(config)
+        heldout_config(config)
 
 
 def test_without_heldout_tasks_only_the_training_runs(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 RECORDER = """
 import dataclasses, json, runpy, sys
-import pyvision_jax.eval.pipeline as pipeline
+import pyvision_jax.wiring.evaluation as pipeline
 from pyvision_jax.eval.metrics import summarize
 
 RECORD = sys.argv[1]

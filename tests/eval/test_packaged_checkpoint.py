@@ -1,10 +1,10 @@
 """The packaged SFT checkpoint (the embedded default's model) keeps doing its job: on held-out
 synthetic tasks (seed 4242, never trained on) it writes code, reads what the code printed
-and answers right often enough. A smaller version of the README's held-out evaluation, so
+and answers right often enough. A smaller version of docs/learning.md's held-out evaluation, so
 a change to the model, the episode, the sandbox or the checkpoint cannot silently break it."""
 from configs.tiny_cpu import get_config
 from pyvision_jax.data import synthetic
-from pyvision_jax.eval.pipeline import evaluate_checkpoint
+from pyvision_jax.wiring.evaluation import evaluate_checkpoint
 
 PER_KIND, K = 3, 2
 ACCEPT_ACCURACY, ACCEPT_TOOL_CALLS = 0.30, 0.75

@@ -10,7 +10,7 @@ import pytest
 
 from tests.tiny_random_cpu import get_config
 from pyvision_jax.eval.policy import LoadedPolicy
-from pyvision_jax.eval.pipeline import build_engine
+from pyvision_jax.wiring.evaluation import build_engine
 from pyvision_jax.models import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Scoring switches in both positions on the issue's examples: data_source routes (rule
+"""Scoring switches in both positions on the examples docs/recipe.md quotes: data_source routes (rule
 scorers vs the LLM judge), the answer gate and the MRA thresholds; a judge failure is a
 broken rollout, never a wrong one."""
 import numpy as np

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from pyvision_jax.models import init_params, logits
+import pyvision_jax.models.attention as attention_module
 from pyvision_jax.models.attention import AttentionConfig, attention
 from pyvision_jax.models.blockwise_attention import live_blocks
+from pyvision_jax import wiring
 from tests.models.model_configs import TINY
 from tests.models.model_inputs import image_tokens, patches, right_padded, text
 
@@ -162,7 +164,7 @@ def test_bad_inputs_and_configs_are_named():
 
 def test_from_config_reads_the_model_section():
     section = ml_collections.ConfigDict({"attention": "dense", "attention_block_q": 64, "attention_block_kv": 32})
-    assert AttentionConfig.from_config(section) == AttentionConfig("dense", 64, 32)
+    assert wiring.attention_config(section) == AttentionConfig("dense", 64, 32)
 
 
 def test_model_logits_with_images_are_the_same_for_dense_and_blockwise_attention():
@@ -176,3 +178,117 @@ def test_model_logits_with_images_are_the_same_for_dense_and_blockwise_attention
     dense, blockwise = run(AttentionConfig("dense")), run(AttentionConfig("blockwise", 16, 16))
     assert np.abs(dense).max() > 0.1
     np.testing.assert_allclose(blockwise, dense, atol=1e-5, rtol=0)
+
+
+def segment_of_tokens(lengths, offsets, length):
+    """[B, T] segment number (1..M, 0 outside) of each token under cuDNN's packed layout."""
+    position = jnp.arange(length)[None, None, :]
+    start, size = offsets[:, :-1, None], lengths[:, :, None]
+    inside = (size > 0) & (position >= start) & (position < start + size)
+    return jnp.sum(inside * jnp.arange(1, lengths.shape[1] + 1)[None, :, None], axis=1)
+
+
+def fake_packed_kernel(calls, output="dense"):
+    """Stands in for cuDNN's packed-layout kernel on CPU, with its documented contract: the
+    output outside every segment is undefined (NaN here); kv heads must match query heads."""
+    def kernel(q, k, v, *, q_seqlen, kv_seqlen, q_offsets, kv_offsets, scale, mask_type, qkv_layout):
+        assert qkv_layout == "BTNH" and k.shape[2] == q.shape[2]
+        calls.append(mask_type.name)
+        q_seg = segment_of_tokens(q_seqlen, q_offsets, q.shape[1])
+        kv_seg = segment_of_tokens(kv_seqlen, kv_offsets, k.shape[1])
+        causal = mask_type.name == "PADDING_CAUSAL"
+        out = attention_module.dense_attention(
+            attention_module.query_groups(q, k.shape[2]), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+            q_seg, kv_seg, causal=causal, scale=scale)
+        out = out.transpose(0, 3, 1, 2, 4).reshape(q.shape)
+        if output == "zeros":
+            out = jnp.zeros_like(out)
+        return jnp.where((q_seg != 0)[:, :, None, None], out, jnp.nan).astype(q.dtype)
+
+    return kernel
+
+
+@pytest.fixture
+def cpu_as_gpu_with_fake_cudnn(monkeypatch):
+    """The cuDNN path on CPU: the backend reads "gpu" and the packed kernel is the fake."""
+    calls = []
+    monkeypatch.setattr(attention_module.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(attention_module._cudnn_fused, "dot_product_attention", fake_packed_kernel(calls))
+    return calls
+
+
+def test_packed_segments_give_each_run_its_offset_and_length():
+    lengths, offsets, ids, fits = attention_module.packed_segments(jnp.asarray(PACKED, jnp.int32), 4)
+    np.testing.assert_array_equal(np.asarray(lengths), [[20, 30, 15, -1], [60, -1, -1, -1], [-1] * 4])
+    np.testing.assert_array_equal(np.asarray(offsets), [[0, 20, 50, -1, -1], [5, -1, -1, -1, -1], [-1] * 5])
+    np.testing.assert_array_equal(np.asarray(ids), [[1, 2, 3, 0], [4, 0, 0, 0], [0] * 4])
+    assert bool(fits)
+
+
+@pytest.mark.parametrize("row, max_segments", [
+    ([1, 1, 0, 1, 1], 4),   # one id in two runs: the runs would not see each other
+    ([2, 2, 1, 1, 0], 4),   # ids not increasing: the same id could come back
+    ([1, 2, 3, 4, 5], 4),   # more runs than the compiled number of segments
+    ([0, 0, 0, 0, 0], 4),   # no segment at all
+])
+def test_packed_segments_reject_what_the_layout_cannot_express(row, max_segments):
+    assert not bool(attention_module.packed_segments(jnp.asarray([row], jnp.int32), max_segments)[3])
+
+
+@pytest.mark.skipif(not attention_module.cudnn_packed_layout_available(), reason="needs jax's packed cuDNN layout")
+@pytest.mark.parametrize("causal", [True, False])
+def test_cudnn_path_on_the_packed_layout_matches_dense(cpu_as_gpu_with_fake_cudnn, causal):
+    q, k, v, weights = qkv(75, 75, dtype=jnp.bfloat16)
+    segments = jnp.asarray(PACKED)
+    dense = output_and_grads(AttentionConfig("dense"), q, k, v, weights, segments, segments, causal)
+    got = output_and_grads(AttentionConfig("cudnn", 16, 16), q, k, v, weights, segments, segments, causal)
+    assert cpu_as_gpu_with_fake_cudnn == ["PADDING_CAUSAL" if causal else "PADDING"] * 2  # forward, grad
+    for name, expected, actual in zip(("out", "dq", "dk", "dv"), (dense[0], *dense[1]), (got[0], *got[1])):
+        actual, expected = np.asarray(actual, np.float32), np.asarray(expected, np.float32)
+        assert np.all(np.isfinite(actual)), name  # nothing of the kernel's undefined padding leaks
+        np.testing.assert_allclose(actual, expected, atol=0.02 * np.abs(expected).max(), rtol=0, err_msg=name)
+    assert np.all(np.asarray(got[0])[PACKED == 0] == 0)
+
+
+@pytest.mark.skipif(not attention_module.cudnn_packed_layout_available(), reason="needs jax's packed cuDNN layout")
+def test_cudnn_path_takes_the_blockwise_kernel_for_rows_the_layout_cannot_express(monkeypatch):
+    monkeypatch.setattr(attention_module.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(attention_module._cudnn_fused, "dot_product_attention", fake_packed_kernel([], "zeros"))
+    q, k, v, weights = qkv(40, 40, batch=1, dtype=jnp.bfloat16)
+    segments = jnp.asarray([np.repeat([1, 0, 1, 2], [10, 5, 15, 10])])  # id 1 in two runs
+    dense = output_and_grads(AttentionConfig("dense"), q, k, v, weights, segments, segments, True)
+    got = output_and_grads(AttentionConfig("cudnn", 16, 16), q, k, v, weights, segments, segments, True)
+    for expected, actual in zip((dense[0], *dense[1]), (got[0], *got[1])):
+        expected = np.asarray(expected, np.float32)
+        np.testing.assert_allclose(np.asarray(actual, np.float32), expected, atol=0.02 * np.abs(expected).max())
+
+
+def array_shapes(jaxpr):
+    """Shapes of every value a jaxpr and the jaxprs inside it (cond branches, custom vjps,
+    scans) compute."""
+    shapes = []
+    for eqn in jaxpr.eqns:
+        shapes += [tuple(getattr(var.aval, "shape", ())) for var in eqn.outvars]
+        for value in eqn.params.values():
+            for inner in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(inner, "jaxpr", inner)
+                if hasattr(inner, "eqns"):
+                    shapes += array_shapes(inner)
+    return shapes
+
+
+@pytest.mark.skipif(not attention_module.cudnn_packed_layout_available(), reason="needs jax's packed cuDNN layout")
+def test_cudnn_path_never_builds_a_t_by_s_array(monkeypatch):
+    monkeypatch.setattr(attention_module.jax, "default_backend", lambda: "gpu")
+    def opaque_kernel(q, k, v, *, q_seqlen, kv_seqlen, q_offsets, kv_offsets, scale, mask_type, qkv_layout):
+        return q * jnp.sum(k[:, :1] * v[:, :1])
+
+    monkeypatch.setattr(attention_module._cudnn_fused, "dot_product_attention", opaque_kernel)
+    t = 256
+    q, k, v, weights = qkv(t, t, batch=1, dtype=jnp.bfloat16)
+    segments = jnp.asarray([np.repeat([1, 2, 0], [100, 120, 36])])
+    loss = lambda q, k, v: jnp.sum(attention(q, k, v, segments, segments, causal=True, scale=SCALE,
+                                             config=AttentionConfig("cudnn", 64, 64)).astype(jnp.float32) * weights)
+    shapes = array_shapes(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr)
+    assert any(shape[:2] == (1, t) for shape in shapes)  # the walk sees the attention's arrays
+    assert not [shape for shape in shapes if sum(d == t for d in shape) >= 2]

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR, load_tiny_tokenizer
+from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR
 
 QWEN_SPECIAL_IDS = {
     "<|endoftext|>": 2000, "<|im_start|>": 2001, "<|im_end|>": 2002,
@@ -33,14 +33,6 @@ PROTOCOL_TEXTS = [
 ]
 
 
-_SHARED_TOKENIZER = load_tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return _SHARED_TOKENIZER
-
-
 def test_loads_with_auto_tokenizer_and_has_exact_special_ids(tokenizer):
     direct = AutoTokenizer.from_pretrained(str(TINY_TOKENIZER_DIR))
     assert len(tokenizer) == len(direct) == 2022
@@ -61,8 +53,7 @@ def test_protocol_text_round_trips_and_is_compressed(tokenizer, text):
 
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=64))
-def test_any_unicode_string_round_trips(text):
-    tokenizer = _SHARED_TOKENIZER
+def test_any_unicode_string_round_trips(tokenizer, text):
     ids = tokenizer.encode(text)
     assert all(0 <= token_id < 2022 for token_id in ids)
     assert tokenizer.decode(ids) == text

@@ -1,5 +1,5 @@
-"""The RL kernels' recipe switches in both positions, on the issue's examples: loss
-aggregation per micro-batch (item 5) and group statistics over broken rollouts (item 10)."""
+"""The RL kernels' recipe switches in both positions, on the examples docs/recipe.md quotes:
+loss aggregation per micro-batch (item 5) and group statistics over broken rollouts (item 10)."""
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -68,7 +68,7 @@ def test_group_mode_matches_reference(seed, policy):
     assert int(counts.kept) == len(expected)
     assert int(counts.broken_rollouts) == int((valid & broken).sum())
     assert (counts.zero_variance + counts.too_few_members + counts.broken_groups_dropped
-            + counts.eligible) == counts.groups
+            + counts.no_trainable + counts.eligible) == counts.groups
     for index in np.asarray(selection.indices)[np.asarray(selection.real)]:
         assert outcomes[index] == "eligible" and std[index] > 1e-6
 
@@ -212,3 +212,61 @@ def test_bad_arguments_raise_clear_errors():
         select_rollouts(rewards, valid, broken, P + 1)
     with pytest.raises(ValueError, match="mode must be"):
         select_rollouts(rewards, valid, broken, 2, mode="groups")
+
+
+# Rollout filters before ranking (docs/recipe.md, rl.batch_unit): four groups of 4, B = 2.
+FILTER_REWARDS = [[1, 0, 1, 0],   # two of its rollouts filtered: 2 trainable, std 0.5
+                  [1, 0, 1, 0],   # every rollout filtered: none trainable, std 0.5
+                  [1, 1, 0, 0],   # all trainable, std 0.5
+                  [1, 0, 0, 0]]   # two filtered: 2 trainable, std 0.43
+FILTER_KEEP = [[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]
+
+
+def filter_batch():
+    rewards = np.asarray(FILTER_REWARDS, np.float32)
+    return rewards, np.ones((4, 4), bool), np.zeros((4, 4), bool), np.asarray(FILTER_KEEP, bool)
+
+
+def trained(selection):
+    return sorted(int(i) for i, r in zip(selection.rollout_indices, selection.rollout_real) if r)
+
+
+def test_filtered_rollouts_and_emptied_groups_take_no_place_in_the_batch():
+    rewards, valid, broken, keep = filter_batch()
+    released = select_rollouts(rewards, valid, broken, 8, keep=keep, mode="trajectory")
+    assert trained(released) == [0, 1, 8, 9, 10, 11, 12, 13]
+    filled = select_rollouts(rewards, valid, broken, 2, keep=keep, batch_unit="rollouts")
+    assert trained(filled) == trained(released) and int(filled.counts.trainable) == 8
+    np.testing.assert_array_equal(np.asarray(filled.indices)[np.asarray(filled.real)], [0, 2, 3])
+    ours = select_rollouts(rewards, valid, broken, 2, keep=keep)
+    # whole groups of 4 rows: group 1 (no survivor) no longer takes the second slot
+    np.testing.assert_array_equal(np.asarray(ours.indices), [0, 2])
+    assert trained(ours) == [0, 1, 8, 9, 10, 11] and int(ours.counts.trainable) == 6
+    for selection in (released, filled, ours):
+        assert (int(selection.counts.no_trainable), int(selection.counts.eligible),
+                int(selection.counts.filtered)) == (1, 3, 4)
+    unfiltered = select_rollouts(rewards, valid, broken, 2)
+    np.testing.assert_array_equal(np.asarray(unfiltered.indices), [0, 1])  # no filter: as ranked
+
+
+def test_the_rollout_unit_skips_a_group_that_no_longer_fits_whole():
+    rewards, valid, broken, keep = filter_batch()
+    keep[3] = True  # group 3 now has 4 trainable rollouts: 2 + 4 + 4 > 8 rows
+    filled = select_rollouts(rewards, valid, broken, 2, keep=keep, batch_unit="rollouts")
+    assert trained(filled) == [0, 1, 8, 9, 10, 11] and int(filled.counts.kept) == 2
+    with pytest.raises(ValueError, match="batch_unit must be"):
+        select_rollouts(rewards, valid, broken, 2, batch_unit="rows")
+
+
+@pytest.mark.parametrize("mode, unit, num_select", [("group", "groups", 2), ("group", "rollouts", 2),
+                                                    ("trajectory", "groups", 8)])
+def test_an_all_broken_group_takes_no_slot_when_statistics_count_broken_rollouts(mode, unit, num_select):
+    rewards = np.asarray([[1, 0, 0, 0], [1, 1, 0, 0]], np.float32)
+    broken = np.asarray([[1, 1, 1, 1], [0, 0, 0, 0]], bool)  # group 0: rewards differ, every rollout broke
+    for include, no_trainable in ((True, 1), (False, 0)):
+        selection = select_rollouts(rewards, np.ones_like(broken), broken, num_select, mode=mode, batch_unit=unit,
+                                    stats_include_broken=include)
+        assert trained(selection) == [4, 5, 6, 7]
+        assert int(selection.counts.no_trainable) == no_trainable
+        if mode == "group" and unit == "groups":
+            assert int(np.asarray(selection.indices)[0]) == 1 and int(selection.counts.kept) == 1

@@ -21,7 +21,6 @@ from pyvision_jax.agent.trajectory import EndReason
 from pyvision_jax.convert import save_hf
 from pyvision_jax.models import ModelConfig, logits, param_shapes
 from pyvision_jax.processing import preprocess_images
-from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
 from pyvision_jax.agent.engine import Engine, GenerationRequest, SamplingParams
 from pyvision_jax.rollout.jax_engine import IncrementalText, JaxEngine
 from pyvision_jax.rollout.sampling import SamplingArrays, sampling_log_probs
@@ -49,11 +48,6 @@ def random_params(config, seed):
 def model():
     config = ModelConfig.preset("tiny")
     return config, random_params(config, seed=0)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tiny_tokenizer()
 
 
 @pytest.fixture(scope="module")

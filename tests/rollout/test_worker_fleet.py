@@ -1,4 +1,4 @@
-"""Acceptance: two launch/rollout_worker.py processes and a consumer over a real Redis.
+"""Two launch/rollout_worker.py processes and a consumer over a real Redis.
 
 The consumer plays the trainer. A placeholder item fills the queue's backlog (max 1) until
 both workers have started, so neither can run ahead: the workers together are at most one

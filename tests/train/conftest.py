@@ -7,6 +7,7 @@ import pytest
 
 from pyvision_jax.models import ModelConfig, init_params
 from tests.train.compilation_cache import COMPILATION_CACHE
+from tests.train.scripted_runs import colour_tasks
 from tests.train.trajectories import make_trajectory
 
 jax.config.update("jax_compilation_cache_dir", COMPILATION_CACHE)
@@ -31,3 +32,9 @@ def tiny_params(tiny_config):
 def trajectories(tiny_config):
     return [make_trajectory(tiny_config, seed, prompt=8 + 3 * seed, generated=10 + 4 * seed, images=1 + seed % 2)
             for seed in range(4)]
+
+
+@pytest.fixture(scope="session")
+def tasks(tmp_path_factory):
+    """Three one-colour image tasks (answers A, B, A) of the scripted training runs."""
+    return colour_tasks(tmp_path_factory.mktemp("tasks"))

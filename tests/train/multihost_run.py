@@ -16,7 +16,6 @@ import numpy as np
 from pyvision_jax import wiring
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 from pyvision_jax.train.multihost import gather_to_host
-from pyvision_jax.train.trainer import Trainer
 from tests.agent.fake_sandbox import FakePool
 from tests.train.scripted_runs import colour_tasks, small_config
 
@@ -62,7 +61,7 @@ def main(workdir: str, steps: str, coordinator: str = "", processes: str = "0", 
     tasks_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = wiring.load_tokenizer(config)
     engine = RecordingEngine(tokenizer, answers)
-    trainer = Trainer(config, workdir, tokenizer=tokenizer, engine=engine, sandboxes=FakePool(),
+    trainer = wiring.build_trainer(config, workdir, tokenizer=tokenizer, engine=engine, sandboxes=FakePool(),
                       tasks=colour_tasks(tasks_dir), progress=False, log=print)
     summary = trainer.run()
     print(f"FINISHED {summary.first_step} {summary.last_step}", flush=True)

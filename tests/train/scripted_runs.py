@@ -5,7 +5,7 @@ from PIL import Image
 from tests.tiny_random_cpu import get_config
 from pyvision_jax.data.tasks import Task
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
-from pyvision_jax.train.trainer import Trainer
+from pyvision_jax.wiring import build_trainer
 from tests.agent.fake_sandbox import FakePool
 
 
@@ -46,6 +46,6 @@ def small_config(steps: int):
 
 def run(config, workdir, tiny_config, tiny_params, tokenizer, tasks, script, log=lambda line: None):
     engine = ScriptedEngine(tokenizer, script)
-    trainer = Trainer(config, workdir, model=(tiny_config, tiny_params), engine=engine, tokenizer=tokenizer,
+    trainer = build_trainer(config, workdir, model=(tiny_config, tiny_params), engine=engine, tokenizer=tokenizer,
                       sandboxes=FakePool(), tasks=tasks, progress=False, log=log)
     return trainer.run(), trainer

@@ -1,4 +1,4 @@
-"""Pool arrays and rollout filters (item 2 of the recipe issue) in both positions: the
+"""Pool arrays and rollout filters (docs/recipe.md, item 2) in both positions: the
 released filters drop, after advantages, rollouts that showed no code-made image or whose
 end reason is not DONE / EXCEED_MAX_TURNS / ERROR_IN_ACTION; a grading failure is broken."""
 import dataclasses
@@ -94,3 +94,54 @@ def test_negative_weight_reaches_the_selected_advantages():
     np.testing.assert_allclose(selected.advantages, np.where(expected < 0, expected / 4, expected), atol=1e-6)
     with pytest.raises(ValueError, match="rl.negative_weight"):
         SelectionConfig(negative_weight=1.5)
+
+
+# Filters before ranking (docs/recipe.md: rl.batch_unit), B = 2 groups of 4: group 0 loses two
+# rollouts to the filters, group 1 all four, group 2 none, group 3 two.
+FILTER_POOL = [
+    ([rollout(EndReason.DONE), rollout(EndReason.OVER_LENGTH), rollout(EndReason.DONE),
+      rollout(EndReason.EXCEED_MAX_IMAGES)], [1.0, 0.0, 0.0, 0.0]),
+    ([rollout(EndReason.DONE, code_image=False) for _ in range(4)], [1.0, 0.0, 1.0, 0.0]),
+    ([rollout(EndReason.DONE), rollout(EndReason.EXCEED_MAX_TURNS), rollout(EndReason.ERROR_IN_ACTION),
+      rollout(EndReason.DONE)], [1.0, 1.0, 0.0, 0.0]),
+    ([rollout(EndReason.DONE), rollout(EndReason.DONE), rollout(EndReason.OVER_LENGTH),
+      rollout(EndReason.OVER_LENGTH)], [1.0, 0.0, 0.0, 1.0]),
+]
+FILTERS = dict(train_end_reasons=("DONE", "EXCEED_MAX_TURNS", "ERROR_IN_ACTION"), require_code_image=True)
+
+
+def filter_pool():
+    return pool_arrays([group(rollouts, rewards) for rollouts, rewards in FILTER_POOL], 4, 4)
+
+
+def trained_rows(selected, pool):
+    """(group, member) of each real row, from the trajectory objects."""
+    where = {id(t): (p, g) for p, grp in enumerate(pool.groups) for g, t in enumerate(grp.trajectories)}
+    return sorted(where[id(t)] for t in selected.rows if t is not None)
+
+
+def test_the_released_positions_fill_the_batch_with_rollouts_that_train():
+    pool = filter_pool()
+    released = SelectionConfig(batch_groups=2, batch_unit="rollouts", stats_include_broken=True, **FILTERS)
+    selected = select_rows(pool, released)
+    assert len(selected.rows) == 8 and selected.full
+    assert trained_rows(selected, pool) == [(0, 0), (0, 2), (2, 0), (2, 1), (2, 2), (2, 3), (3, 0), (3, 1)]
+    # advantages of the whole group, before the filters: group 0 mean 1/4, group 3 mean 1/2
+    by_row = dict(zip(map(id, selected.rows), selected.advantages))
+    assert by_row[id(pool.groups[0].trajectories[0])] == pytest.approx(0.75)
+    assert by_row[id(pool.groups[3].trajectories[1])] == pytest.approx(-0.5)
+    trajectory_mode = select_rows(pool, dataclasses.replace(released, mode="trajectory", batch_unit="groups"))
+    assert trained_rows(trajectory_mode, pool) == trained_rows(selected, pool) and trajectory_mode.full
+    assert selected.counts.no_trainable == 1 and selected.filtered == 4
+
+
+def test_our_positions_train_b_whole_groups():
+    pool = filter_pool()
+    ours = select_rows(pool, SelectionConfig(batch_groups=2))  # no filters: the two highest-std groups
+    assert trained_rows(ours, pool) == [(1, g) for g in range(4)] + [(2, g) for g in range(4)] and ours.full
+    filtered = select_rows(pool, SelectionConfig(batch_groups=2, **FILTERS))
+    # group 1 kept nothing: the next group takes its slot; its dropped rollouts are masked rows
+    assert trained_rows(filtered, pool) == [(2, g) for g in range(4)] + [(3, 0), (3, 1)]
+    assert len(filtered.rows) == 8 and filtered.full and filtered.counts.trainable == 6
+    with pytest.raises(ValueError, match="rl.batch_unit"):
+        SelectionConfig(batch_unit="rows")

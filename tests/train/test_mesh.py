@@ -5,7 +5,7 @@ import pytest
 
 from tests.tiny_random_cpu import get_config
 from pyvision_jax.train.mesh import make_mesh, resolve_mesh_shape, split_over_processes
-from pyvision_jax.train.trainer import Trainer
+from pyvision_jax.wiring import build_trainer
 
 
 def test_one_free_axis_takes_the_remaining_devices():
@@ -42,6 +42,6 @@ def test_distributed_init_after_jax_started_fails_with_its_own_error(tmp_path):
     config.train.num_processes, config.train.process_id = 2, 1
     lines = []
     with pytest.raises(RuntimeError, match="before any JAX"):
-        Trainer(config, tmp_path, progress=False, log=lines.append).run()
+        build_trainer(config, tmp_path, progress=False, log=lines.append).run()
     assert not any("while closing" in line for line in lines), lines
     assert not (tmp_path / "checkpoints").exists()  # it failed first, before touching the workdir

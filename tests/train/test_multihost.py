@@ -1,4 +1,4 @@
-"""Acceptance (issue 17, multi-host training): the trainer as two `jax.distributed` processes
+"""Multi-host training: the trainer as two `jax.distributed` processes
 on loopback with 2 CPU devices each trains exactly as one process with 4 devices, in sync
 mode (tests/train/multihost_run.py: scripted engine, fake sandboxes) and in external mode
 (launch/train.py with --config.train.coordinator_address etc., Redis, a scripted rollout

@@ -8,25 +8,14 @@ import threading
 import pytest
 
 from pyvision_jax.agent.trajectory import TrajectoryGroup
-from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
 from pyvision_jax.rollout.intake import GroupSpool, QueueIntake, Receipt
 from pyvision_jax.rollout.queue import DeliveredGroups, LocalTrajectoryQueue
 from pyvision_jax.train import metric_names as tags
 from pyvision_jax.train.checkpoint import CheckpointWriteError, TrainCheckpoints
 from pyvision_jax.train.metrics import MetricsWriteError
 from tests.rollout.minimal_groups import scored_group
-from tests.train.scripted_runs import answers_by_rollout, colour_tasks, run, small_config
+from tests.train.scripted_runs import answers_by_rollout, run, small_config
 from tests.train.tensorboard_events import read_scalars
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def tasks(tmp_path_factory):
-    return colour_tasks(tmp_path_factory.mktemp("tasks"))
 
 
 def config_every_step(steps):

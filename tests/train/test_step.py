@@ -15,6 +15,7 @@ from pyvision_jax.train.batching import BatchingConfig, BatchShape, pack_batch
 from pyvision_jax.train.mesh import make_mesh
 from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, path_means, state_shardings
 from pyvision_jax.train.step import StepConfig, loss_and_grads, make_train_step, shard_batch
+from pyvision_jax import wiring
 
 ADVANTAGES = [0.7, -0.4, 1.1, -0.9]
 STEP = StepConfig(temperature=0.7, logprob_chunk=16, old_logprobs="behaviour",
@@ -175,7 +176,7 @@ def test_a_batch_without_loss_tokens_steps_without_changing_params(tiny_config, 
 def test_truncated_is_needs_the_proximal_policy_and_comes_from_the_rl_config():
     rl = base_config().rl
     rl.importance_sampling, rl.is_truncation = "sequence", 1.5
-    loss = PPOLossConfig.from_config(rl)
+    loss = wiring.loss_config(rl)
     assert (loss.importance_sampling, loss.is_truncation) == ("sequence", 1.5)
     assert StepConfig(loss=loss, old_logprobs="current").loss is loss
     with pytest.raises(ValueError, match="needs old_logprobs='current'"):
@@ -231,10 +232,10 @@ def test_lr_multipliers_scale_the_update_of_matching_parameters_only():
                                   updates[1.0]["model"]["layers"]["kernel"])
     train = base_config().train
     train.lr_multipliers = ("model/norm/scale=30",)
-    assert OptimizerConfig.from_config(train, ()).lr_multipliers == (("model/norm/scale", 30.0),)
+    assert wiring.optimizer_config(train, ()).lr_multipliers == (("model/norm/scale", 30.0),)
     train.lr_multipliers = ("model/norm",)
     with pytest.raises(ValueError, match="REGEX=FACTOR"):
-        OptimizerConfig.from_config(train, ())
+        wiring.optimizer_config(train, ())
     with pytest.raises(ValueError, match="not a regex"):
         OptimizerConfig(lr_multipliers=(("model/(norm", 2.0),))
 
@@ -258,7 +259,7 @@ def test_uniform_updates_move_every_entry_of_matching_parameters_by_one_shared_a
     assert kernel[0, 1] > 0 > kernel[0, 0]
     train = base_config().train
     train.uniform_updates = ("model/norm/scale",)
-    assert OptimizerConfig.from_config(train, ()).uniform_updates == ("model/norm/scale",)
+    assert wiring.optimizer_config(train, ()).uniform_updates == ("model/norm/scale",)
     with pytest.raises(ValueError, match="uniform_updates.*not a regex"):
         OptimizerConfig(uniform_updates=("model/(norm",))
 

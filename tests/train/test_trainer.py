@@ -6,11 +6,9 @@ import threading
 
 import jax
 import numpy as np
-import pytest
 
 from pyvision_jax.agent.episode import EpisodeConfig
 from pyvision_jax.grading import trajectory as grading_trajectory
-from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
 from pyvision_jax.rollout.producer import GroupProducer, ProducerConfig
 from pyvision_jax.rollout.queue import DeliveredGroups, LocalTrajectoryQueue
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
@@ -19,20 +17,10 @@ from pyvision_jax.rollout.weights import WeightsPublisher, WeightsWatcher, lates
 from pyvision_jax.rollout.worker import RolloutWorker, WorkerConfig
 from pyvision_jax.train import metric_names as tags
 from pyvision_jax.train.checkpoint import TrainCheckpoints
-from pyvision_jax.train.trainer import Trainer
+from pyvision_jax.wiring import build_trainer
 from tests.agent.fake_sandbox import FakePool
-from tests.train.scripted_runs import always_wrong, answers_by_rollout, colour_tasks, run, small_config
+from tests.train.scripted_runs import always_wrong, answers_by_rollout, run, small_config
 from tests.train.tensorboard_events import read_scalars
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def tasks(tmp_path_factory):
-    return colour_tasks(tmp_path_factory.mktemp("tasks"))
 
 
 def test_resume_gives_bit_identical_params(tmp_path, tiny_config, tiny_params, tokenizer, tasks):
@@ -86,7 +74,7 @@ def test_no_informative_group_still_steps_after_max_gen_rounds(tmp_path, tiny_co
 
 def test_async_staleness_one_with_truncated_is_trains_and_drops_no_group(tmp_path, tiny_config, tiny_params,
                                                                          tokenizer, tasks):
-    """The acceptance run of off-policy training: a rollout thread generating during each
+    """Off-policy training end to end: a rollout thread generating during each
     step (max_staleness 1), token-level truncated IS against the proximal policy; the
     thread's groups are one version old or more, and none is dropped for the bookkeeping."""
     config = small_config(3)
@@ -127,7 +115,7 @@ def test_external_fleet_trains_through_the_same_trainer(tmp_path, tiny_config, t
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
-        summary = Trainer(config, tmp_path / "run", model=(tiny_config, tiny_params), tokenizer=tokenizer,
+        summary = build_trainer(config, tmp_path / "run", model=(tiny_config, tiny_params), tokenizer=tokenizer,
                           source=source, progress=False, log=lambda line: None).run()
     finally:
         worker.request_stop()

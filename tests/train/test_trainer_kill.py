@@ -1,4 +1,4 @@
-"""Acceptance: kill -9 of the trainer in external mode (Redis with AOF, a scripted rollout
+"""Kill -9 of the trainer in external mode (Redis with AOF, a scripted rollout
 worker process). The resumed trainer trains the groups of its lost steps from the spool
 first, draws every step exactly once in its outputs, and never trains a group twice."""
 from __future__ import annotations

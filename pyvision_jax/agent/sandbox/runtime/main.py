@@ -1,5 +1,8 @@
 """The runtime's start and request loop: move the channel out of reach, set the limits, drop
-privileges, start the session, then answer requests until the host closes the channel."""
+privileges, start the session, then answer requests until the host closes the channel.
+
+`main` runs it in a process of its own (started by bubblewrap); `run` in a fork of the
+template, which passes the settings of the fork's request."""
 
 from __future__ import annotations
 
@@ -11,10 +14,12 @@ import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
 import shutil  # noqa: E402
+import sys  # noqa: E402
 import threading  # noqa: E402
 
 from .capture import CAPTURE_READ_FD, CAPTURE_WRITE_FD  # noqa: E402
 from .channel import REPLY_FD, REQUEST_FD, read_frame, watch_host, write_frame  # noqa: E402
+from .namespaces import clear_capabilities, drop_bounding_capabilities  # noqa: E402
 from .protocol import READY_OP, REPLY_OP  # noqa: E402
 from .session import Session, error_text  # noqa: E402
 
@@ -31,13 +36,14 @@ def _drop_privileges(uid: int, gid: int) -> None:
     os.setresuid(uid, uid, uid)
 
 
-def _seed_font_cache(source: str | None) -> None:
-    """Copies matplotlib's font list built by the host, so that import skips the font scan."""
-    if not source:
-        return
+def seed_font_cache(source: str | None) -> None:
+    """Copies matplotlib's font list built by the host, so that import skips the font scan
+    (only the directory is made where matplotlib's fonts are loaded already)."""
     target = os.environ.get("MPLCONFIGDIR")
     try:
         os.makedirs(target, exist_ok=True)
+        if not source or "matplotlib.font_manager" in sys.modules:
+            return
         for name in os.listdir(source):
             if name.startswith("fontlist-") and name.endswith(".json"):
                 shutil.copyfile(os.path.join(source, name), os.path.join(target, name))
@@ -55,14 +61,25 @@ def _move_descriptor(fd: int, target: int) -> None:
 
 def main(argv: list[str]) -> int:
     """Runs the runtime described by the JSON settings in argv[1]; returns the exit status."""
-    settings = json.loads(argv[1])
+    return run(json.loads(argv[1]))
+
+
+def run(settings: dict) -> int:
+    """Runs the runtime described by `settings`; returns the exit status.
+
+    With `drop_capabilities` (a fork of the template, which holds capabilities to build its
+    namespaces) the bounding set is emptied first and no capability is left at the end."""
     _move_descriptor(settings["request_fd"], REQUEST_FD)
     _move_descriptor(settings["reply_fd"], REPLY_FD)
     _set_limits(settings["limits"])
+    if settings.get("drop_capabilities"):
+        drop_bounding_capabilities()
     if settings.get("uid") is not None:
         _drop_privileges(settings["uid"], settings["gid"])
+    if settings.get("drop_capabilities"):
+        clear_capabilities()
     os.chdir(settings["workdir"])
-    _seed_font_cache(settings.get("font_cache"))
+    seed_font_cache(settings.get("font_cache"))
 
     capture_read, capture_write = os.pipe()
     _move_descriptor(capture_read, CAPTURE_READ_FD)

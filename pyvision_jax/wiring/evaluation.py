@@ -1,4 +1,4 @@
-"""From a config, a checkpoint and a task file to a finished evaluation (``launch/eval.py``).
+"""From a config, a checkpoint and a task file to a finished evaluation (``pyvision-eval``).
 
 Config keys read (``configs/tiny_cpu.py`` schema): ``model.*`` (tokenizer, dtypes, and the
 architecture of training checkpoints), ``episode.*`` (image budgets, error handling,
@@ -18,11 +18,16 @@ from typing import Any, Callable
 
 import ml_collections
 
-from pyvision_jax import wiring
 from pyvision_jax.agent.engine import Engine
 from pyvision_jax.convert import save_hf
+from pyvision_jax.eval import policy as policies
 from pyvision_jax.eval.evaluate import EvalSettings, Evaluator
-from pyvision_jax.eval.policy import LoadedPolicy, load_policy
+from pyvision_jax.eval.policy import LoadedPolicy
+from pyvision_jax.models import ModelConfig
+from pyvision_jax.wiring import engines
+from pyvision_jax.wiring.episodes import episode_config, sandbox_pool, scorer_routes
+from pyvision_jax.wiring.model import hf_dir, load_model, load_tokenizer, model_config, tokenizer_dir
+from pyvision_jax.wiring.tasks import task_file
 
 EngineFactory = Callable[[ml_collections.ConfigDict, LoadedPolicy, Any], Engine]
 
@@ -36,9 +41,18 @@ def eval_settings(config: ml_collections.ConfigDict, k: int | None = None,
         report_rollouts_per_task=int(v.report_rollouts_per_task), progress=progress)
 
 
+def load_policy(path: str | os.PathLike, config: ml_collections.ConfigDict, progress: bool = True) -> LoadedPolicy:
+    """The weights at ``path`` (any checkpoint layout), in ``model.param_dtype``; a training
+    checkpoint's architecture comes from its run's resolved config, else from ``config``."""
+    def model_for(resolved: dict[str, Any] | None) -> ModelConfig:
+        return model_config(ml_collections.ConfigDict(resolved) if resolved is not None else config)
+
+    return policies.load_policy(path, model_for, dtype=config.model.get("param_dtype") or None, progress=progress)
+
+
 def jax_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, tokenizer: Any) -> Engine:
     """The in-process JAX sampler with the config's rollout shapes and eval budget."""
-    return wiring.jax_engine(config, policy.model_config, policy.params, tokenizer,
+    return engines.jax_engine(config, policy.model_config, policy.params, tokenizer,
                              version=policy.version, max_total_tokens=int(config.eval.max_total_tokens))
 
 
@@ -46,17 +60,17 @@ def vllm_eval_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, wo
     """vLLM on the policy: an HF checkpoint directory as it is (with a preprocessor config and
     tokenizer added beside links to its files when it lacks them); params and training
     checkpoints are first exported with ``save_hf`` into a temporary directory in ``work_dir``."""
-    wiring.require_vllm()
+    engines.require_vllm()
     e = config.episode
     work_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".vllm-model-", dir=work_dir))
     source = Path(policy.path)
     if policy.kind != "hf":
         source = save_hf(policy.model_config, policy.params, staging / "export", progress=False)
-    model_dir = wiring.vllm_model_dir(source, staging / "model", policy.model_config,
-                                      wiring.tokenizer_dir(config, policy.tokenizer_dir),
+    model_dir = engines.vllm_model_dir(source, staging / "model", policy.model_config,
+                                      tokenizer_dir(config, policy.tokenizer_dir),
                                       min_pixels=e.image_min_pixels, max_pixels=e.image_max_pixels)
-    return wiring.vllm_engine(config, model_dir, version=policy.version,
+    return engines.vllm_engine(config, model_dir, version=policy.version,
                               max_total_tokens=int(config.eval.max_total_tokens))
 
 
@@ -76,8 +90,8 @@ def config_policy(config: ml_collections.ConfigDict, progress: bool = True) -> L
     """The config's own model: model.hf_dir (a packaged checkpoint for "packaged:NAME"), else
     a random init of model.preset (kind "params", path "preset:NAME")."""
     if config.model.hf_dir:
-        return load_policy(wiring.hf_dir(config), config, progress=progress)
-    model, params = wiring.load_model(config)
+        return load_policy(hf_dir(config), config, progress=progress)
+    model, params = load_model(config)
     return LoadedPolicy("params", f"preset:{config.model.preset}", model, params, 0, None)
 
 
@@ -89,24 +103,24 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | os.
     """Loads the checkpoint (None: the config's own model, `config_policy`) and the tasks,
     runs the evaluation into ``out_dir``; returns the results (also in
     ``out_dir/results.json``). ``sandboxes`` replaces the config's pool."""
-    tasks = wiring.task_file(config, data)
+    tasks = task_file(config, data)
     policy = (config_policy(config, progress) if checkpoint is None
               else load_policy(checkpoint, config, progress=progress))
-    tokenizer = wiring.load_tokenizer(config, policy.tokenizer_dir)
+    tokenizer = load_tokenizer(config, policy.tokenizer_dir)
     engine = (engine_factory(config, policy, tokenizer) if engine_factory
               else build_engine(config, policy, tokenizer, work_dir=out_dir))
-    episode = wiring.episode_config(config, policy.model_config, evaluation=True, max_tool_calls=max_tool_calls)
+    episode = episode_config(config, policy.model_config, evaluation=True, max_tool_calls=max_tool_calls)
     settings = eval_settings(config, k, progress)
     run_info = {"checkpoint": policy.path, "checkpoint_kind": policy.kind,
                 "policy_version": policy.version, "data": str(Path(data).absolute()),
                 "engine_kind": config.rollout.engine}
     own_pool = sandboxes is None
     if own_pool:
-        sandboxes = wiring.sandbox_pool(config)
+        sandboxes = sandbox_pool(config)
     try:
         evaluator = Evaluator(engine, tokenizer, sandboxes, episode, settings, run_info,
                               temporal_patch_size=policy.model_config.vision.temporal_patch_size,
-                              routes=wiring.scorer_routes(config))
+                              routes=scorer_routes(config))
         return evaluator.run(tasks, out_dir)
     finally:
         if own_pool:
@@ -114,4 +128,4 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | os.
 
 
 __all__ = ["EngineFactory", "build_engine", "config_policy", "eval_settings", "evaluate_checkpoint", "jax_engine",
-           "vllm_eval_engine"]
+           "load_policy", "vllm_eval_engine"]

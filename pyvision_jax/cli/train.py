@@ -1,0 +1,54 @@
+"""Train a Qwen2.5-VL agent with the PyVision-RL recipe: GRPO, or SFT (`algorithm="sft"`).
+
+    pyvision-train --config configs/tiny_cpu.py --workdir /tmp/pyvision_tiny
+    pyvision-train --config configs/pyvision_image_7b.py \
+        --config.model.hf_dir=/models/Qwen2.5-VL-7B-Instruct --workdir /runs/image7b
+    pyvision-train --config configs/sft_tiny.py --workdir /tmp/sft_tiny
+
+The workdir holds checkpoints/, tb/ (TensorBoard), trajectories.jsonl (a sample),
+config.json (the resolved config) and jax_cache/ (compiled XLA executables; unless
+JAX_COMPILATION_CACHE_DIR names another place). Rerunning with the same workdir resumes from
+the latest checkpoint. SIGTERM saves a checkpoint and exits. With `eval.heldout_per_kind` > 0 the model
+is evaluated on held-out synthetic tasks before and after training (WORKDIR/heldout/).
+"""
+
+from __future__ import annotations
+
+import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from pyvision_jax import wiring
+from pyvision_jax.cli.default_config import DEFAULT_CONFIG
+
+ALGORITHMS = {"grpo": wiring.train, "sft": wiring.train_sft}
+
+_CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Training config file.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, TensorBoard logs, samples).")
+_PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar over steps.")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not _WORKDIR.value:
+        raise app.UsageError("--workdir is required")
+    logging.set_verbosity(logging.WARNING)
+    algorithm = _CONFIG.value.algorithm
+    if algorithm not in ALGORITHMS:
+        raise app.UsageError(f"config algorithm={algorithm!r} must be one of {sorted(ALGORITHMS)}")
+    wiring.use_compilation_cache(_WORKDIR.value)
+    summary, _ = wiring.train_with_heldout(_CONFIG.value, _WORKDIR.value, ALGORITHMS[algorithm],
+                                           progress=_PROGRESS.value)
+    if jax.process_index() != 0:
+        return
+    state = "interrupted at" if summary.interrupted else "finished at"
+    print(f"training {state} step {summary.last_step} (started at step {summary.first_step})")
+    print(f"TensorBoard logs: {summary.tensorboard_dir}  (tensorboard --logdir {summary.tensorboard_dir})")
+    print(f"checkpoints:      {summary.checkpoint_dir}")
+    print(f"trajectory sample and resolved config: {summary.workdir}")
+
+
+def run() -> None:
+    """The `pyvision-train` console command."""
+    app.run(main)

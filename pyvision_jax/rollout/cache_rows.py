@@ -1,0 +1,89 @@
+"""Pure functions that fill the engine's cache rows from a prompt block and sample each row's
+first token: ``prefill_rows`` for a fresh prompt, ``extend_rows`` for a prompt continuing the
+context a row already holds.
+
+Both take the model inputs of a block [b, T] of left-padded prompts (their M-RoPE positions
+included), the slots ``targets`` [b] the rows go to (out of range: dropped, for the padding
+rows of a batch) and raw PRNG key data [b, 2]; token 0 of a request is drawn with
+``fold_in(key, 0)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from pyvision_jax.models import KVCache, ModelConfig, ModelInputs, forward
+from pyvision_jax.rollout.sampling import SamplingArrays, sample_tokens
+from pyvision_jax.rollout.slot_cache import compact_columns
+
+
+def _first_tokens(logits: jax.Array, keys: jax.Array,
+                  settings: SamplingArrays) -> tuple[jax.Array, jax.Array]:
+    """Token 0 (and its logprob) of each row from the logits [b, T, V] of its block."""
+    token_keys = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(keys),
+                                               jnp.zeros(keys.shape[0], jnp.int32))
+    return sample_tokens(logits[:, -1], token_keys, settings)
+
+
+def prefill_rows(config: ModelConfig, compute_dtype: str, params: Any, cache: KVCache,
+                 inputs: ModelInputs, targets: jax.Array, start: jax.Array, keys: jax.Array,
+                 settings: SamplingArrays) -> tuple[KVCache, jax.Array, jax.Array]:
+    """Runs left-padded prompts into a fresh cache, copies its rows into the slots `targets`
+    at columns [start, start + length) and samples each first token.
+
+    `start` may be negative as long as the real tokens fit before the write index: the
+    leading padding columns then wrap to the end of the row, past the write index, as
+    invalid columns that decoding overwrites."""
+    batch, length = inputs.input_ids.shape
+    fresh = KVCache.init(config, batch, length, cache.keys.dtype)
+    logits, fresh = forward(config, compute_dtype, params, inputs, fresh)
+    tokens, logprobs = _first_tokens(logits, keys, settings)
+    rows = targets[:, None]
+    columns = (start + jnp.arange(length)[None, :]) % cache.max_length
+
+    def place(big: jax.Array, small: jax.Array) -> jax.Array:
+        """Stacked heads-major [L, B, KVH, S, d]: indexing puts (row, column) first."""
+        small = small.transpose(1, 3, 0, 2, 4).astype(big.dtype)
+        return big.at[:, rows, :, columns].set(small, mode="drop")
+
+    valid = cache.valid.at[targets].set(False, mode="drop")
+    valid = valid.at[rows, columns].set(fresh.valid, mode="drop")
+    cache = KVCache(keys=place(cache.keys, fresh.keys), values=place(cache.values, fresh.values),
+                    valid=valid, index=cache.index)
+    return cache, tokens, logprobs
+
+
+def extend_rows(config: ModelConfig, compute_dtype: str, params: Any, cache: KVCache,
+                inputs: ModelInputs, targets: jax.Array, keep: jax.Array,
+                keys: jax.Array, settings: SamplingArrays
+                ) -> tuple[KVCache, jax.Array, jax.Array, jax.Array]:
+    """Appends a block of new tokens to the contexts rows `targets` hold: the first keep[b]
+    valid columns of row targets[b] are the KV of the prompt's first keep[b] tokens, the
+    block holds the rest of the prompt (left-padded), with the positions a prefill of the
+    whole prompt gives them.
+
+    Each target row is gathered into a working row of S + T columns, its kept columns
+    compacted to end at column S, and the block run after them (it attends to them and to
+    itself); the kept and new columns are then compacted to end at the cache's write index,
+    which must be at least keep + the block's real tokens. Returns (cache, the block's logits
+    [b, T, V], first tokens, their logprobs)."""
+    batch, length = inputs.input_ids.shape
+    columns = cache.max_length
+    take = lambda x, axis: jnp.take(x, targets, axis=axis, mode="clip")
+    keys_rows, values_rows, valid_rows = compact_columns(
+        take(cache.keys, 1), take(cache.values, 1), take(cache.valid, 0), keep,
+        jnp.asarray(columns, jnp.int32), columns + length)
+    work = KVCache(keys=keys_rows, values=values_rows, valid=valid_rows,
+                   index=jnp.asarray(columns, jnp.int32))
+    logits, work = forward(config, compute_dtype, params, inputs, work)
+    tokens, logprobs = _first_tokens(logits, keys, settings)
+    filled = keep + jnp.sum(inputs.attention_mask, axis=1).astype(keep.dtype)
+    keys_rows, values_rows, valid_rows = compact_columns(work.keys, work.values, work.valid, filled,
+                                                         cache.index, columns)
+    put = lambda big, rows: big.at[:, targets].set(rows.astype(big.dtype), mode="drop")
+    cache = KVCache(keys=put(cache.keys, keys_rows), values=put(cache.values, values_rows),
+                    valid=cache.valid.at[targets].set(valid_rows, mode="drop"), index=cache.index)
+    return cache, logits, tokens, logprobs
