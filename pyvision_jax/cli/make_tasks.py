@@ -12,9 +12,9 @@ from pathlib import Path
 
 from absl import app, flags
 
+from pyvision_jax.cli.help_flags import show_flags_in_help
 from pyvision_jax.data import synthetic
 from pyvision_jax.data.tasks import load_tasks
-
 
 _OUT = flags.DEFINE_string("out", None, "Output directory.")
 _PER_KIND = flags.DEFINE_integer("per-kind", 8, "Tasks per kind.")
@@ -41,4 +41,5 @@ def main(argv: list[str]) -> None:
 
 def run() -> None:
     """The `pyvision-make-tasks` console command."""
+    show_flags_in_help(__name__)
     app.run(main)

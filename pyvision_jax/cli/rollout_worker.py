@@ -31,6 +31,7 @@ from ml_collections import config_flags
 
 from pyvision_jax import wiring
 from pyvision_jax.cli.default_config import DEFAULT_CONFIG
+from pyvision_jax.cli.help_flags import show_flags_in_help
 
 _CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Config file.", lock_config=True)
 _INDEX = flags.DEFINE_integer("worker-index", 0, "This worker's index in [0, num-workers).")
@@ -82,4 +83,5 @@ def main(argv: list[str]) -> None:
 
 def run() -> None:
     """The `pyvision-rollout-worker` console command."""
+    show_flags_in_help(__name__)
     app.run(main)

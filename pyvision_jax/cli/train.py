@@ -20,6 +20,7 @@ from ml_collections import config_flags
 
 from pyvision_jax import wiring
 from pyvision_jax.cli.default_config import DEFAULT_CONFIG
+from pyvision_jax.cli.help_flags import show_flags_in_help
 
 ALGORITHMS = {"grpo": wiring.train, "sft": wiring.train_sft}
 
@@ -51,4 +52,5 @@ def main(argv: list[str]) -> None:
 
 def run() -> None:
     """The `pyvision-train` console command."""
+    show_flags_in_help(__name__)
     app.run(main)

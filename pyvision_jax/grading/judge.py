@@ -1,17 +1,24 @@
 """The LLM judge: any OpenAI-compatible `/v1/chat/completions` server (e.g. `vllm serve`).
 
 The released recipe judges every data source but the rule-verifiable ones with a served
-Qwen2.5-72B-Instruct (model name "judge"). Requests of a batch run concurrently in a thread
-pool, at temperature 0, each with a timeout and a bounded number of retries. The judge only
-sees the extracted final answer. A request that never gets a usable verdict (unreachable,
-timed out, or a reply that is neither yes nor no) is a judge failure: `verdicts` reports it
-as None and the producer marks that rollout broken, never wrong.
+Qwen2.5-72B-Instruct (model name "judge"), a few-shot prompt per task family, a system
+message and sampling at temperature 0.3, and reads replies `Judgement: 1` / `Judgement: 0`
+(or a bare 1 / 0). Here the prompt template is chosen by the task's data_source
+(`JudgeConfig.family_prompts`, else `prompt`), and the temperature, the system message and
+the verdict pattern are settings (ours: temperature 0, no system message, the reply's first
+word after an optional "Judgement:" label). Requests of a batch run concurrently in a thread
+pool, each with a timeout and a bounded number of retries. The judge only sees the
+extracted final answer. A request that never gets a usable verdict (unreachable, timed out,
+or a reply that is no verdict) is a judge failure: `verdicts` reports it as None and the
+producer marks that rollout broken, never wrong.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import fnmatch
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -25,6 +32,9 @@ JUDGE_NAMES = ("question", "ground_truth", "answer")
 DEFAULT_JUDGE_PROMPT_FILE = PROMPTS_DIR / "judge.txt"
 YES_WORDS = frozenset({"yes", "correct", "true", "1"})
 NO_WORDS = frozenset({"no", "incorrect", "wrong", "false", "0"})
+VERDICT_LABEL = re.compile(r"^judge?ment\s*:\s*", re.IGNORECASE)
+RELEASED_VERDICT_PATTERN = r"(?s)^(?:.*Judgement:)?\s*([01])"
+"""The released reply format: the digit after the last "Judgement:", or a bare 1 / 0."""
 
 
 class JudgeUnavailableError(ScorerUnavailableError):
@@ -34,6 +44,16 @@ class JudgeUnavailableError(ScorerUnavailableError):
 def judge_template(path: str = "") -> PromptTemplate:
     """The judge prompt of `path` ("" : configs/prompts/judge.txt) with its named placeholders."""
     return load_template(path or DEFAULT_JUDGE_PROMPT_FILE, JUDGE_NAMES, JUDGE_NAMES)
+
+
+def family_templates(pairs: Sequence[Sequence[str]]) -> tuple[tuple[str, PromptTemplate], ...]:
+    """(data_source glob, template) per (glob, file) pair of grading.judge_prompt_files."""
+    out = []
+    for pair in pairs:
+        if isinstance(pair, str) or len(pair) != 2:
+            raise ValueError(f"grading.judge_prompt_files: {pair!r} must be a (data_source glob, file) pair")
+        out.append((str(pair[0]), judge_template(str(pair[1]))))
+    return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +68,20 @@ class JudgeConfig:
     max_concurrency: int = 8
     max_tokens: int = 8
     prompt: PromptTemplate = dataclasses.field(default_factory=judge_template)
+    """The template of data sources that no `family_prompts` glob matches."""
+    family_prompts: tuple[tuple[str, PromptTemplate], ...] = ()
+    """(data_source glob, template), first match wins: the released few-shot prompt of each
+    task family (`family_templates`)."""
+    temperature: float = 0.0
+    """Sampling temperature of the judge (released: 0.3)."""
+    system_prompt: str = ""
+    """A system message before the prompt ("": none; released: "You are a helpful assistant.")."""
+    verdict_pattern: str = ""
+    """A regex searched in the reply whose first group is the verdict word (yes/no, 1/0, ...);
+    "": the first word after an optional "Judgement:" label. Released:
+    `RELEASED_VERDICT_PATTERN`."""
     extra_body: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    """Extra request fields (e.g. vLLM's `guided_choice`, or `logit_bias`)."""
+    """Extra request fields (e.g. vLLM's `structured_outputs`, or `logit_bias`)."""
 
     def __post_init__(self):
         if not self.base_url:
@@ -62,14 +94,30 @@ class JudgeConfig:
             raise ValueError(f"JudgeConfig.timeout_s must be > 0, got {self.timeout_s}")
         if self.max_tokens < 1:
             raise ValueError(f"JudgeConfig.max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"JudgeConfig.temperature (grading.judge_temperature) must be >= 0, "
+                             f"got {self.temperature}")
+        if self.verdict_pattern:
+            try:
+                groups = re.compile(self.verdict_pattern).groups
+            except re.error as err:
+                raise ValueError(f"grading.judge_verdict_pattern {self.verdict_pattern!r} is not a regex: "
+                                 f"{err}") from None
+            if groups < 1:
+                raise ValueError(f"grading.judge_verdict_pattern {self.verdict_pattern!r} needs a group "
+                                 f"(the verdict word)")
 
 
-def parse_verdict(reply: str) -> bool | None:
-    """True/False when the reply's first word says yes/no (case and markup ignored), else None."""
-    words = reply.strip().lstrip("*#>\"' ").lower().split()
-    if not words:
-        return None
-    word = words[0].strip(".,:;!*\"'")
+def parse_verdict(reply: str, pattern: str = "") -> bool | None:
+    """True/False when the reply says yes/no, else None. `pattern` "": the first word after
+    an optional "Judgement:" label (case and markup ignored); else the first group of the
+    pattern's first match in the stripped reply."""
+    if pattern:
+        match = re.search(pattern, reply.strip())
+        word = (match.group(1) or "").strip().lower() if match else ""
+    else:
+        words = VERDICT_LABEL.sub("", reply.strip().lstrip("*#>\"' ")).lower().split()
+        word = words[0].strip(".,:;!*\"'") if words else ""
     if word in YES_WORDS:
         return True
     return False if word in NO_WORDS else None
@@ -82,15 +130,20 @@ class LLMJudge:
         self.config = config
         self.url = config.base_url.rstrip("/") + "/v1/chat/completions"
 
-    def prompt(self, question: str, ground_truth: str, answer: str) -> str:
-        return self.config.prompt.render({"question": question, "ground_truth": ground_truth, "answer": answer})
+    def prompt(self, question: str, ground_truth: str, answer: str, data_source: str = "") -> str:
+        """The judge prompt, from the template of the first `family_prompts` glob that matches
+        `data_source` (else `prompt`)."""
+        template = next((t for pattern, t in self.config.family_prompts if fnmatch.fnmatchcase(data_source, pattern)),
+                        self.config.prompt)
+        return template.render({"question": question, "ground_truth": ground_truth, "answer": answer})
 
     def _request_once(self, prompt: str) -> str:
+        system = [{"role": "system", "content": self.config.system_prompt}] if self.config.system_prompt else []
         body = json.dumps({
             **self.config.extra_body,
             "model": self.config.model,
-            "messages": [{"role": "user", "content": prompt}],
-            "temperature": 0.0,
+            "messages": system + [{"role": "user", "content": prompt}],
+            "temperature": self.config.temperature,
             "max_tokens": self.config.max_tokens,
         }).encode()
         headers = {"Content-Type": "application/json"}
@@ -106,10 +159,11 @@ class LLMJudge:
         last_error: str = ""
         for attempt in range(self.config.max_retries + 1):
             try:
-                verdict = parse_verdict(self._request_once(prompt))
+                reply = self._request_once(prompt)
+                verdict = parse_verdict(reply, self.config.verdict_pattern)
                 if verdict is not None:
                     return verdict
-                last_error = "a reply that is neither yes nor no"
+                last_error = f"a reply that is no verdict: {reply[:80]!r}"
             except (urllib.error.URLError, TimeoutError, OSError, ValueError, KeyError, IndexError,
                     TypeError) as error:
                 last_error = repr(error)

@@ -22,13 +22,7 @@ from pyvision_jax.agent.trajectory import Trajectory
 from pyvision_jax.data.tasks import Task
 from pyvision_jax.grading.judge import LLMJudge
 from pyvision_jax.grading.scoring import ZERO_SCORE, Score, extract_answer
-from pyvision_jax.grading.trajectory import (
-    BY_ANSWER_TYPE,
-    ScoringRules,
-    final_turn_text,
-    has_answer,
-    score_trajectory,
-)
+from pyvision_jax.grading.trajectory import BY_ANSWER_TYPE, ScoringRules, graded_text, score_trajectory
 
 JUDGE = "judge"
 RULE_SCORERS = (BY_ANSWER_TYPE, "numeric", "multiple_choice", "math")
@@ -81,13 +75,13 @@ def grade_trajectories(pairs: Sequence[tuple[Trajectory, Task]], tokenizer: Any,
         if scorer != JUDGE:
             graded[index] = Graded(score_trajectory(trajectory, task, tokenizer, scorer, routes.rules))
             continue
-        answer = None
-        if has_answer(trajectory):
-            answer = extract_answer(final_turn_text(trajectory, tokenizer), gate=routes.rules.answer_gate)
+        text = graded_text(trajectory, tokenizer, routes.rules.answer_gate)
+        answer = None if text is None else extract_answer(text, gate=routes.rules.answer_gate)
         if answer is None:
             graded[index] = Graded(ZERO_SCORE)
         else:
-            asked.append((index, answer, routes.judge.prompt(format_question(task), task.answer, answer)))
+            asked.append((index, answer, routes.judge.prompt(format_question(task), task.answer, answer,
+                                                             data_source=task.data_source)))
     if asked:
         verdicts = routes.judge.verdicts([prompt for _, _, prompt in asked])
         for (index, answer, _), verdict in zip(asked, verdicts):

@@ -25,8 +25,14 @@ MRA_FLOAT_TOLERANCES = tuple(1 - (0.5 + 0.05 * i) for i in range(10))
 relative error of exactly 0.3 passes that threshold (10 vs 7 or 13 scores 0.5, not 0.4)."""
 MRA_THRESHOLDS = ("exact", "float")
 ANSWER_GATES = ("last", "first_exact")
-RELEASED_ANSWER = re.compile(r"<answer>\n\\boxed\{((?:(?!</answer>).)*?)\}\n</answer>", re.DOTALL)
-"""The released answer gate: exactly `<answer>`, newline, `\\boxed{X}`, newline, `</answer>`."""
+RELEASED_ANSWER = re.compile(r"<answer>\n\\boxed\{(.*?)\}\n</answer>", re.DOTALL)
+"""The released answer gate: `<answer>`, newline, `\\boxed{`, the shortest text up to
+`}`, newline, `</answer>`; searched over the whole response."""
+RELEASED_REJECTED = ("<interpreter>", ANSWER_OPEN, BOXED_COMMAND)
+"""Text that voids a released answer: what two boxes, or two answer blocks run together, leave
+inside the shortest match."""
+RELEASED_MAX_ANSWER_CHARS = 1000
+"""The released judge scorer's cap: a longer answer scores 0."""
 
 
 class GroundTruthError(ValueError):
@@ -109,15 +115,18 @@ def _strict_boxed(block: str) -> str | None:
     return content.strip() or None
 
 
-def _released_gate(final: str) -> str | None:
-    """The released gate: unbalanced answer tags score nothing; else the FIRST block that is
-    exactly `<answer>\\n\\boxed{X}\\n</answer>`."""
-    if final.count(ANSWER_OPEN) != final.count("</answer>"):
-        return None
-    match = RELEASED_ANSWER.search(final)
+def _released_gate(response: str) -> str | None:
+    """The released gate: the FIRST `<answer>\\n\\boxed{X}\\n</answer>` anywhere in the
+    response (a tool output the model's code printed included); X is void when it holds
+    `<interpreter>`, `<answer>` or `\\boxed` (`<answer>\\n\\boxed{A} or \\boxed{B}\\n</answer>`
+    reads "A} or \\boxed{B") or has 1000 characters or more."""
+    match = RELEASED_ANSWER.search(response)
     if match is None:
         return None
-    return match.group(1).strip() or None
+    answer = match.group(1).strip()
+    if any(text in answer for text in RELEASED_REJECTED) or len(answer) >= RELEASED_MAX_ANSWER_CHARS:
+        return None
+    return answer or None
 
 
 def extract_answer(response: str, *, strict: bool = True, gate: str = "last") -> str | None:
@@ -128,16 +137,17 @@ def extract_answer(response: str, *, strict: bool = True, gate: str = "last") ->
     `<answer>\\n\\boxed{X}\\n</answer>`; surrounding whitespace is tolerated). Lenient: the
     last `\\boxed{X}` inside the last answer block (an unclosed final block counts), else the
     last `\\boxed{X}` of the final turn, else the stripped text of the answer block.
-    Gate "first_exact" (the released code; `strict` does not apply): after the last
-    `</interpreter>`, balanced answer tags and the first exact `<answer>\\n\\boxed{X}\\n</answer>`.
+    Gate "first_exact" (the released code; `strict` does not apply): the first
+    `<answer>\\n\\boxed{X}\\n</answer>` of the whole response, void when X holds another box,
+    answer tag or tool output (`_released_gate`).
     """
     if gate not in ANSWER_GATES:
         raise ValueError(f"answer gate {gate!r} must be one of {ANSWER_GATES}")
     if not isinstance(response, str):
         return None
-    final = _final_turn(response)
     if gate == "first_exact":
-        return _released_gate(final)
+        return _released_gate(response)
+    final = _final_turn(response)
     blocks = ANSWER_BLOCK.findall(final)
     if strict:
         return _strict_boxed(blocks[-1]) if blocks else None

@@ -1,9 +1,11 @@
 """The per-trajectory scoring rule, shared by the producer (through `grading.routes`) and
 evaluation.
 
-A trajectory scores its final turn's generated text with a rule scorer (the task's answer
-type's, or one a route names) under `ScoringRules` (the answer gate and the MRA thresholds);
-a trajectory without an answer, or a broken one, scores 0. The reward (score plus the
+A trajectory scores the text its answer gate reads (`graded_text`: ours, the final turn of a
+rollout that ended with an answer; released, the whole response whatever the end reason)
+with a rule scorer (the task's answer type's, or one a route names) under `ScoringRules`
+(the answer gate and the MRA thresholds); a trajectory with nothing to read, or a broken
+one, scores 0. The reward (score plus the
 accumulative tool bonus) is ``rewards.accumulative_tool_reward`` over [P, G] arrays of these
 scores.
 """
@@ -78,16 +80,30 @@ def final_turn_text(trajectory: Trajectory, tokenizer: Any) -> str:
                             skip_special_tokens=False)
 
 
-def has_answer(trajectory: Trajectory) -> bool:
-    """Whether the trajectory ended with an answer that can be scored (and did not break)."""
-    return trajectory.final_answer is not None and not trajectory.broken and bool(trajectory.turns)
+def response_text(trajectory: Trajectory, tokenizer: Any) -> str:
+    """Everything after the prompt, decoded: the generated turns and the tool outputs."""
+    return tokenizer.decode(trajectory.token_ids[trajectory.prompt_length:].tolist(), skip_special_tokens=False)
+
+
+def graded_text(trajectory: Trajectory, tokenizer: Any, gate: str) -> str | None:
+    """The text the answer gate reads, None when there is nothing to score (a broken
+    rollout, or no turn). Gate "last": the final turn of a rollout that ended with an answer.
+    Gate "first_exact" (released): the whole response, tool outputs included, whatever the
+    end reason."""
+    if trajectory.broken or not trajectory.turns:
+        return None
+    if gate == "first_exact":
+        return response_text(trajectory, tokenizer)
+    return final_turn_text(trajectory, tokenizer) if trajectory.final_answer is not None else None
 
 
 def score_trajectory(trajectory: Trajectory, task: Task, tokenizer: Any, scorer: str = BY_ANSWER_TYPE,
                      rules: ScoringRules = ScoringRules()) -> Score:
-    """The score of ``trajectory``'s final answer on ``task`` with a rule scorer; 0 without an
-    answer or when broken. A scorer that does not exist is an error even without an answer."""
+    """The score of ``trajectory``'s answer on ``task`` with a rule scorer; 0 when the gate has
+    nothing to read or the rollout broke. A scorer that does not exist is an error even
+    without an answer."""
     task_scorer(task, scorer, rules)
-    if not has_answer(trajectory):
+    text = graded_text(trajectory, tokenizer, rules.answer_gate)
+    if text is None:
         return ZERO_SCORE
-    return score_task_response(final_turn_text(trajectory, tokenizer), task, scorer, rules)
+    return score_task_response(text, task, scorer, rules)

@@ -8,6 +8,10 @@ over micro-batches. Metrics are likewise sums/extrema that combine with `combine
 (sum = that mean, denominator = 1 when it has loss tokens), so the step's loss is the mean
 of micro-batch means. It depends on how rows fall into micro-batches: rows of 1 and 99
 tokens with A = +1 / -1 in micro-batches of one row give 0.0, where "token-mean" gives 0.98.
+The released micro-batch is a few trajectories on one device; given `unit_tokens` and
+`unit_share` (per sequence: the loss tokens of its unit, and 1 / the unit's sequences with
+loss tokens; `train.batching` computes them for units of `rl.loss_micro_batch`
+trajectories), each unit's token mean is one term wherever its sequences fall.
 """
 from __future__ import annotations
 
@@ -112,6 +116,8 @@ def ppo_loss(
     behaviour_logprobs: jax.Array | None = None,
     ref_logprobs: jax.Array | None = None,
     entropy: jax.Array | None = None,
+    unit_tokens: jax.Array | None = None,
+    unit_share: jax.Array | None = None,
 ) -> PPOLossOutput:
     """PPO clipped surrogate with asymmetric and dual clipping, per token, aggregated.
 
@@ -125,6 +131,8 @@ def ppo_loss(
       ref_logprobs: [B, T] of the reference policy; needed when `kl_coef` > 0.
       entropy: [B, T] per-token policy entropy; needed when `entropy_coef` or `min_entropy` > 0,
         reported if given.
+      unit_tokens, unit_share: [B] each, for "token-mean-per-micro-batch" over units of
+        sequences (module docstring); other aggregations do not read them.
 
     Positions outside `loss_mask` never influence the result, whatever they hold.
     """
@@ -196,6 +204,10 @@ def ppo_loss(
     if config.aggregation == "token-mean":
         loss_sum = token_loss.sum()
         denominator = tokens_per_sequence.sum()
+    elif config.aggregation == "token-mean-per-micro-batch" and unit_tokens is not None:
+        unit_tokens = jnp.asarray(unit_tokens, jnp.float32)
+        loss_sum = jnp.where(has_tokens, token_loss.sum(axis=-1) / jnp.maximum(unit_tokens, 1.0), 0.0).sum()
+        denominator = jnp.where(has_tokens, jnp.asarray(unit_share, jnp.float32), 0.0).sum()
     elif config.aggregation == "token-mean-per-micro-batch":
         loss_sum = token_loss.sum() / jnp.maximum(tokens_per_sequence.sum(), 1)
         denominator = has_tokens.any()

@@ -70,7 +70,7 @@ def extend_rows(config: ModelConfig, compute_dtype: str, params: Any, cache: KVC
     itself); the kept and new columns are then compacted to end at the cache's write index,
     which must be at least keep + the block's real tokens. Returns (cache, the block's logits
     [b, T, V], first tokens, their logprobs)."""
-    batch, length = inputs.input_ids.shape
+    length = inputs.input_ids.shape[1]
     columns = cache.max_length
     take = lambda x, axis: jnp.take(x, targets, axis=axis, mode="clip")
     keys_rows, values_rows, valid_rows = compact_columns(

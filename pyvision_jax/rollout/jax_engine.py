@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pyvision_jax.models import KVCache, ModelConfig, ModelInputs, prepare_inputs
-from pyvision_jax.models.rope_index import PADDING_POSITION, decode_position_ids, rope_index_for
+from pyvision_jax.models.rope_index import decode_position_ids
 from pyvision_jax.models.vision import window_units
 from pyvision_jax.agent.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
 from pyvision_jax.rollout.cache_rows import extend_rows, prefill_rows
@@ -63,6 +63,7 @@ from pyvision_jax.rollout.decode_loop import decode_steps
 from pyvision_jax.rollout.held_context import HeldContext, reusable_prefix
 from pyvision_jax.rollout.incremental_text import IncrementalText
 from pyvision_jax.rollout.named_params import params_from_named
+from pyvision_jax.rollout.prompt_block import prompt_block, suffix_positions
 from pyvision_jax.rollout.request_images import check_images, image_patches
 from pyvision_jax.rollout.sampling import SamplingArrays
 from pyvision_jax.rollout.slot_cache import SlotCache, smallest_bucket
@@ -216,7 +217,7 @@ class JaxEngine:
         with self._lock:
             self._params = new_params
             self._version = int(version)
-            self._release(lambda s: isinstance(s, HeldContext))  # their KV is of the old weights
+            self._free([i for i, s in enumerate(self._slots) if isinstance(s, HeldContext)])  # old KV
 
     def generate(self, requests: Sequence[GenerationRequest],
                  params: SamplingParams) -> list[GenerationResult]:
@@ -242,8 +243,9 @@ class JaxEngine:
                         admit(joining, rows, settings, params, results, version)
                         continue
                     self._decode_chunk(settings, jnp.asarray(stop_mask), params, results, version)
-            except BaseException:
-                self._release(lambda s: isinstance(s, _Slot))
+            except BaseException:  # the cache may have been donated to a call that failed
+                self._free(range(self.max_batch))
+                self._kv.cache = None
                 raise
             return [r for r in results if r is not None]
 
@@ -302,34 +304,20 @@ class JaxEngine:
         free = [i for i, s in enumerate(self._slots) if s is None]
         held = sorted((s.used, i) for i, s in enumerate(self._slots) if isinstance(s, HeldContext))
         rows = (free + [i for _, i in held])[:len(queued)]
-        self._release(lambda s: False, rows)
+        self._free(rows)
         return "prefill", [queued.popleft() for _ in rows], rows
 
-    def _release(self, which: Any, rows: Iterable[int] = ()) -> None:
-        """Frees the slots `rows` and every slot whose state satisfies `which`."""
-        rows = set(rows) | {i for i, s in enumerate(self._slots) if s is not None and which(s)}
+    def _free(self, rows: Iterable[int]) -> None:
         for i in rows:
             self._slots[i] = None
             self._kv.content[i] = 0
 
     def _block(self, joining: list[_Prepared], starts: Sequence[int]) -> tuple[dict, int, int]:
-        """Model inputs of the prompts' tokens from `starts` on, left-padded to a length
-        bucket in a batch of a prefill size, with those tokens' images."""
-        prompts = [j.request.prompt_token_ids[s:] for j, s in zip(joining, starts)]
-        length = smallest_bucket(max(map(len, prompts)), self.length_buckets)
-        batch = smallest_bucket(len(joining), self.prefill_batches)
-        ids = np.full((batch, length), self.config.pad_token_id, np.int32)
-        mask = np.zeros((batch, length), bool)
-        for row, prompt in enumerate(prompts):
-            ids[row, length - len(prompt):] = prompt
-            mask[row, length - len(prompt):] = True
-        inputs = {"input_ids": ids, "attention_mask": mask}
-        with_images = [j for j in joining if j.pixel_values is not None]
-        if with_images:
-            inputs["pixel_values"] = np.concatenate([j.pixel_values for j in with_images])
-            inputs["image_grid_thw"] = np.concatenate([j.request.image_grid_thw[j.reused_images:]
-                                                       for j in with_images])
-        return inputs, batch, length
+        """``prompt_block`` of the prompts' tokens from `starts` on."""
+        return prompt_block(self.config, [j.request.prompt_token_ids[s:] for j, s in zip(joining, starts)],
+                            [j.pixel_values for j in joining],
+                            [j.request.image_grid_thw[j.reused_images:] for j in joining],
+                            self.length_buckets, self.prefill_batches)
 
     def _admit(self, joining: list[_Prepared], rows: list[int], settings: SamplingArrays,
                params: SamplingParams, results: list[GenerationResult | None], version: int) -> None:
@@ -353,14 +341,8 @@ class JaxEngine:
         """Prefills the rest of each continuing prompt after its held slot's kept columns and
         takes the first tokens."""
         inputs, batch, length = self._block(joining, [j.reused for j in joining])
-        positions = np.full((3, batch, length), PADDING_POSITION, np.int32)
-        starts = []
-        for row, job in enumerate(joining):
-            prompt = np.asarray(job.request.prompt_token_ids)[None]
-            full, delta = rope_index_for(self.config, prompt, None, job.request.image_grid_thw)
-            positions[:, row, length - prompt.shape[1] + job.reused:] = full[:, 0, job.reused:]
-            starts.append(prompt.shape[1] + int(delta[0]))
-        inputs["position_ids"] = positions
+        inputs["position_ids"], starts = suffix_positions(
+            self.config, [j.request for j in joining], [j.reused for j in joining], batch, length)
         model_inputs, _ = self._prepare_held(("extend", batch), inputs)
         keep = np.zeros(batch, np.int32)
         keep[:len(joining)] = [j.reused for j in joining]

@@ -3,11 +3,17 @@ weight transport yields, as ``JaxEngine.update_weights`` takes them."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
-from pyvision_jax.convert.names import TensorKind, hub_name, is_tied_lm_head, tensor_kind
+from pyvision_jax.convert.names import (
+    TensorKind,
+    hub_name,
+    is_tied_lm_head,
+    tensor_kind,
+)
 from pyvision_jax.convert.tree import stack_tensors
 from pyvision_jax.models import ModelConfig
 

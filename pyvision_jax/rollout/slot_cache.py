@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp

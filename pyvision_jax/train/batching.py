@@ -10,7 +10,11 @@ and of segments per row are rounded up to a few bucket sizes. Rows are split int
 micro-batches of `micro_batch` rows; every micro-batch carries its own images (PNG ->
 normalized patches, in the order their tokens appear) in a vision window layout padded to
 sizes shared by all micro-batches of the batch. A missing row (None) is padding: no
-attention, no loss.
+attention, no loss. With `mini_batches` N > 1 the rows form N equal consecutive chunks,
+each packed into its own M / N micro-batches (the train step's disjoint mini-batches, one
+optimizer update each). With `loss_unit` k > 0 the trajectories of each chunk, in order,
+form loss units of k (the released per-device micro-batch of "token-mean-per-micro-batch"),
+and every segment carries its unit's loss-token count and share (`rl.losses`).
 
 Every batch of a new shape compiles the train step again (15 s for the small model on CPU,
 against 2-4 s for a compiled step), so the sizes that vary from step to step (micro-batches,
@@ -41,6 +45,11 @@ class BatchingConfig:
     """Rows per micro-batch (the batch's rows are padded up to a multiple of it)."""
     pack: bool = False
     """Several trajectories per row (segment ids); config key train.pack."""
+    mini_batches: int = 1
+    """Disjoint mini-batches (one optimizer update each; `StepConfig.mini_batches`)."""
+    loss_unit: int = 0
+    """Trajectories per loss unit of "token-mean-per-micro-batch" (rl.loss_micro_batch;
+    0: none, the train step's micro-batch is the unit)."""
 
     def __post_init__(self) -> None:
         buckets = tuple(int(b) for b in self.length_buckets)
@@ -48,6 +57,9 @@ class BatchingConfig:
             raise ValueError(f"train.length_buckets must be increasing lengths >= 2, got {self.length_buckets}")
         if self.micro_batch < 1:
             raise ValueError(f"train.micro_batch must be >= 1, got {self.micro_batch}")
+        if self.mini_batches < 1 or self.loss_unit < 0:
+            raise ValueError(f"BatchingConfig: mini_batches ({self.mini_batches}) must be >= 1 and "
+                             f"loss_unit (rl.loss_micro_batch, {self.loss_unit}) >= 0")
         object.__setattr__(self, "length_buckets", buckets)
 
 
@@ -124,19 +136,28 @@ def pack_batch(model_config: ModelConfig, rows: Sequence[Trajectory | None], adv
     packed into segments when `config.pack`), no size below `floor`."""
     if len(rows) != len(advantages):
         raise ValueError(f"pack_batch: {len(rows)} rows but {len(advantages)} advantages")
-    micro = config.micro_batch
-    real = [i for i, row in enumerate(rows) if row is not None]
+    micro, count = config.micro_batch, config.mini_batches
+    if len(rows) % count:
+        raise ValueError(f"pack_batch: {len(rows)} rows do not split into {count} equal mini-batches")
+    size = len(rows) // count
+    chunks = [[i for i in range(j * size, (j + 1) * size) if rows[i] is not None] for j in range(count)]
+    real = [i for chunk in chunks for i in chunk]
     length = choose_length([len(rows[i].token_ids) for i in real], config.length_buckets)
+    floor_per_chunk = -(-floor.micro_batches // count)
     if config.pack:
-        placement = [[real[j] for j in row] for row in pack_rows([len(rows[i].token_ids) for i in real], length)]
-        num_micro = bucket_size(-(-len(placement) // micro), floor.micro_batches)
-        segments = bucket_size(max(map(len, placement), default=1), floor.segments)
+        per_chunk = [[[chunk[j] for j in row] for row in pack_rows([len(rows[i].token_ids) for i in chunk], length)]
+                     for chunk in chunks]
+        chunk_micro = bucket_size(max(-(-len(p) // micro) for p in per_chunk), floor_per_chunk)
+        segments = bucket_size(max((len(row) for p in per_chunk for row in p), default=1), floor.segments)
     else:
-        placement = [[i] if row is not None else [] for i, row in enumerate(rows)]
-        num_micro = max(-(-len(rows) // micro), floor.micro_batches)
+        per_chunk = [[[i] if rows[i] is not None else [] for i in range(j * size, (j + 1) * size)]
+                     for j in range(count)]
+        chunk_micro = max(-(-size // micro), floor_per_chunk)
         segments = 1
+    num_micro = chunk_micro * count
     num_rows = num_micro * micro
-    placement += [[]] * (num_rows - len(placement))
+    placement = [row for p in per_chunk for row in p + [[]] * (chunk_micro * micro - len(p))]
+    units = _loss_units(rows, chunks, config.loss_unit)
     pad_id = model_config.pad_token_id if model_config.pad_token_id is not None else 0
 
     ids = np.full((num_rows, length), pad_id, np.int32)
@@ -146,6 +167,7 @@ def pack_batch(model_config: ModelConfig, rows: Sequence[Trajectory | None], adv
     segment_ids = np.zeros((num_rows, length), np.int32)
     positions = np.ones((3, num_rows, length), np.int32)
     row_advantages = np.zeros((num_rows, segments), np.float32)
+    row_units = np.zeros((2, num_rows, segments), np.float32)
     for r, members in enumerate(placement):
         start = 0
         for k, index in enumerate(members):
@@ -157,6 +179,8 @@ def pack_batch(model_config: ModelConfig, rows: Sequence[Trajectory | None], adv
             behaviour[r, span] = row.logprobs
             segment_ids[r, span] = k + 1
             row_advantages[r, k] = advantages[index]
+            if units:
+                row_units[:, r, k] = units[index]
             grid = np.asarray([im.grid_thw for im in row.images], np.int64).reshape(-1, 3)
             positions[:, r, span] = rope_index_for(model_config, ids[r:r + 1, span], None,
                                                    grid if len(grid) else None)[0][:, 0]
@@ -174,17 +198,32 @@ def pack_batch(model_config: ModelConfig, rows: Sequence[Trajectory | None], adv
         windows = layout.patch_index.shape[1] // (window_units(vision) ** 2 * vision.merge_unit)
         merged = layout.merged_index.shape[1]
     per_micro = lambda x: x.reshape(num_micro, micro, *x.shape[1:])  # noqa: E731
+    per_row = lambda x: per_micro(x if config.pack else x[:, 0])  # noqa: E731
     batch = TrainBatch(
         input_ids=per_micro(ids), attention_mask=per_micro(attention),
         positions=positions.reshape(3, num_micro, micro, length).swapaxes(0, 1),
         loss_mask=per_micro(loss_mask), behaviour_logprobs=per_micro(behaviour),
-        advantages=per_micro(row_advantages if config.pack else row_advantages[:, 0]),
-        pixel_values=pixel_values, layout=layout,
-        segment_ids=per_micro(segment_ids) if config.pack else None)
+        advantages=per_row(row_advantages), pixel_values=pixel_values, layout=layout,
+        segment_ids=per_micro(segment_ids) if config.pack else None,
+        unit_tokens=per_row(row_units[0]) if units else None, unit_share=per_row(row_units[1]) if units else None)
     stats = BatchStats(rows=num_rows, real_rows=len(real), length=length,
                        real_tokens=int(attention.sum()), loss_tokens=int((loss_mask & attention).sum()),
                        images=num_images, shape=BatchShape(num_micro, segments, windows, merged))
     return batch, stats
+
+
+def _loss_units(rows: Sequence[Trajectory | None], chunks: list[list[int]],
+                unit: int) -> dict[int, tuple[float, float]]:
+    """{row index: (loss tokens of its unit, 1 / the unit's trajectories with loss tokens)}
+    for units of `unit` consecutive trajectories within each mini-batch chunk ({} when 0)."""
+    out: dict[int, tuple[float, float]] = {}
+    for chunk in chunks if unit else ():
+        for start in range(0, len(chunk), unit):
+            members = chunk[start:start + unit]
+            tokens = [int(np.count_nonzero(rows[i].loss_mask)) for i in members]
+            share = 1.0 / max(sum(t > 0 for t in tokens), 1)
+            out.update((i, (float(sum(tokens)), share)) for i in members)
+    return out
 
 
 def _vision_arrays(model_config: ModelConfig, groups: list[list[Trajectory]], grids: list[np.ndarray],

@@ -89,7 +89,6 @@ def _run(s: SftSettings, harness: RunHarness, model: ModelConfig, params: Any,
         return jax.jit(init, out_shardings=shardings)(jax.device_put(params, shardings.params))
 
     state, _ = harness.restore_or_init(abstract, shardings, fresh)
-    del params
     step_fn = make_sft_step(model, s.step, optimizer, mesh, shardings)
     floor = BatchShape()  # the largest batch shape so far: vision sizes vary, compiles should not
     first, total = int(state.step), s.run.steps

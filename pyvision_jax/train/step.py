@@ -18,6 +18,13 @@ whole [n, T, V] float32 logits.
 
 Token t's logprob is read from the hidden state at t - 1, aligned with `Trajectory.loss_mask`
 and the engine's logprobs (position t holds token t's values).
+
+With `StepConfig.mini_batches` N > 1 the M micro-batches form N disjoint mini-batches of
+M / N each (`train.batching` lays the rows out so), and the step makes one optimizer update
+per mini-batch, in order: the released recipe's several updates per step. The ratio's
+denominator is then the policy before the step for every mini-batch (with old_logprobs
+"current", one forward pass over the whole batch at the step's start; "behaviour": the
+engine's), so the later updates are off-policy and clipped against it.
 """
 from __future__ import annotations
 
@@ -55,6 +62,14 @@ class TrainBatch:
     layout: VisionLayout | None = None
     segment_ids: jax.Array | None = None
     """Packed rows: [M, n, T] segment of each token (1..K, 0 padding); None: one per row."""
+    unit_tokens: jax.Array | None = None
+    """Shaped like `advantages`: loss tokens of the sequence's loss unit (a released
+    micro-batch of a few trajectories, `rl.losses`); None: the micro-batch is the unit."""
+    unit_share: jax.Array | None = None
+    """Shaped like `advantages`: 1 / the sequences with loss tokens in its unit."""
+    proximal_logprobs: jax.Array | None = None
+    """[M, n, T] the ratio's denominator when set by the step itself (several mini-batches
+    with old_logprobs "current": the params before the step); None on the host."""
 
     @property
     def num_micro_batches(self) -> int:
@@ -81,6 +96,10 @@ class StepConfig:
     far more than updates, and the clipped ratio against the fixed behaviour logprobs keeps
     the later updates near the policy that generated them. > 1 needs old_logprobs "behaviour"
     (with "current" the denominator would move with every update and nothing would clip)."""
+    mini_batches: int = 1
+    """Optimizer updates per epoch, one per disjoint mini-batch of M / mini_batches
+    micro-batches (the released ppo_mini_batch_size; see `updates_per_step`); 1: one update
+    on the whole batch."""
     compute_dtype: str = "float32"
     frozen_prefixes: tuple[str, ...] = ("visual",)
     remat: str = "none"
@@ -94,6 +113,8 @@ class StepConfig:
         if self.old_logprobs not in ("current", "behaviour"):
             raise ValueError(f"StepConfig.old_logprobs must be 'current' or 'behaviour', "
                              f"got {self.old_logprobs!r}")
+        if self.mini_batches < 1:
+            raise ValueError(f"StepConfig.mini_batches must be >= 1, got {self.mini_batches}")
         if self.ppo_epochs < 1 or (self.ppo_epochs > 1 and self.old_logprobs != "behaviour"):
             raise ValueError(f"train.ppo_epochs={self.ppo_epochs}: must be >= 1, and > 1 needs "
                              f"train.old_logprobs='behaviour' (got {self.old_logprobs!r})")
@@ -192,17 +213,24 @@ def micro_batch_loss(model_config: ModelConfig, step_config: StepConfig, trainab
     aggregation, sequence importance ratios) see each trajectory alone."""
     logprobs, entropy = micro_batch_logprobs(model_config, step_config, {**trainable, **frozen}, micro, features)
     mask = micro.loss_mask & micro.attention_mask
-    old = (jax.lax.stop_gradient(logprobs) if step_config.old_logprobs == "current"
-           else micro.behaviour_logprobs)
+    if micro.proximal_logprobs is not None:
+        old = micro.proximal_logprobs
+    elif step_config.old_logprobs == "current":
+        old = jax.lax.stop_gradient(logprobs)
+    else:
+        old = micro.behaviour_logprobs
     behaviour, advantages = micro.behaviour_logprobs, micro.advantages
+    unit_tokens, unit_share = micro.unit_tokens, micro.unit_share
     if micro.segment_ids is not None:
         k = advantages.shape[-1]
         rows = lambda values: segment_rows(values, k)  # noqa: E731
         logprobs, old, behaviour, entropy = map(rows, (logprobs, old, behaviour, entropy))
         mask = segment_masks(mask, micro.segment_ids, k)
         advantages = advantages.reshape(-1)
+        if unit_tokens is not None:
+            unit_tokens, unit_share = unit_tokens.reshape(-1), unit_share.reshape(-1)
     out = ppo_loss(logprobs, old, advantages, mask, step_config.loss, behaviour_logprobs=behaviour,
-                   entropy=entropy)
+                   entropy=entropy, unit_tokens=unit_tokens, unit_share=unit_share)
     return out.loss_sum, (out.denominator, out.metrics)
 
 
@@ -278,35 +306,95 @@ def _update(model_config: ModelConfig, step_config: StepConfig, optimizer: optax
     return {k: new_params[k] for k in params}, keep(new_opt_state, opt_state), measured
 
 
+def updates_per_step(batch_groups: int, mini_batch_groups: int) -> int:
+    """`StepConfig.mini_batches` of a step of `batch_groups` groups trained in mini-batches of
+    `mini_batch_groups` (0: the whole batch, one update)."""
+    if mini_batch_groups == 0:
+        return 1
+    if mini_batch_groups < 0 or batch_groups % mini_batch_groups:
+        raise ValueError(f"train.ppo_mini_batch_groups={mini_batch_groups} must be 0 or divide "
+                         f"rl.batch_groups={batch_groups}")
+    return batch_groups // mini_batch_groups
+
+
+def with_proximal_logprobs(model_config: ModelConfig, step_config: StepConfig, params: Any, batch: TrainBatch,
+                           features: jax.Array | None) -> TrainBatch:
+    """`batch` with the logprobs of `params` (outside the gradient) as every micro-batch's
+    ratio denominator."""
+    frozen_params = jax.lax.stop_gradient(params)
+    logprobs = jax.lax.map(
+        lambda args: micro_batch_logprobs(model_config, step_config, frozen_params, *args)[0], (batch, features))
+    return batch.replace(proximal_logprobs=logprobs)
+
+
+def mini_batches(tree: Any, count: int) -> Any:
+    """Leading axis M of every leaf as [count, M / count]: the disjoint mini-batches."""
+    def split(x: jax.Array) -> jax.Array:
+        if x.shape[0] % count:
+            raise ValueError(f"{x.shape[0]} micro-batches do not split into {count} mini-batches "
+                             f"(train.batching lays rows out for StepConfig.mini_batches)")
+        return x.reshape(count, x.shape[0] // count, *x.shape[1:])
+
+    return jax.tree.map(split, tree)
+
+
+def _summed_metrics(metrics: PPOMetrics) -> PPOMetrics:
+    """Metrics stacked over updates [N] as one set (`combine_metrics` over the axis)."""
+    return PPOMetrics(*(x.min(0) if name == "is_ratio_min" else x.max(0) if name == "is_ratio_max" else x.sum(0)
+                        for name, x in zip(PPOMetrics._fields, metrics)))
+
+
 def train_step(model_config: ModelConfig, step_config: StepConfig, optimizer: optax.GradientTransformation,
                state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict[str, jax.Array]]:
-    """`step_config.ppo_epochs` optimizer updates from `batch` (see `_update`); the step
-    counter advances once. Loss, gradient norm and entropy are those of the first update
-    (the policy that generated the batch); clip fraction, KL and ratios those of the last
-    (how far the epochs moved it)."""
+    """`step_config.ppo_epochs` epochs of `step_config.mini_batches` optimizer updates each,
+    one per disjoint mini-batch of `batch` (see `_update`); the step counter advances once.
+    Loss and gradient norm are the mean over the first epoch's updates, its token count and
+    entropy those of all its mini-batches (the first update: the policy that generated the
+    batch); clip fraction, KL and ratios those of the last epoch (how far the updates moved
+    it)."""
+    count = step_config.mini_batches
     features = frozen_vision_features(model_config, step_config, state.params, batch)
-    update = functools.partial(_update, model_config, step_config, optimizer, features)
-    params, opt_state, first = update(state.params, state.opt_state, batch)
-    non_finite = (~first["finite"]).astype(jnp.int32)
+    if count > 1 and step_config.old_logprobs == "current":
+        batch = with_proximal_logprobs(model_config, step_config, state.params, batch, features)
+    update = functools.partial(_update, model_config, step_config, optimizer)
+
+    def epoch(params: Any, opt_state: Any) -> tuple[Any, Any, dict[str, Any]]:
+        if count == 1:
+            params, opt_state, measured = update(features, params, opt_state, batch)
+            return params, opt_state, jax.tree.map(lambda x: x[None], measured)
+
+        def one(carry, mini):
+            params, opt_state = carry
+            params, opt_state, measured = update(mini[1], params, opt_state, mini[0])
+            return (params, opt_state), measured
+
+        (params, opt_state), measured = jax.lax.scan(one, (params, opt_state),
+                                                     mini_batches((batch, features), count))
+        return params, opt_state, measured
+
+    params, opt_state, first = epoch(state.params, state.opt_state)
+    non_finite = (~first["finite"]).sum(dtype=jnp.int32)
     last = first
     if step_config.ppo_epochs > 1:
-        def epoch(_, carry):
+        def again(_, carry):
             params, opt_state, _, non_finite = carry
-            params, opt_state, measured = update(params, opt_state, batch)
-            return params, opt_state, measured, non_finite + (~measured["finite"]).astype(jnp.int32)
+            params, opt_state, measured = epoch(params, opt_state)
+            return params, opt_state, measured, non_finite + (~measured["finite"]).sum(dtype=jnp.int32)
 
         params, opt_state, last, non_finite = jax.lax.fori_loop(
-            1, step_config.ppo_epochs, epoch, (params, opt_state, first, non_finite))
-    has_tokens = first["denominator"] > 0
+            1, step_config.ppo_epochs, again, (params, opt_state, first, non_finite))
+    denominator = first["denominator"].sum()
+    has_tokens = denominator > 0
     new_state = state.replace(
         step=state.step + 1, params=params, opt_state=opt_state,
         rng=jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)),
         skipped_updates=state.skipped_updates + non_finite)
-    summary, moved = summarize_metrics(first["metrics"]), summarize_metrics(last["metrics"])
+    first_metrics = _summed_metrics(first["metrics"])
+    summary, moved = summarize_metrics(first_metrics), summarize_metrics(_summed_metrics(last["metrics"]))
     out = {
-        "loss": first["loss"], "grad_norm": first["grad_norm"], "loss_tokens": first["metrics"].token_count,
-        "denominator": first["denominator"], "updated": first["apply"].astype(jnp.float32),
-        "nonfinite": (~first["finite"]).astype(jnp.float32), "skipped_updates": new_state.skipped_updates,
+        "loss": first["loss"].mean(), "grad_norm": first["grad_norm"].mean(), "loss_tokens": first_metrics.token_count,
+        "denominator": denominator, "updated": first["apply"].astype(jnp.float32).mean(),
+        "nonfinite": (~first["finite"]).any().astype(jnp.float32), "skipped_updates": new_state.skipped_updates,
         "entropy": summary["entropy"], "trained_token_fraction": summary["trained_token_fraction"],
         "clip_fraction": moved["clip_fraction"],
         "approx_kl": moved["approx_kl"], "is_ratio_max": jnp.where(has_tokens, moved["is_ratio_max"], 1.0),
@@ -333,7 +421,10 @@ def batch_shardings(batch: TrainBatch, mesh: Mesh) -> TrainBatch:
         behaviour_logprobs=rowwise(batch.behaviour_logprobs, 1), advantages=rowwise(batch.advantages, 1),
         pixel_values=None if batch.pixel_values is None else replicated,
         layout=None if batch.layout is None else jax.tree.map(lambda _: replicated, batch.layout),
-        segment_ids=None if batch.segment_ids is None else rowwise(batch.segment_ids, 1))
+        segment_ids=None if batch.segment_ids is None else rowwise(batch.segment_ids, 1),
+        unit_tokens=None if batch.unit_tokens is None else rowwise(batch.unit_tokens, 1),
+        unit_share=None if batch.unit_share is None else rowwise(batch.unit_share, 1),
+        proximal_logprobs=None if batch.proximal_logprobs is None else rowwise(batch.proximal_logprobs, 1))
 
 
 def shard_batch(batch: TrainBatch, mesh: Mesh) -> TrainBatch:

@@ -37,6 +37,7 @@ def build_trainer(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
     to `group_source` (tests pass a scripted engine or a fake sandbox pool); `source`
     replaces the config's source whole."""
     settings = grpo_settings(config)
+    settings.run.distributed.initialize()  # before any other JAX call of this process
     workdir = Path(workdir).absolute()
     tokenizer = tokenizer or load_tokenizer(config)
     if model is not None:
@@ -82,6 +83,7 @@ def train_sft(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *, 
               log: Callable[[str], None] | None = None) -> TrainSummary:
     """Runs (or resumes) the SFT stage of `config` in `workdir` (`train.sft`)."""
     settings = sft_settings(config, workdir)
+    settings.run.distributed.initialize()  # before any other JAX call of this process
     tokenizer = load_tokenizer(config)
     model, params = load_model(config)
     return run_sft(settings, workdir, model=model, params=params,

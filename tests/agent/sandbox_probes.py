@@ -1,14 +1,34 @@
-"""Probes of the host processes of sandbox runtimes, to prove that none survived their end."""
+"""Probes of the host processes of sandbox runtimes, to prove that none survived their end,
+and sandboxes of both kinds of runtime for tests that must hold for each."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
+from collections.abc import Iterator
 
 import psutil
 
-from pyvision_jax.agent.sandbox import Sandbox
+from pyvision_jax.agent.sandbox import Sandbox, SandboxConfig, SandboxPool
+
+# A runtime in a fresh bubblewrap of its own, or a fork of a pool's template.
+RUNTIME_KINDS = ("bubblewrap", "forked")
+
+
+@contextlib.contextmanager
+def sandbox_of_kind(config: SandboxConfig, kind: str) -> Iterator[Sandbox]:
+    """A sandbox whose runtime is of `kind` (one of RUNTIME_KINDS), closed at the end."""
+    if kind == "bubblewrap":
+        with Sandbox(config) as box:
+            assert not box.forked
+            yield box
+        return
+    with SandboxPool(config, size=1) as pool:
+        box = pool.acquire(timeout_s=120)
+        assert box.forked, "this host must allow runtimes forked from a template"
+        yield box
 
 
 @dataclasses.dataclass

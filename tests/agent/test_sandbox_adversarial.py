@@ -1,5 +1,6 @@
 """Hostile code: every case returns a clear RunResult within timeout + 2 s, leaves no
-process behind, and leaves the host and the next sandbox unaffected."""
+process behind, and leaves the host and the next sandbox unaffected; for runtimes in a fresh
+bubblewrap and for runtimes forked from a pool's template alike."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from pyvision_jax.agent.sandbox import STATE_LOST_NOTICE, RunResult, Sandbox, SandboxConfig
-from tests.agent.sandbox_probes import assert_gone, current_pids, footprint
+from tests.agent.sandbox_probes import (
+    RUNTIME_KINDS,
+    assert_gone,
+    current_pids,
+    footprint,
+    sandbox_of_kind,
+)
 
 KILL_CONFIG = SandboxConfig(timeout_s=2.0, max_stdout_bytes=1000, memory_bytes=1 << 30,
                             max_processes=32, max_file_bytes=16 << 20, tmpfs_bytes=64 << 20,
@@ -23,17 +30,23 @@ KILL_CONFIG = SandboxConfig(timeout_s=2.0, max_stdout_bytes=1000, memory_bytes=1
 SURVIVE_CONFIG = dataclasses.replace(KILL_CONFIG, timeout_s=30.0)
 
 
+@pytest.fixture(scope="module", params=RUNTIME_KINDS)
+def kind(request):
+    """Every case runs against both kinds of runtime."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def victim():
+def victim(kind):
     """One sandbox killed by every case that must end its runtime; each next call restarts it."""
-    with Sandbox(KILL_CONFIG) as box:
+    with sandbox_of_kind(KILL_CONFIG, kind) as box:
         yield box
 
 
 @pytest.fixture(scope="module")
-def survivor():
+def survivor(kind):
     """One sandbox shared by the cases its runtime must survive, one after the other."""
-    with Sandbox(SURVIVE_CONFIG) as box:
+    with sandbox_of_kind(SURVIVE_CONFIG, kind) as box:
         yield box
 
 
@@ -159,8 +172,8 @@ def test_no_user_namespaces_and_no_capabilities(survivor):
     assert result.stdout == "user -1 1\nnet -1 1\nmount -1 1\n0000000000000000\n[1, 2]\n"
 
 
-def test_process_count_is_limited():
-    with Sandbox(KILL_CONFIG) as box:
+def test_process_count_is_limited(kind):
+    with sandbox_of_kind(KILL_CONFIG, kind) as box:
         result = box.run(textwrap.dedent("""\
             import os, time
             children = 0

@@ -1,5 +1,6 @@
 """The RL kernels' recipe switches in both positions, on the examples docs/recipe.md quotes:
-loss aggregation per micro-batch (item 5) and group statistics over broken rollouts (item 10)."""
+loss aggregation per micro-batch and its loss units (item 5) and group statistics over
+broken rollouts (item 10)."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -23,6 +24,18 @@ def micro_batches_loss(aggregation, rows):
 @pytest.mark.parametrize("aggregation, expected", [("token-mean", 0.98), ("token-mean-per-micro-batch", 0.0)])
 def test_rows_of_1_and_99_tokens_in_micro_batches_of_one(aggregation, expected):
     assert micro_batches_loss(aggregation, [(1, 1.0), (99, -1.0)]) == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("unit_tokens, unit_share, expected", [([1, 99], [1, 1], 0.0), ([100, 100], [0.5, 0.5], 0.98)])
+def test_loss_units_make_the_per_micro_batch_mean_independent_of_the_step_micro_batch(unit_tokens, unit_share,
+                                                                                      expected):
+    """Both rows in one step micro-batch: units of one row each give the released mean of
+    one-row micro-batches, one unit of both rows the token mean."""
+    mask = jnp.arange(99)[None, :] < jnp.asarray([[1], [99]])
+    zeros = jnp.zeros(mask.shape)
+    out = ppo_loss(zeros, zeros, jnp.asarray([1.0, -1.0]), mask, PPOLossConfig(aggregation="token-mean-per-micro-batch"),
+                   unit_tokens=jnp.asarray(unit_tokens), unit_share=jnp.asarray(unit_share))
+    assert float(out.loss_sum) / float(out.denominator) == pytest.approx(expected, abs=1e-6)
 
 
 def test_per_micro_batch_mean_ignores_empty_micro_batches_and_is_the_mean_of_means():

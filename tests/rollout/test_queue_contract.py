@@ -92,7 +92,7 @@ def test_threads_producing_and_consuming_deliver_each_group_once(backend):
 
     def produce(queue, index):
         for number in range(per_producer):
-            queue.put(FakeGroup(f"p{index}-{number}:{number % 5}", number % 5), timeout=30)
+            queue.put(FakeGroup(f"p{index}-{number}:{number % 5}", number % 5), timeout=120)
 
     def consume(queue):
         while not done.is_set():

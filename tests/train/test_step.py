@@ -14,7 +14,8 @@ from pyvision_jax.rl.losses import PPOLossConfig, ppo_loss
 from pyvision_jax.train.batching import BatchingConfig, BatchShape, pack_batch
 from pyvision_jax.train.mesh import make_mesh
 from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, path_means, state_shardings
-from pyvision_jax.train.step import StepConfig, loss_and_grads, make_train_step, shard_batch
+from pyvision_jax.train.step import (StepConfig, loss_and_grads, make_train_step, micro_batch_logprobs, shard_batch,
+                                     updates_per_step)
 from pyvision_jax import wiring
 
 ADVANTAGES = [0.7, -0.4, 1.1, -0.9]
@@ -272,3 +273,70 @@ def test_path_means_are_the_means_of_the_matching_parameters_only():
     assert float(means["model/norm/scale"]) == 3.0 and float(means["model/layers/kernel"]) == 0.0
     assert path_means(params, ()) == {}
 
+
+
+def test_the_per_unit_token_mean_does_not_depend_on_micro_batches_packing_or_devices(tiny_config, tiny_params,
+                                                                                     trajectories):
+    """token-mean-per-micro-batch over units of 2 trajectories (the released per-device
+    micro-batch): the mean of the units' token means, however rows fall into the step's
+    micro-batches; with the step's micro-batch as the unit the loss moves with the layout."""
+    config = StepConfig(temperature=0.7, logprob_chunk=16, old_logprobs="current",
+                        loss=PPOLossConfig(aggregation="token-mean-per-micro-batch"))
+    fn = jax.jit(loss_and_grads, static_argnums=(0, 1))
+    layouts = [BatchingConfig((128,), 4, loss_unit=2), BatchingConfig((128,), 1, loss_unit=2),
+               BatchingConfig((128,), 2, pack=True, loss_unit=2)]
+    results = [fn(tiny_config, config, tiny_params, pack_batch(tiny_config, trajectories, ADVANTAGES, layout)[0])
+               for layout in layouts]
+    tokens = [int(t.loss_mask.sum()) for t in trajectories]
+    # at ratio 1 every token's loss is -A: a unit's mean is -sum(A n) / sum(n)
+    units = [-(ADVANTAGES[i] * tokens[i] + ADVANTAGES[j] * tokens[j]) / (tokens[i] + tokens[j]) for i, j in ((0, 1), (2, 3))]
+    for loss, grads, denominator, _ in results:
+        np.testing.assert_allclose(loss, np.mean(units), rtol=1e-5)
+        assert float(denominator) == pytest.approx(2.0)
+        for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(results[0][1])):
+            np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-7)
+    per_step = [fn(tiny_config, config, tiny_params,
+                   pack_batch(tiny_config, trajectories, ADVANTAGES, BatchingConfig((128,), m))[0])[0] for m in (4, 1)]
+    np.testing.assert_allclose(per_step, [-np.dot(ADVANTAGES, tokens) / sum(tokens), -np.mean(ADVANTAGES)], rtol=1e-5)
+
+
+def test_mini_batches_are_successive_updates_on_disjoint_halves_against_the_step_start_policy(
+        tiny_config, trajectories, step_setup):
+    """Two mini-batches: one step makes two updates, the second off-policy, each on its half,
+    both with the policy before the step as the ratio's denominator; one mini-batch is one
+    update on the whole batch."""
+    state, single, mesh = step_setup
+    optimizer = make_optimizer(OptimizerConfig(lr=1e-3, weight_decay=0.01, grad_clip=1.0))
+    shardings = state_shardings(state, param_logical_axes(tiny_config), mesh)
+    current = dataclasses.replace(STEP, old_logprobs="current")
+    halves = make_train_step(tiny_config, dataclasses.replace(current, mini_batches=2), optimizer, mesh, shardings,
+                             donate=False)
+    host, _ = pack_batch(tiny_config, trajectories, ADVANTAGES, BatchingConfig((64, 128), 2, mini_batches=2))
+    assert host.input_ids.shape[:2] == (2, 2)
+    got, out = halves(state, shard_batch(host, mesh))
+    assert int(got.step) == 1 and float(out["updated"]) == 1.0 and float(out["approx_kl"]) > 0
+
+    whole, _ = pack_batch(tiny_config, trajectories, ADVANTAGES, BatchingConfig((64, 128), 4))
+    start = jax.jit(micro_batch_logprobs, static_argnums=(0, 1))(
+        tiny_config, current, state.params, jax.tree.map(lambda x: x[0], whole))[0]
+    relabelled = [dataclasses.replace(t, logprobs=np.where(t.loss_mask, np.asarray(start[i, :len(t.token_ids)]), 0.0))
+                  for i, t in enumerate(trajectories)]
+    stepped = state
+    for half in (slice(0, 2), slice(2, 4)):
+        batch, _ = pack_batch(tiny_config, relabelled[half], ADVANTAGES[half], BatchingConfig((64, 128), 2))
+        stepped, _ = single(stepped, shard_batch(batch, mesh))  # behaviour logprobs = the step-start policy's
+    for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(stepped.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+    once, _ = single(state, shard_batch(packed(tiny_config, trajectories, 2)[0], mesh))  # one update, whole batch
+    moved = [float(np.abs(np.asarray(a) - np.asarray(b)).max())
+             for a, b in zip(jax.tree.leaves(once.params["model"]), jax.tree.leaves(got.params["model"]))]
+    assert max(moved) > 1e-4
+
+
+def test_updates_per_step_divide_the_batch_into_mini_batches_of_groups(tiny_config):
+    assert [updates_per_step(b, m) for b, m in ((16, 16), (64, 16), (16, 0))] == [1, 4, 1]
+    with pytest.raises(ValueError, match="train.ppo_mini_batch_groups=5"):
+        updates_per_step(16, 5)
+    with pytest.raises(ValueError, match="do not split into 2"):
+        pack_batch(tiny_config, [None] * 3, [0.0] * 3, BatchingConfig((64,), 1, mini_batches=2))

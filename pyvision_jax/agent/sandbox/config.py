@@ -19,6 +19,9 @@ class SandboxConfig:
       (and a quarter of it for /dev/shm).
     cpu_seconds: CPU seconds for the whole life of one runtime (RLIMIT_CPU).
     allow_unisolated: run without bubblewrap (and without namespaces) where it is missing.
+    fork_runtimes: a pool forks its runtimes from a template that imported the runtime's
+      libraries once (each fork in namespaces of its own); False, or where this host does not
+      allow nested namespaces (warned once), each runtime starts in a fresh bubblewrap.
     """
 
     timeout_s: float = 30.0
@@ -36,6 +39,7 @@ class SandboxConfig:
     preload_timeout_s: float = 60.0
     allow_unisolated: bool = False
     bwrap_path: str | None = None
+    fork_runtimes: bool = True
 
     def __post_init__(self) -> None:
         positive = ("timeout_s", "max_stdout_bytes", "max_image_pixels", "max_images_per_call",

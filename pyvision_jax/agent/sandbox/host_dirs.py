@@ -27,9 +27,10 @@ def _lock_host_dir(host_dir: Path) -> int:
     return fd
 
 
-def create_host_dir() -> tuple[Path, int]:
-    """A new host directory in the temp dir, and the descriptor of its owner lock."""
-    host_dir = Path(tempfile.mkdtemp(prefix=HOST_DIR_PREFIX))
+def create_host_dir(parent: Path | None = None) -> tuple[Path, int]:
+    """A new host directory in `parent` (default: the temp dir, where abandoned ones are
+    swept; those inside one are removed with it), and the descriptor of its owner lock."""
+    host_dir = Path(tempfile.mkdtemp(prefix=HOST_DIR_PREFIX, dir=parent))
     return host_dir, _lock_host_dir(host_dir)
 
 

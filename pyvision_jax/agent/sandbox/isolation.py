@@ -1,10 +1,12 @@
-"""How a runtime is isolated: which mode this host allows, and the bubblewrap command that
-builds the sandbox (namespaces, capabilities, the read-only view of the system and of the
-Python installation, the private tmpfs and the media).
+"""How a runtime is isolated: which mode this host allows, and the bubblewrap commands that
+build a sandbox or a pool's template (namespaces, capabilities, the read-only view of the
+system and of the Python installation, the private tmpfs and the media).
 
 The layout inside the sandbox: the runtime package under SANDBOX_RUNTIME_DIR, the preloaded
 media (read-only) under SANDBOX_MEDIA, the host-built font cache under SANDBOX_FONT_CACHE, and
-a private tmpfs at SANDBOX_WORKDIR as the only writable place.
+a private tmpfs at SANDBOX_WORKDIR as the only writable place. A template sees the host
+directories of all its pool's sandboxes under SANDBOX_HOSTS; each fork binds its own media
+from there to SANDBOX_MEDIA and covers SANDBOX_HOSTS.
 """
 
 from __future__ import annotations
@@ -26,6 +28,13 @@ SANDBOX_RUNTIME_DIR = f"{SANDBOX_ROOT}/{RUNTIME_DIR.name}"
 SANDBOX_MEDIA = "/media"
 SANDBOX_FONT_CACHE = f"{SANDBOX_ROOT}/matplotlib"
 SANDBOX_WORKDIR = "/tmp"
+SANDBOX_HOSTS = f"{SANDBOX_ROOT}/sandboxes"
+# What a template's forks need of root (root mode only): new namespaces and their mounts
+# (SYS_ADMIN), the loopback of their network namespace (NET_ADMIN), emptying their bounding
+# set (SETPCAP) and the drop to their own uid (SETUID, SETGID). Each fork gives them all up
+# before model code runs.
+TEMPLATE_ROOT_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SETPCAP", "CAP_SETUID",
+                              "CAP_SETGID")
 _SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/fonts",
                  "/etc/localtime", "/etc/alternatives", "/etc/mime.types")
@@ -95,13 +104,20 @@ def _bind_with_parents(args: list[str], source: str, target: str, made: set[str]
     args += ["--ro-bind", source, target]
 
 
-def bwrap_command(bwrap: str, config: SandboxConfig, mode: str, media_dir: str,
-                  info_fd: int, font_cache: str | None, seccomp_fd: int | None) -> list[str]:
-    """The bubblewrap command line (up to the program it runs) of one sandbox."""
+def python_roots_in_workdir() -> list[str]:
+    """The directories of the Python installation that lie under SANDBOX_WORKDIR (a checkout
+    in /tmp), which must stay visible on top of a runtime's private tmpfs there."""
+    return [root for root in _python_roots() if root.startswith(SANDBOX_WORKDIR + "/")]
+
+
+def _bwrap_args(bwrap: str, config: SandboxConfig, mode: str, capabilities: tuple[str, ...],
+                info_fd: int, seccomp_fd: int | None, font_cache: str | None,
+                binds: list[tuple[str, str]], empty_dirs: tuple[str, ...]) -> list[str]:
     args = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
             "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
     if mode == "root":
-        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        for capability in capabilities:
+            args += ["--cap-add", capability]
     else:
         args += ["--unshare-user"]
     args += ["--hostname", "sandbox", "--clearenv", "--info-fd", str(info_fd)]
@@ -127,8 +143,29 @@ def bwrap_command(bwrap: str, config: SandboxConfig, mode: str, media_dir: str,
     for root in _python_roots():
         _bind_with_parents(args, root, root, made)
     _bind_with_parents(args, str(RUNTIME_DIR), SANDBOX_RUNTIME_DIR, made)
-    _bind_with_parents(args, media_dir, SANDBOX_MEDIA, made)
+    for source, target in binds:
+        _bind_with_parents(args, source, target, made)
     if font_cache is not None:
         _bind_with_parents(args, font_cache, SANDBOX_FONT_CACHE, made)
+    for directory in empty_dirs:
+        args += ["--perms", "0755", "--dir", directory]
     args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SANDBOX_WORKDIR]
     return args
+
+
+def bwrap_command(bwrap: str, config: SandboxConfig, mode: str, media_dir: str,
+                  info_fd: int, font_cache: str | None, seccomp_fd: int | None) -> list[str]:
+    """The bubblewrap command line (up to the program it runs) of one sandbox."""
+    return _bwrap_args(bwrap, config, mode, ("CAP_SETUID", "CAP_SETGID"), info_fd, seccomp_fd,
+                       font_cache, [(media_dir, SANDBOX_MEDIA)], ())
+
+
+def template_bwrap_command(bwrap: str, config: SandboxConfig, mode: str, hosts_dir: str,
+                           info_fd: int, font_cache: str | None) -> list[str]:
+    """The bubblewrap command line (up to the program it runs) of a pool's template: the
+    sandbox of one runtime, but with `hosts_dir` (the host directories of the pool's
+    sandboxes) at SANDBOX_HOSTS, an empty SANDBOX_MEDIA, no seccomp filter (its forks make
+    namespaces, then install it) and, as root, TEMPLATE_ROOT_CAPABILITIES. Without root its
+    forks make a user namespace of their own and need no capability of bubblewrap's."""
+    return _bwrap_args(bwrap, config, mode, TEMPLATE_ROOT_CAPABILITIES, info_fd, None,
+                       font_cache, [(hosts_dir, SANDBOX_HOSTS)], (SANDBOX_MEDIA,))

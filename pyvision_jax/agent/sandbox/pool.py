@@ -1,5 +1,6 @@
 """`SandboxPool`: sandboxes started ahead of time, each handed out once and destroyed when it
-comes back."""
+comes back; their runtimes are forked from the pool's template (`ForkServer`) where the host
+allows it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from pyvision_jax.agent.sandbox.config import SandboxConfig
 from pyvision_jax.agent.sandbox.errors import SandboxError, SandboxStartError
+from pyvision_jax.agent.sandbox.fork_server import ForkServer
 from pyvision_jax.agent.sandbox.isolation import isolation_mode
 from pyvision_jax.agent.sandbox.registry import LIVE_POOLS, install_shutdown_hooks
 from pyvision_jax.agent.sandbox.sandbox import Sandbox
@@ -28,7 +30,9 @@ class SandboxPool:
             raise ValueError(f"SandboxPool size must be >= 1, got {size!r}")
         self.config = config or SandboxConfig()
         self.size = size
-        isolation_mode(self.config)
+        mode, bwrap = isolation_mode(self.config)
+        self._server = (ForkServer(self.config, mode, bwrap)
+                        if self.config.fork_runtimes and mode != "unisolated" else None)
         install_shutdown_hooks()
         self._cond = threading.Condition(threading.RLock())
         self._idle: collections.deque[Sandbox] = collections.deque()
@@ -55,6 +59,11 @@ class SandboxPool:
         with self._cond:
             return len(self._idle)
 
+    @property
+    def template_pid(self) -> int | None:
+        """Host pid of the running template's bubblewrap (None: runtimes are not forked)."""
+        return None if self._server is None else self._server.template_pid
+
     def _maintain(self) -> None:
         while True:
             with self._cond:
@@ -73,7 +82,7 @@ class SandboxPool:
             if not start:
                 continue
             try:
-                sandbox = Sandbox(self.config, cancel=self._closing)
+                sandbox = Sandbox(self.config, cancel=self._closing, server=self._server)
             except BaseException as exc:  # noqa: BLE001 - surfaced by acquire
                 with self._cond:
                     self._starting -= 1
@@ -148,4 +157,6 @@ class SandboxPool:
             self._retired.clear()
         for sandbox in sandboxes:
             sandbox.close()
+        if self._server is not None:
+            self._server.close()
         LIVE_POOLS.discard(self)

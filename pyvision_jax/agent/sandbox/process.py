@@ -6,16 +6,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-import psutil
-
-from pyvision_jax.agent.sandbox.channel import ChannelClosed, RuntimeChannel, wait_readable
+from pyvision_jax.agent.sandbox.channel import ChannelClosed, RuntimeChannel
 from pyvision_jax.agent.sandbox.config import SandboxConfig
 from pyvision_jax.agent.sandbox.errors import SandboxStartError
 from pyvision_jax.agent.sandbox.font_cache import matplotlib_font_cache
@@ -29,17 +26,21 @@ from pyvision_jax.agent.sandbox.isolation import (
     bwrap_command,
     runtime_environment,
 )
-from pyvision_jax.agent.sandbox.launcher import LAUNCHER
+from pyvision_jax.agent.sandbox.launched import LaunchedProcess
 from pyvision_jax.agent.sandbox.seccomp import seccomp_program
 from pyvision_jax.agent.sandbox.uids import claim_uid, release_uid
 
 
-def _runtime_command(runtime_dir: str) -> list[str]:
+def runtime_command(runtime_dir: str) -> list[str]:
+    """The interpreter command that starts the runtime package found in `runtime_dir`."""
     return [sys.executable, "-I", "-B", f"{runtime_dir}/{RUNTIME_ENTRY}"]
 
 
-def _runtime_settings(config: SandboxConfig, mode: str, request_fd: int, reply_fd: int,
-                      workdir: str, uid: int | None, font_cache: str | None) -> dict[str, Any]:
+def runtime_settings(config: SandboxConfig, mode: str, workdir: str, uid: int | None,
+                     font_cache: str | None, request_fd: int | None = None,
+                     reply_fd: int | None = None) -> dict[str, Any]:
+    """The settings a runtime starts with (the descriptors of its channel are those it
+    inherits; a fork of the template gets them from the template)."""
     limits = {"RLIMIT_AS": config.memory_bytes, "RLIMIT_FSIZE": config.max_file_bytes,
               "RLIMIT_CPU": config.cpu_seconds, "RLIMIT_CORE": 0,
               "RLIMIT_NOFILE": config.max_open_files}
@@ -87,9 +88,6 @@ class RuntimeProcess:
         self.uid = claim_uid() if mode == "root" else None
         self._kill_lock = threading.RLock()
         self._killed = False
-        self._pidfd: int | None = None
-        self._info_fd: int | None = None
-        self.inner_pid: int | None = None
         media_dir = str(host_dir / "media")
         request_read, request_write = os.pipe()
         reply_read, reply_write = os.pipe()
@@ -99,7 +97,7 @@ class RuntimeProcess:
         font_cache = matplotlib_font_cache()
         if mode == "unisolated":
             workdir = str(host_dir / "work")
-            argv = _runtime_command(str(RUNTIME_DIR))
+            argv = runtime_command(str(RUNTIME_DIR))
             env = runtime_environment(workdir)
             self.media_root = media_dir
         else:
@@ -115,20 +113,17 @@ class RuntimeProcess:
                 child_fds.append(seccomp_read)
             argv = bwrap_command(bwrap, config, mode, media_dir, info_write, font_cache,
                                  seccomp_read)
-            argv += _runtime_command(SANDBOX_RUNTIME_DIR)
+            argv += runtime_command(SANDBOX_RUNTIME_DIR)
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
             self.media_root = SANDBOX_MEDIA
             font_cache = font_cache and SANDBOX_FONT_CACHE
-        settings = _runtime_settings(config, mode, request_read, reply_write, workdir, self.uid,
-                                     font_cache)
+        settings = runtime_settings(config, mode, workdir, self.uid, font_cache,
+                                    request_fd=request_read, reply_fd=reply_write)
         argv.append(json.dumps(settings))
-        log_path = host_dir / "launcher.log"
         try:
-            with open(log_path, "wb") as log:
-                self.process = LAUNCHER.popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                    pass_fds=child_fds, start_new_session=True, env=env,
-                    cwd=workdir if mode == "unisolated" else "/")
+            self._launched = LaunchedProcess(argv, child_fds, env,
+                                             workdir if mode == "unisolated" else "/",
+                                             host_dir / "launcher.log", info_read)
         except BaseException:
             release_uid(self.uid)
             self._channel.close()
@@ -138,16 +133,9 @@ class RuntimeProcess:
             raise
         for fd in child_fds:
             os.close(fd)
-        self._info_fd = info_read
         try:
             deadline = time.monotonic() + config.startup_timeout_s
-            if info_read is not None:
-                self.inner_pid = json.loads(self._read_info(info_read, deadline))["child-pid"]
-                os.close(info_read)
-                self._info_fd = None
-            else:
-                self.inner_pid = self.process.pid
-            self._open_pidfd()
+            self._launched.find_inner(deadline, self._start_cancelled)
             ready = self._channel.receive_ready(deadline)
             if ready.get("error"):
                 raise SandboxStartError(f"sandbox runtime failed to start:\n{ready['error']}")
@@ -156,38 +144,24 @@ class RuntimeProcess:
             self.kill()
             if isinstance(exc, SandboxStartError):
                 raise
-            log_text = log_path.read_bytes()[-4000:].decode("utf-8", "replace").strip()
             raise SandboxStartError(
                 f"sandbox runtime did not start ({type(exc).__name__}: {exc}); "
-                f"launcher output: {log_text or '(none)'}") from exc
+                f"launcher output: {self._launched.log_tail()}") from exc
 
     @property
     def pid(self) -> int:
-        return self.process.pid
+        """Host pid of the outermost process (bubblewrap, or the runtime unisolated)."""
+        return self._launched.pid
 
     @property
     def killed(self) -> bool:
         return self._killed
 
+    def running(self) -> bool:
+        return not self._killed and self._launched.poll() is None
+
     def _start_cancelled(self) -> bool:
         return self._starting and self._cancelled()
-
-    def _read_info(self, fd: int, deadline: float) -> bytes:
-        """bubblewrap's JSON status; the pipe stays open until kill(), so that bubblewrap can
-        never die writing it before it has released its child."""
-        data = b""
-        while True:
-            wait_readable(fd, deadline, self._start_cancelled)
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return data
-            data += chunk
-
-    def _open_pidfd(self) -> None:
-        try:
-            self._pidfd = os.pidfd_open(self.inner_pid)
-        except (AttributeError, OSError):
-            self._pidfd = None
 
     def call(self, message: dict[str, Any], timeout_s: float) -> tuple[dict[str, Any], bytes]:
         """Sends one request and returns its reply; raises CallTimeout, ChannelClosed or
@@ -197,50 +171,14 @@ class RuntimeProcess:
         return self._channel.call(message, timeout_s)
 
     def exit_status(self, wait_s: float) -> int | None:
-        try:
-            return self.process.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            return None
+        return self._launched.wait(wait_s)
 
     def kill(self) -> None:
-        """Kills the runtime and everything in its namespace, and reaps the launcher.
-
-        The launcher's own children go first: bubblewrap's first child waits to be released by
-        its parent after it is cloned, and killing only the parent would strand it.
-        """
+        """Kills the runtime and everything in its namespace, and reaps the launcher."""
         with self._kill_lock:
             if self._killed:
                 return
             self._killed = True
-            killed_inside = False
-            if self._pidfd is not None:
-                try:
-                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-                    killed_inside = True
-                except ProcessLookupError:
-                    pass
-            try:
-                descendants = psutil.Process(self.process.pid).children(recursive=True)
-            except psutil.Error:
-                descendants = []
-            for proc in descendants:
-                try:
-                    proc.kill()
-                    killed_inside = True
-                except psutil.Error:
-                    pass
-            if self.mode == "unisolated" or not killed_inside or self.exit_status(5.0) is None:
-                try:
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            self.process.wait()
+            self._launched.kill()
             release_uid(self.uid)
-            for fd in (self._pidfd, self._info_fd):
-                if fd is not None:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
             self._channel.close()
-            self._pidfd = self._info_fd = None

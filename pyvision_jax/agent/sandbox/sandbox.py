@@ -13,6 +13,8 @@ from PIL import Image
 from pyvision_jax.agent.sandbox.channel import CallTimeout, ChannelClosed, ProtocolError
 from pyvision_jax.agent.sandbox.config import SandboxConfig
 from pyvision_jax.agent.sandbox.errors import SandboxError
+from pyvision_jax.agent.sandbox.fork_server import ForkServer
+from pyvision_jax.agent.sandbox.forked import ForkedRuntime
 from pyvision_jax.agent.sandbox.host_dirs import (
     create_host_dir,
     remove_host_dir,
@@ -30,14 +32,19 @@ from pyvision_jax.agent.sandbox.results import (
     reply_stdout,
 )
 
+Runtime = RuntimeProcess | ForkedRuntime
+
 
 class Sandbox:
     """An isolated Python runtime whose variables persist across `run` calls."""
 
     def __init__(self, config: SandboxConfig | None = None, *,
-                 cancel: threading.Event | None = None):
-        """Starts the runtime (blocking); setting `cancel` abandons a start in progress."""
+                 cancel: threading.Event | None = None, server: ForkServer | None = None):
+        """Starts the runtime (blocking); setting `cancel` abandons a start in progress.
+        With `server` (a pool's), runtimes are forked from its template where this host
+        allows it, else each starts in a fresh bubblewrap."""
         self.config = config or SandboxConfig()
+        self._server = server
         self._mode, self._bwrap = isolation_mode(self.config)
         self._cancel = cancel
         self._closing = threading.Event()
@@ -48,15 +55,16 @@ class Sandbox:
         self._state_lost = False
         self._preloads: list[dict[str, str]] = []
         self._restart_thread: threading.Thread | None = None
-        self._restarted: RuntimeProcess | BaseException | None = None
+        self._restarted: Runtime | BaseException | None = None
         sweep_abandoned_host_dirs_once()
-        self._host_dir, self._owner_lock = create_host_dir()
+        self._host_dir, self._owner_lock = (create_host_dir() if server is None
+                                            else server.create_host_dir())
         try:
             (self._host_dir / "media").mkdir(mode=0o755)
             (self._host_dir / "media").chmod(0o755)
             if self._mode == "unisolated":
                 (self._host_dir / "work").mkdir(mode=0o700)
-            self._runtime: RuntimeProcess | None = self._start_runtime()
+            self._runtime: Runtime | None = self._start_runtime()
         except BaseException:
             remove_host_dir(self._host_dir, self._owner_lock)
             raise
@@ -70,7 +78,8 @@ class Sandbox:
 
     @property
     def pid(self) -> int | None:
-        """Host pid of the current runtime's outermost process (bwrap), for monitoring."""
+        """Host pid of the current runtime's outermost process (bwrap, or the init of a
+        forked runtime), for monitoring."""
         runtime = self._runtime
         return None if runtime is None or runtime.killed else runtime.pid
 
@@ -83,15 +92,24 @@ class Sandbox:
     def alive(self) -> bool:
         """Whether the current runtime process is running (False while it restarts)."""
         runtime = self._runtime
-        return runtime is not None and not runtime.killed and runtime.process.poll() is None
+        return runtime is not None and runtime.running()
 
     @property
     def isolated(self) -> bool:
         return self._mode != "unisolated"
 
-    def _start_runtime(self) -> RuntimeProcess:
-        runtime = RuntimeProcess(self.config, self._mode, self._bwrap, self._host_dir,
-                                 self._start_cancelled)
+    @property
+    def forked(self) -> bool:
+        """Whether the current runtime is a fork of a pool's template."""
+        return isinstance(self._runtime, ForkedRuntime)
+
+    def _start_runtime(self) -> Runtime:
+        runtime = None
+        if self._server is not None:
+            runtime = self._server.start_runtime(self._host_dir, self._start_cancelled)
+        if runtime is None:
+            runtime = RuntimeProcess(self.config, self._mode, self._bwrap, self._host_dir,
+                                     self._start_cancelled)
         try:
             for request in self._preloads:
                 self._call_preload(runtime, request)
@@ -103,7 +121,7 @@ class Sandbox:
     def _start_cancelled(self) -> bool:
         return self._closing.is_set() or (self._cancel is not None and self._cancel.is_set())
 
-    def _call_preload(self, runtime: RuntimeProcess, request: dict[str, str]) -> None:
+    def _call_preload(self, runtime: Runtime, request: dict[str, str]) -> None:
         message = dict(request, path=f"{runtime.media_root}/{request['file']}")
         try:
             reply, _ = runtime.call(message, self.config.preload_timeout_s)
@@ -117,13 +135,13 @@ class Sandbox:
 
     def _restart_in_background(self) -> None:
         try:
-            runtime: RuntimeProcess | BaseException = self._start_runtime()
+            runtime: Runtime | BaseException = self._start_runtime()
         except BaseException as exc:  # noqa: BLE001 - handed to the next call
             runtime = exc
         with self._state_lock:
             self._restarted = runtime
             closed = self._closed
-        if closed and isinstance(runtime, RuntimeProcess):
+        if closed and isinstance(runtime, Runtime):
             runtime.kill()
 
     def _discard_runtime(self) -> None:
@@ -139,7 +157,7 @@ class Sandbox:
                     target=self._restart_in_background, name="sandbox-restart", daemon=True)
                 self._restart_thread.start()
 
-    def _ready_runtime(self) -> RuntimeProcess:
+    def _ready_runtime(self) -> Runtime:
         if self._closed:
             raise SandboxError("the sandbox is closed")
         if self._runtime is not None:
@@ -151,7 +169,7 @@ class Sandbox:
             restarted, self._restarted = self._restarted, None
         if self._closed:
             raise SandboxError("the sandbox is closed")
-        if isinstance(restarted, RuntimeProcess):
+        if isinstance(restarted, Runtime):
             self._runtime = restarted
         else:
             self._runtime = self._start_runtime()
@@ -246,7 +264,7 @@ class Sandbox:
             thread.join()
         with self._state_lock:
             restarted, self._restarted = self._restarted, None
-        if isinstance(restarted, RuntimeProcess):
+        if isinstance(restarted, Runtime):
             restarted.kill()
         remove_host_dir(self._host_dir, self._owner_lock)
         LIVE_SANDBOXES.discard(self)

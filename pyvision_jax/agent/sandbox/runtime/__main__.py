@@ -1,7 +1,9 @@
-"""Starts a runtime: `python -I -B <this file> <settings as JSON>`, inside the sandbox.
+"""Starts a runtime, `python -I -B <this file> <settings as JSON>`, or a pool's template,
+`python -I -B <this file> --template <settings as JSON>`, inside the sandbox.
 
 Run as a script, it loads its own directory as the package `pyvision_sandbox_runtime` (the
-sandbox has no `pyvision_jax` to import it from) and runs that package's `main`.
+sandbox has no `pyvision_jax` to import it from) and runs that package's `main` (or
+`template`).
 """
 
 import importlib
@@ -26,4 +28,6 @@ def load_package(directory: str) -> types.ModuleType:
 
 if __name__ == "__main__":
     load_package(os.path.dirname(os.path.abspath(__file__)))
-    sys.exit(importlib.import_module(f"{PACKAGE_NAME}.main").main(sys.argv))
+    protocol = importlib.import_module(f"{PACKAGE_NAME}.protocol")
+    entry = "template" if sys.argv[1:2] == [protocol.TEMPLATE_FLAG] else "main"
+    sys.exit(importlib.import_module(f"{PACKAGE_NAME}.{entry}").main(sys.argv))

@@ -1,0 +1,140 @@
+"""(b) The GRPO train step at a released model's width with its decoder cut to a few layers.
+
+The model is `ModelConfig.preset(preset)` (Qwen2.5-VL-7B's hidden size, heads and MLP on an
+accelerator) with `num_hidden_layers` set to each of two depths, run with the 7B recipe's
+step (fp32 weights, bf16 compute, full remat over the scanned layers, chunked logprobs, PPO
+loss, AdamW, frozen vision tower) on packed text rows of each length. Each (length, depth)
+compiles ahead of time once: `memory_analysis()` of that program is the prediction, the
+allocator's high-water mark over its steps the measurement. Per-layer figures are the
+difference between the two depths; the preset's full depth is extrapolated from them.
+"""
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+import jax
+
+from benchmarks.accelerator.flops import peak_flops, train_step_flops
+from benchmarks.accelerator.measure import GIB, compiled_memory, device_memory, matmul_rate, median, wall_times
+from benchmarks.accelerator.packed_rows import packed_text_batch, segment_lengths
+from benchmarks.accelerator.profile_summary import profile_call
+from benchmarks.accelerator.recipe import StepRecipe, step_recipe
+from benchmarks.accelerator.records import SectionLog
+from benchmarks.accelerator.sizes import StepSizes, SuiteSizes
+from pyvision_jax.models import ModelConfig, init_params, param_logical_axes
+from pyvision_jax.train.mesh import make_mesh
+from pyvision_jax.train.state import init_train_state, make_optimizer, state_shardings
+from pyvision_jax.train.step import make_train_step, shard_batch
+
+MFU_TARGET = 0.45
+EXTRAPOLATED = ("step_s", "peak_bytes", "predicted_bytes", "state_bytes")
+
+
+def width_model(sizes: StepSizes, recipe: StepRecipe, depth: int) -> ModelConfig:
+    return ModelConfig.preset(sizes.preset).replace(num_hidden_layers=depth,
+                                                    attention=recipe.attention(sizes.attention))
+
+
+def _gib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value / GIB:.2f} GiB"
+
+
+def measure_step(config: ModelConfig, recipe: StepRecipe, sizes: StepSizes, length: int,
+                 profile: bool) -> dict[str, Any]:
+    """Compiles and runs the step of `config` on packed rows of `length` tokens."""
+    mesh = make_mesh(1, -1, 1)
+    rows = sizes.rows * mesh.size
+    optimizer = make_optimizer(recipe.optimizer)
+    before = device_memory()
+    start = time.perf_counter()
+    params = init_params(config, seed=0, dtype=recipe.param_dtype)
+    state = init_train_state(params, optimizer, 0, recipe.optimizer.frozen_prefixes)
+    shardings = state_shardings(state, param_logical_axes(config), mesh)
+    state = jax.block_until_ready(jax.device_put(state, shardings))
+    del params
+    init_s = time.perf_counter() - start
+    batch = shard_batch(packed_text_batch(config, rows, length), mesh)
+    step = make_train_step(config, recipe.step_config(), optimizer, mesh, shardings, donate=True)
+    start = time.perf_counter()
+    compiled = step.lower(state, batch).compile()
+    compile_s = time.perf_counter() - start
+    predicted = compiled_memory(compiled)
+    holder = {"state": state}
+    del state
+
+    def one_step() -> dict:
+        holder["state"], out = compiled(holder["state"], batch)
+        return out
+
+    times = wall_times(one_step, sizes.warmup, sizes.timed)
+    out = jax.device_get(one_step())
+    summary = profile_call(one_step) if profile else None
+    after = device_memory()
+    state_bytes = sum(x.nbytes for x in jax.tree.leaves(holder["state"]))
+    del holder, compiled, batch
+    gc.collect()
+    peak = after and after.get("peak_bytes_in_use")
+    own_peak = peak if peak and (before is None or peak > before.get("peak_bytes_in_use", 0)) else None
+    return {"layers": config.num_hidden_layers, "length": length, "rows": rows, "init_s": init_s,
+            "compile_s": compile_s, "step_times_s": times, "step_s": median(times),
+            "loss": float(out["loss"]), "updated": bool(out["updated"] > 0),
+            "peak_bytes": own_peak, "peak_bytes_in_use": peak, "predicted": predicted,
+            "predicted_bytes": predicted and predicted["total"], "state_bytes": state_bytes, "profile": summary}
+
+
+def rates(config: ModelConfig, run: dict[str, Any], peak: float | None, matmul: float) -> dict[str, Any]:
+    """Real tokens/s, model FLOP/s and MFU (against the datasheet peak and the measured matmul)."""
+    lengths = segment_lengths(run["length"]) * run["rows"]
+    flops = train_step_flops(config, run["layers"], lengths)
+    achieved = flops / run["step_s"]
+    return {"real_tokens": sum(lengths), "tokens_per_s": sum(lengths) / run["step_s"], "model_flops": flops,
+            "flops_per_s": achieved, "mfu": achieved / peak if peak else None,
+            "fraction_of_matmul_rate": achieved / matmul, "mfu_target": MFU_TARGET,
+            "meets_target": achieved / peak >= MFU_TARGET if peak else None}
+
+
+def extrapolate(low: dict[str, Any], high: dict[str, Any], depth: int) -> dict[str, Any]:
+    """Per-layer differences of the two depths and the figures at `depth` layers."""
+    span = high["layers"] - low["layers"]
+    out: dict[str, Any] = {"layers": depth}
+    for key in EXTRAPOLATED:
+        if low.get(key) is None or high.get(key) is None:
+            out[key], out[f"{key}_per_layer"] = None, None
+            continue
+        per_layer = (high[key] - low[key]) / span
+        out[f"{key}_per_layer"] = per_layer
+        out[key] = high[key] + (depth - high["layers"]) * per_layer
+    return out
+
+
+def run(sizes: SuiteSizes, log: SectionLog) -> None:
+    step_sizes, recipe = sizes.step, step_recipe()
+    kind = jax.local_devices()[0].device_kind
+    peak = peak_flops(kind)
+    matmul = matmul_rate(step_sizes.matmul, "float32" if jax.default_backend() == "cpu" else "bfloat16")
+    log.record("chip", {"device_kind": kind, "datasheet_bf16_flops": peak, "matmul_flops": matmul},
+               f"{kind}: datasheet bf16 {peak and peak / 1e12} TFLOP/s, measured matmul {matmul / 1e12:.1f} TFLOP/s")
+    full_depth = ModelConfig.preset(step_sizes.preset).num_hidden_layers
+    for length in step_sizes.lengths:
+        runs = []
+        for depth in step_sizes.depths:
+            config = width_model(step_sizes, recipe, depth)
+            profile = length == step_sizes.lengths[-1] and depth == step_sizes.depths[-1]
+            result = measure_step(config, recipe, step_sizes, length, profile)
+            result |= rates(config, result, peak, matmul)
+            runs.append(result)
+            mfu = "n/a" if result["mfu"] is None else f"{result['mfu']:.1%}"
+            log.record(f"L={depth} T={length}", result,
+                       f"compile {result['compile_s']:.1f} s, step {result['step_s'] * 1e3:.0f} ms, "
+                       f"{result['tokens_per_s']:,.0f} tok/s, MFU {mfu}; peak {_gib(result['peak_bytes'])} vs "
+                       f"predicted {_gib(result['predicted_bytes'])}")
+        full = extrapolate(*runs, full_depth) | {"length": length}
+        config = width_model(step_sizes, recipe, full_depth)
+        full |= rates(config, {**full, "rows": runs[-1]["rows"]}, peak, matmul) if full["step_s"] else {}
+        mfu = "n/a" if full.get("mfu") is None else f"{full['mfu']:.1%}"
+        log.record(f"L={full_depth} T={length} (extrapolated)", full,
+                   f"per layer {(full['step_s_per_layer'] or 0) * 1e3:.1f} ms, {_gib(full['peak_bytes_per_layer'])};"
+                   f" {full_depth} layers: step {(full['step_s'] or 0) * 1e3:.0f} ms, MFU {mfu}, peak "
+                   f"{_gib(full['peak_bytes'])} vs predicted {_gib(full['predicted_bytes'])} (one device, unsharded)")
