@@ -76,10 +76,12 @@ def run_child(section: str, kind: str, partial: Path) -> None:
     log.finish()
 
 
-def run_section(section: str, kind: str, timeout_s: float, workdir: Path) -> dict:
+def run_section(section: str, kind: str, timeout_s: float, workdir: Path, xla_flags: str = "") -> dict:
     """Runs one section in its own process group, killed at `timeout_s`."""
     partial = workdir / f"{section}.json"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if xla_flags:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
     for key, value in SECTION_ENV.get(section, {}).items():
         env.setdefault(key, value)
     command = [sys.executable, str(Path(__file__).resolve()), "--child", section, "--sizes", kind,
@@ -127,7 +129,7 @@ def main() -> None:
             results[section] = {"section": section, "status": "skipped: run budget spent", "error": None,
                                 "records": [], "wall_s": 0.0, "timeout_s": max(timeout_s, 0.0)}
             continue
-        results[section] = run_section(section, kind, timeout_s, workdir)
+        results[section] = run_section(section, kind, timeout_s, workdir, sizes.xla_flags)
     total_s = time.perf_counter() - start
     out.write_text(json.dumps({"suite": {"sizes": kind, "budget_s": args.budget_s, "total_s": total_s,
                                          "sections": sections}, "sections": results}, indent=1))

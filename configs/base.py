@@ -49,6 +49,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.episode.turn_boundary = "im_end"   # after </code>: "im_end" (<|im_end|>\n) or "newline" (released)
     c.episode.image_cap_rule = "exceed"  # end when images would "exceed" max_images, or "reach" it (released)
     c.episode.stdout_strip = "right"     # printed text trimmed "right" or on "both" sides (released)
+    c.episode.observation_format = "full"  # tool response: "full" (Text and Image Result sections always) or
+                                         # "released" (<interpreter>Text Result:..., images only when shown)
     c.episode.image_prompt_file = ""     # first-prompt template ("": configs/prompts/image.txt)
     c.episode.video_prompt_file = ""     # ("": configs/prompts/video.txt); placeholders: docs/recipe.md
 
@@ -98,6 +100,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.group_size = 4              # G: rollouts per prompt
     c.rl.tool_reward_coef = 0.1
     c.rl.selection_mode = "group"    # "group" or "trajectory" (official behaviour)
+    c.rl.batch_unit = "groups"       # group mode: "groups" (B groups of G rows; a rollout that does not train is a
+                                     # masked row) or "rollouts" (released: B*G rows of trainable rollouts, whole
+                                     # groups in rank order); the rollout filters act before ranking either way
     c.rl.rank_by = "std"             # informative groups ranked by reward std, or "arrival" (ablation)
     c.rl.drop_groups_with_broken = False
     c.rl.min_members = 2
@@ -112,6 +117,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.eps_high = 0.2
     c.rl.dual_clip = 3.0
     c.rl.loss_agg = "token-mean"     # or "token-mean-per-micro-batch" (released), "seq-mean-token-mean", ...
+    c.rl.loss_micro_batch = 0        # token-mean-per-micro-batch: trajectories per micro-batch whose token mean is
+                                     # one term (released: 4 per device); 0: the train step's micro-batch
     c.rl.kl_coef = 0.0
     c.rl.entropy_coef = 0.0          # the loss subtracts coef x token entropy: > 0 an entropy bonus, < 0
                                      # entropy minimisation (sharpens the policy towards its mode)
@@ -134,6 +141,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.grading.judge_max_retries = 3
     c.grading.judge_max_concurrency = 32
     c.grading.judge_max_tokens = 8
+    c.grading.judge_temperature = 0.0  # judge sampling temperature (released 0.3)
+    c.grading.judge_system_prompt = ""  # a system message before the judge prompt ("": none)
+    c.grading.judge_verdict_pattern = ""  # regex whose group 1 is the verdict word ("": the reply's first word
+                                     # after an optional "Judgement:" label); released: the digit after "Judgement:"
+    c.grading.judge_prompt_files = ()  # (data_source glob, template file) pairs, first match wins: the few-shot
+                                     # prompt per task family; no match: grading.judge_prompt_file
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 4
@@ -163,6 +176,9 @@ def get_config() -> ml_collections.ConfigDict:
                                      # update ("current", decoupled PPO) or the engine's ("behaviour")
     c.train.ppo_epochs = 1           # optimizer updates per batch of rollouts (classic PPO epochs; > 1 needs
                                      # old_logprobs="behaviour", the fixed denominator the ratio is clipped against)
+    c.train.ppo_mini_batch_groups = 0  # groups per optimizer update (released ppo_mini_batch_size 16): the step makes
+                                     # rl.batch_groups / this updates on disjoint mini-batches, all clipped against
+                                     # the policy before the step; 0: one update on the whole batch
     c.train.checkpoint_every = 2
     c.train.keep_checkpoints = 2
     c.train.sample_groups_per_step = 1  # trajectory groups appended to workdir/trajectories.jsonl per step

@@ -65,6 +65,8 @@ class SuiteSizes:
     decode: DecodeSizes
     budgets_s: tuple[tuple[str, float], ...]
     """Wall-clock limit of each section's process (start-up, compiles and runs)."""
+    xla_flags: str = ""
+    """Added to XLA_FLAGS of every section's process."""
 
     def budget(self, section: str) -> float:
         return dict(self.budgets_s)[section]
@@ -75,13 +77,14 @@ SECTIONS = ("environment", "parity", "step", "attention", "decode")
 _CPU = SuiteSizes(
     kind="cpu",
     parity=ParitySizes(rows=2, text_tokens=48, image_grid=(1, 8, 8)),
-    step=StepSizes(preset="tiny", depths=(1, 2), lengths=(256, 512), rows=1, attention="blockwise",
+    step=StepSizes(preset="tiny", depths=(1, 2), lengths=(256,), rows=1, attention="blockwise",
                    warmup=1, timed=2, matmul=512),
     attention=AttentionSizes(lengths=(256, 512), heads=4, kv_heads=2, head_dim=32,
                              implementations=("blockwise", "dense"), timed=3),
     decode=DecodeSizes(batch=8, prompt=16, new_tokens=16, slice_preset="tiny", slice_depth=1, dtype="float32",
-                       decode_chunk=8, repeats=2),
+                       decode_chunk=8, repeats=1),
     budgets_s=(("environment", 60.0), ("parity", 90.0), ("step", 150.0), ("attention", 90.0), ("decode", 90.0)),
+    xla_flags="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
 )
 
 _GPU = SuiteSizes(

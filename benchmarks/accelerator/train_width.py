@@ -23,7 +23,8 @@ from benchmarks.accelerator.profile_summary import profile_call
 from benchmarks.accelerator.recipe import StepRecipe, step_recipe
 from benchmarks.accelerator.records import SectionLog
 from benchmarks.accelerator.sizes import StepSizes, SuiteSizes
-from pyvision_jax.models import ModelConfig, init_params, param_logical_axes
+from benchmarks.accelerator.weights import random_params
+from pyvision_jax.models import ModelConfig, param_logical_axes, params_sharding
 from pyvision_jax.train.mesh import make_mesh
 from pyvision_jax.train.state import init_train_state, make_optimizer, state_shardings
 from pyvision_jax.train.step import make_train_step, shard_batch
@@ -49,8 +50,9 @@ def measure_step(config: ModelConfig, recipe: StepRecipe, sizes: StepSizes, leng
     optimizer = make_optimizer(recipe.optimizer)
     before = device_memory()
     start = time.perf_counter()
-    params = init_params(config, seed=0, dtype=recipe.param_dtype)
-    state = init_train_state(params, optimizer, 0, recipe.optimizer.frozen_prefixes)
+    params = random_params(config, recipe.param_dtype, params_sharding(config, mesh))
+    frozen = recipe.optimizer.frozen_prefixes
+    state = jax.jit(lambda p: init_train_state(p, optimizer, 0, frozen), donate_argnums=0)(params)
     shardings = state_shardings(state, param_logical_axes(config), mesh)
     state = jax.block_until_ready(jax.device_put(state, shardings))
     del params

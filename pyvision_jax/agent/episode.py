@@ -37,6 +37,7 @@ from PIL import Image
 from pyvision_jax.agent.engine import GenerationRequest, GenerationResult
 from pyvision_jax.agent.parse import ACTION_SYNTAXES, Action, ActionKind, parse_action
 from pyvision_jax.agent.prompts import (
+    OBSERVATION_FORMATS,
     ChatRenderer,
     PromptTemplates,
     default_prompt_templates,
@@ -85,6 +86,9 @@ class EpisodeConfig:
       "reach" (released: end when they would reach it).
     stdout_strip: "right" (ours: trailing whitespace of the printed text trimmed) or "both"
       (released).
+    observation_format: "full" (ours: ``Text Result:`` and ``Image Result:`` sections always)
+      or "released" (``<interpreter>Text Result:``, an image section only with images;
+      ``prompts.observation_content``).
     prompts: the first-prompt templates (default: ``configs/prompts/``).
     max_concurrent: trajectories in flight (and pool threads).
     gather_s: after a pool job finishes, how long the driver waits at most for others to
@@ -104,6 +108,7 @@ class EpisodeConfig:
     turn_boundary: str = "im_end"
     image_cap_rule: str = "exceed"
     stdout_strip: str = "right"
+    observation_format: str = "full"
     prompts: PromptTemplates = field(default_factory=default_prompt_templates)
     patch_size: int = 14
     merge_size: int = 2
@@ -120,7 +125,8 @@ class EpisodeConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"EpisodeConfig.{name} must be >= 1, got {getattr(self, name)}")
         for name, allowed in (("action_syntax", ACTION_SYNTAXES), ("turn_boundary", TURN_BOUNDARIES),
-                              ("image_cap_rule", IMAGE_CAP_RULES), ("stdout_strip", STDOUT_STRIPS)):
+                              ("image_cap_rule", IMAGE_CAP_RULES), ("stdout_strip", STDOUT_STRIPS),
+                              ("observation_format", OBSERVATION_FORMATS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"EpisodeConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.max_response_tokens < 0:
@@ -384,7 +390,7 @@ class EpisodeMachine:
         records = [r for r, _ in rendered]
         labels = [r.label for r in records]
         observation = self._turn_end(episode, turn) + self.renderer.observation_ids(
-            observation_content(text, labels), [r.grid_thw for r in records])
+            observation_content(text, labels, self.config.observation_format), [r.grid_thw for r in records])
         if self.room(episode, len(observation)) < 1:
             episode.end(TurnRecord(**turn, tool_error=error), EndReason.OVER_LENGTH)
             return []

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import threading
 from typing import Any, Sequence
 
@@ -87,17 +88,33 @@ def video_prompt_messages(task: Task, info: VideoInfo,
     return [{"role": "user", "content": [{"type": "text", "text": text}]}]
 
 
-def observation_content(text_result: str, image_labels: Sequence[int]) -> list[dict[str, Any]]:
-    """The user-turn content of one runtime result, in docs/design.md's exact format:
-    ``<tool_response>\\n<interpreter>\\nText Result:\\n{text}\\nImage Result:\\n``
-    ``<image_clue_k>{image}</image_clue_k>...</interpreter>\\n\\n</tool_response>``."""
-    content: list[dict[str, Any]] = [{"type": "text", "text": (
-        f"<tool_response>\n<interpreter>\nText Result:\n{text_result}\nImage Result:\n")}]
+OBSERVATION_FORMATS = ("full", "released")
+
+
+def observation_content(text_result: str, image_labels: Sequence[int],
+                        observation_format: str = "full") -> list[dict[str, Any]]:
+    """The user-turn content of one runtime result inside ``<tool_response>\\n`` ...
+    ``\\n</tool_response>``. "full" (ours, DESIGN.md's format) always has both sections:
+    ``<interpreter>\\nText Result:\\n{text}\\nImage Result:\\n<image_clue_k>{image}</image_clue_k>...``
+    ``</interpreter>\\n``. "released" (the released tool): ``<interpreter>Text Result:\\n{text}``,
+    then ``\\nImage Result:\\n`` and the images only when there are images, then
+    ``</interpreter>\\n``."""
+    if observation_format not in OBSERVATION_FORMATS:
+        raise ValueError(f"observation format must be one of {OBSERVATION_FORMATS}, got {observation_format!r}")
+    if observation_format == "full":
+        head = f"<interpreter>\nText Result:\n{text_result}\nImage Result:\n"
+    else:
+        head = f"<interpreter>Text Result:\n{text_result}" + ("\nImage Result:\n" if image_labels else "")
+    content: list[dict[str, Any]] = [{"type": "text", "text": "<tool_response>\n" + head}]
     for label in image_labels:
         content += [{"type": "text", "text": f"<image_clue_{label}>"}, {"type": "image"},
                     {"type": "text", "text": f"</image_clue_{label}>"}]
     content.append({"type": "text", "text": "</interpreter>\n\n</tool_response>"})
     return content
+
+
+TEXT_RESULT = re.compile(r"Text Result:\n(.*?)(?:\nImage Result:|</interpreter>)", re.DOTALL)
+"""What the code printed, in an observation of either format (group 1)."""
 
 
 class ChatRenderer:

@@ -28,10 +28,9 @@ The transitions of each trajectory are ``pyvision_jax.agent.episode.EpisodeMachi
 
 from __future__ import annotations
 
-import logging
-
 import concurrent.futures as futures
 import dataclasses
+import logging
 import threading
 import time
 from collections import deque
@@ -55,6 +54,11 @@ from pyvision_jax.agent.trajectory import Trajectory, TrajectoryGroup
 from pyvision_jax.data.tasks import Task
 
 logger = logging.getLogger(__name__)
+
+
+class Abandoned(RuntimeError):
+    """The run's stop event was set: episodes in flight were given up (their sandboxes
+    released), none of them finished."""
 
 
 class SandboxLike(Protocol):
@@ -144,18 +148,22 @@ class EpisodeRunner:
         return [TrajectoryGroup(task, tuple(trajectories[i * group_size:(i + 1) * group_size]))
                 for i, task in enumerate(tasks)]
 
-    def run_trajectories(self, jobs: Sequence[tuple[Task, int]],
-                         progress: bool = False) -> list[Trajectory]:
-        """One trajectory per (task, rollout index), in input order."""
+    def run_trajectories(self, jobs: Sequence[tuple[Task, int]], progress: bool = False,
+                         stop: threading.Event | None = None) -> list[Trajectory]:
+        """One trajectory per (task, rollout index), in input order; raises `Abandoned` when
+        `stop` is set first."""
         results: list[Trajectory | None] = [None] * len(jobs)
         with tqdm(total=len(jobs), desc="episodes", disable=not progress) as bar:
-            for position, trajectory in self.stream(ListFeed(jobs)):
+            for position, trajectory in self.stream(ListFeed(jobs), stop=stop):
                 results[position] = trajectory
                 bar.update(1)
         return [t for t in results if t is not None]
 
-    def stream(self, feed: "JobFeed", poll_s: float = 0.5) -> Iterator[tuple[int, Trajectory]]:
+    def stream(self, feed: "JobFeed", poll_s: float = 0.5,
+               stop: threading.Event | None = None) -> Iterator[tuple[int, Trajectory]]:
         """(admission position, trajectory) of every job `feed` hands out, as each finishes.
+        Setting `stop` abandons the episodes in flight (`Abandoned`) at the next turn
+        boundary: no turn starts after it, and tool runs in progress end with their pool.
 
         The feed is asked for at most the free room (``max_concurrent`` minus the episodes in
         flight) whenever there is room, so new episodes start the moment others end; an empty
@@ -173,6 +181,8 @@ class EpisodeRunner:
         pool = futures.ThreadPoolExecutor(self.config.max_concurrent, thread_name_prefix="episode")
         try:
             while True:
+                if stop is not None and stop.is_set():
+                    raise Abandoned(f"stopped with {len(episodes)} episode(s) in flight")
                 room = self.config.max_concurrent - len(running)
                 jobs = feed.take(room) if open_feed and room > 0 else []
                 if jobs is None:

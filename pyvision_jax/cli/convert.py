@@ -59,10 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not Path(args.src).is_dir():
         print(f"convert {args.command}: error: {args.src}: no such directory", file=sys.stderr)
-        return 1
+        return 2
     if Path(args.dst).exists() and not args.overwrite:
         print(f"convert {args.command}: error: {args.dst} already exists (pass --overwrite to replace it)", file=sys.stderr)
-        return 1
+        return 2
 
     try:
         if args.command == "hf2flax":
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                           extra_files=hf_side_files(args.src), overwrite=args.overwrite, progress=not args.quiet)
     except (CheckpointMismatchError, FileNotFoundError, FileExistsError, ValueError) as err:
         print(f"convert {args.command}: error: {err}", file=sys.stderr)
-        return 1
+        return 2
     print(f"wrote {out}")
     return 0
 

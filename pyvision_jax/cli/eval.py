@@ -26,7 +26,9 @@ from ml_collections import config_flags
 
 from pyvision_jax.cli.default_config import DEFAULT_CONFIG
 from pyvision_jax.cli.help_flags import show_flags_in_help
+from pyvision_jax.cli.user_errors import bad_input_exits, exits_at_once, failed_writes_exit
 from pyvision_jax.wiring import evaluation
+from pyvision_jax.wiring.validation import validate_evaluation
 
 _CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Config file.", lock_config=True)
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None,
@@ -42,6 +44,7 @@ _MAX_TOOL_CALLS = flags.DEFINE_integer("max-tool-calls", None,
                                        "eval.max_tool_calls).")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show progress bars.")
 
+PROGRAM = "pyvision-eval"
 _HEADLINE = ("accuracy", "avg_at_k", "pass_at_k", "num_tasks", "num_rollouts",
              "mean_visual_tokens_per_task", "mean_response_tokens", "wall_time_s")
 
@@ -52,9 +55,12 @@ def main(argv: list[str]) -> None:
     for name, holder in (("--data", _DATA), ("--out", _OUT)):
         if not holder.value:
             raise app.UsageError(f"{name} is required")
-    results = evaluation.evaluate_checkpoint(_CONFIG.value, _CHECKPOINT.value, _DATA.value, _OUT.value,
-                                  k=_K.value, max_tool_calls=_MAX_TOOL_CALLS.value,
-                                  progress=_PROGRESS.value)
+    with bad_input_exits(PROGRAM):
+        validate_evaluation(_CONFIG.value, _DATA.value, _CHECKPOINT.value)
+    with failed_writes_exit(PROGRAM):
+        results = evaluation.evaluate_checkpoint(_CONFIG.value, _CHECKPOINT.value, _DATA.value, _OUT.value,
+                                                 k=_K.value, max_tool_calls=_MAX_TOOL_CALLS.value,
+                                                 progress=_PROGRESS.value)
     print(json.dumps({key: results[key] for key in _HEADLINE}, indent=1))
     video = results["video_token_efficiency"]
     if video["num_video_tasks"]:
@@ -67,4 +73,5 @@ def main(argv: list[str]) -> None:
 def run() -> None:
     """The `pyvision-eval` console command."""
     show_flags_in_help(__name__)
-    app.run(main)
+    with exits_at_once():
+        app.run(main)

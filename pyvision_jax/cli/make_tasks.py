@@ -13,9 +13,11 @@ from pathlib import Path
 from absl import app, flags
 
 from pyvision_jax.cli.help_flags import show_flags_in_help
+from pyvision_jax.cli.user_errors import bad_input_exits, exits_at_once
 from pyvision_jax.data import synthetic
 from pyvision_jax.data.tasks import load_tasks
 
+PROGRAM = "pyvision-make-tasks"
 _OUT = flags.DEFINE_string("out", None, "Output directory.")
 _PER_KIND = flags.DEFINE_integer("per-kind", 8, "Tasks per kind.")
 _SEED = flags.DEFINE_integer("seed", None, "Generator seed (every file depends only on seed, kind, index).")
@@ -27,11 +29,12 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if not _OUT.value or _SEED.value is None:
         raise app.UsageError("--out and --seed are required")
-    if _PER_KIND.value < 1:
-        raise app.UsageError(f"--per-kind must be >= 1, got {_PER_KIND.value}")
-    unknown = sorted(set(_KINDS.value) - set(synthetic.GENERATORS))
-    if unknown:
-        raise app.UsageError(f"--kinds: unknown kinds {unknown}; known: {sorted(synthetic.GENERATORS)}")
+    with bad_input_exits(PROGRAM):
+        if _PER_KIND.value < 1:
+            raise ValueError(f"--per-kind must be >= 1, got {_PER_KIND.value}")
+        unknown = sorted(set(_KINDS.value) - set(synthetic.GENERATORS))
+        if unknown:
+            raise ValueError(f"--kinds: unknown kinds {unknown}; known: {sorted(synthetic.GENERATORS)}")
     path = synthetic.write_synthetic_task_file(_OUT.value, _PER_KIND.value, _SEED.value, tuple(_KINDS.value),
                                                progress=True)
     for kind in _KINDS.value:
@@ -42,4 +45,5 @@ def main(argv: list[str]) -> None:
 def run() -> None:
     """The `pyvision-make-tasks` console command."""
     show_flags_in_help(__name__)
-    app.run(main)
+    with exits_at_once():
+        app.run(main)

@@ -32,7 +32,10 @@ from ml_collections import config_flags
 from pyvision_jax import wiring
 from pyvision_jax.cli.default_config import DEFAULT_CONFIG
 from pyvision_jax.cli.help_flags import show_flags_in_help
+from pyvision_jax.cli.user_errors import bad_input_exits, exits_at_once
+from pyvision_jax.wiring.validation import validate_worker
 
+PROGRAM = "pyvision-rollout-worker"
 _CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Config file.", lock_config=True)
 _INDEX = flags.DEFINE_integer("worker-index", 0, "This worker's index in [0, num-workers).")
 _COUNT = flags.DEFINE_integer("num-workers", 1, "Workers sharing the tasks.")
@@ -57,21 +60,20 @@ def main(argv: list[str]) -> None:
 
     signal.signal(signal.SIGTERM, on_sigterm)  # before the sandbox pool installs its own
     config = _CONFIG.value
-    if config.rollout.engine == "vllm":
-        wiring.require_vllm()
+    with bad_input_exits(PROGRAM):
+        validate_worker(config)
     workdir = Path(_WORKDIR.value).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     queue = wiring.trajectory_queue(config, max_staleness=None)
     sandboxes = wiring.sandbox_pool(config)
     try:
-        worker = wiring.fleet_worker(config, workdir, _INDEX.value, _COUNT.value, sandboxes=sandboxes,
-                                     queue=queue, log=lambda line: logging.info("%s", line))
+        with bad_input_exits(PROGRAM):  # building reads the model, the script and the task files
+            worker = wiring.fleet_worker(config, workdir, _INDEX.value, _COUNT.value, sandboxes=sandboxes,
+                                         queue=queue, log=lambda line: logging.info("%s", line))
         worker_holder["worker"] = worker
         if terms:
             worker.request_stop()
         summary = worker.run()
-    except ValueError as error:
-        raise app.UsageError(str(error)) from None
     finally:
         sandboxes.close()
         queue.close()
@@ -84,4 +86,5 @@ def main(argv: list[str]) -> None:
 def run() -> None:
     """The `pyvision-rollout-worker` console command."""
     show_flags_in_help(__name__)
-    app.run(main)
+    with exits_at_once():
+        app.run(main)

@@ -21,7 +21,11 @@ from ml_collections import config_flags
 from pyvision_jax import wiring
 from pyvision_jax.cli.default_config import DEFAULT_CONFIG
 from pyvision_jax.cli.help_flags import show_flags_in_help
+from pyvision_jax.cli.user_errors import bad_input_exits, exits_at_once, failed_writes_exit
+from pyvision_jax.train.workdir_lock import WorkdirLock
+from pyvision_jax.wiring.validation import validate_run
 
+PROGRAM = "pyvision-train"
 ALGORITHMS = {"grpo": wiring.train, "sft": wiring.train_sft}
 
 _CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Training config file.", lock_config=True)
@@ -35,12 +39,22 @@ def main(argv: list[str]) -> None:
     if not _WORKDIR.value:
         raise app.UsageError("--workdir is required")
     logging.set_verbosity(logging.WARNING)
-    algorithm = _CONFIG.value.algorithm
-    if algorithm not in ALGORITHMS:
-        raise app.UsageError(f"config algorithm={algorithm!r} must be one of {sorted(ALGORITHMS)}")
-    wiring.use_compilation_cache(_WORKDIR.value)
-    summary, _ = wiring.train_with_heldout(_CONFIG.value, _WORKDIR.value, ALGORITHMS[algorithm],
-                                           progress=_PROGRESS.value)
+    config, workdir = _CONFIG.value, _WORKDIR.value
+    with bad_input_exits(PROGRAM):
+        validate_run(config, workdir)
+    # Taken before the held-out evaluation, so a second trainer is refused at once; in a
+    # multi-host run process 0 takes it when training starts (its index is known then).
+    lock = None if config.train.get("distributed", False) else WorkdirLock(workdir)
+    with failed_writes_exit(PROGRAM):
+        if lock is not None:
+            lock.acquire()
+        try:
+            wiring.use_compilation_cache(workdir)
+            summary, _ = wiring.train_with_heldout(config, workdir, ALGORITHMS[config.algorithm],
+                                                   progress=_PROGRESS.value)
+        finally:
+            if lock is not None:
+                lock.release()
     if jax.process_index() != 0:
         return
     state = "interrupted at" if summary.interrupted else "finished at"
@@ -53,4 +67,5 @@ def main(argv: list[str]) -> None:
 def run() -> None:
     """The `pyvision-train` console command."""
     show_flags_in_help(__name__)
-    app.run(main)
+    with exits_at_once():
+        app.run(main)

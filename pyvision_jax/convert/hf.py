@@ -25,8 +25,8 @@ from tqdm.auto import tqdm
 
 from pyvision_jax.convert import names
 from pyvision_jax.convert.layout import hf_chunks, read_flax_leaf
-from pyvision_jax.convert.safetensors_io import TensorEntry, TensorSpec, read_header, write_file
 from pyvision_jax.convert.names import ParamPath
+from pyvision_jax.convert.safetensors_io import TensorEntry, TensorSpec, read_header, write_file
 from pyvision_jax.convert.tree import Params, ShardingSpec, flatten_params, host_copy, leaf_sharding, set_leaf
 from pyvision_jax.models.config import ModelConfig
 

@@ -123,6 +123,9 @@ def load_tasks(path: str | Path, *, skip_bad_rows: bool = False, check_media: bo
     tasks, skipped, seen_ids = [], [], set()
     for row_number, row in rows:
         try:
+            bad_field = _non_utf8_field(row)
+            if bad_field is not None:
+                raise _FieldError(bad_field[0], f"not valid UTF-8 (byte 0x{bad_field[1]:02x}); save the file as UTF-8")
             task = _task_from_row(row, path.parent, frozenset(ROW_FIELDS) | frozenset(extra_fields))
             if task.id in seen_ids:
                 raise _FieldError("id", f"duplicate id {task.id!r}")
@@ -164,7 +167,9 @@ class _FieldError(Exception):
 
 
 def _read_rows(path: Path) -> list[tuple[int, Any]]:
-    text = path.read_text()
+    # Bytes that are not UTF-8 survive decoding as lone surrogates, so that the row and the
+    # field holding them can be named (`_non_utf8_field`) instead of failing the whole file.
+    text = path.read_bytes().decode("utf-8", errors="surrogateescape")
     if path.suffix == ".jsonl":
         rows = []
         for line_number, line in enumerate(text.splitlines(), start=1):
@@ -184,6 +189,23 @@ def _read_rows(path: Path) -> list[tuple[int, Any]]:
             raise TaskFormatError(f"{path}: expected a JSON list of rows, got {type(data).__name__}")
         return list(enumerate(data))
     raise TaskFormatError(f"{path}: unknown task file type {path.suffix!r} (.json or .jsonl)")
+
+
+def _non_utf8_field(row: Any, field: str = "(row)") -> tuple[str, int] | None:
+    """(field, first bad byte) of the first string of `row` holding bytes that were not
+    UTF-8 (decoded as lone surrogates), or None."""
+    if isinstance(row, str):
+        for char in row:
+            if 0xDC80 <= ord(char) <= 0xDCFF:
+                return field, ord(char) - 0xDC00
+        return None
+    items = row.items() if isinstance(row, dict) else enumerate(row) if isinstance(row, list) else ()
+    for key, value in items:
+        key_problem = _non_utf8_field(key, field) if isinstance(key, str) else None
+        found = key_problem or _non_utf8_field(value, key if isinstance(row, dict) and field == "(row)" else field)
+        if found is not None:
+            return found
+    return None
 
 
 @dataclass(frozen=True)

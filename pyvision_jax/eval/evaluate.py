@@ -49,8 +49,8 @@ from pyvision_jax.eval.records import (
     write_json_atomic,
 )
 from pyvision_jax.eval.report import write_report
-from pyvision_jax.grading.scoring import GroundTruthError
 from pyvision_jax.grading.routes import ScorerRoutes, grade_trajectories
+from pyvision_jax.grading.scoring import GroundTruthError
 from pyvision_jax.grading.trajectory import score_task_response
 from pyvision_jax.processing.tokens import video_token_count
 

@@ -35,6 +35,10 @@ _TRAIN_SUBDIR = "checkpoints"
 _RESOLVED_TRAIN_CONFIG = "config.json"
 
 
+class ParamsMismatchError(ValueError):
+    """A training checkpoint's params are another architecture's than the config's."""
+
+
 @dataclass(frozen=True)
 class LoadedPolicy:
     """Weights and what is known about where they came from."""
@@ -46,6 +50,8 @@ class LoadedPolicy:
     version: int
     tokenizer_dir: str | None
     """A directory with tokenizer files found with the checkpoint (None when absent)."""
+    skipped: tuple[str, ...] = ()
+    """Newer training checkpoints that could not be read, one line each (why this step)."""
 
 
 def _step_dirs(directory: Path) -> list[Path]:
@@ -53,15 +59,16 @@ def _step_dirs(directory: Path) -> list[Path]:
                   key=lambda p: int(p.name)) if directory.is_dir() else []
 
 
-def _train_step_dir(path: Path) -> Path | None:
-    """The step directory a training-checkpoint path designates (latest step), or None."""
+def _train_step_dirs(path: Path) -> list[Path]:
+    """The step directories a training-checkpoint path designates, newest first: the one
+    step it names, or every step of a workdir or checkpoints directory."""
     if (path / _TRAIN_ITEM).is_dir() and path.name.isdigit():
-        return path
+        return [path]
     for directory in (path, path / _TRAIN_SUBDIR):
         steps = _step_dirs(directory)
         if steps:
-            return steps[-1]
-    return None
+            return steps[::-1]
+    return []
 
 
 def detect_checkpoint_kind(path: str | Path) -> CheckpointKind:
@@ -73,7 +80,7 @@ def detect_checkpoint_kind(path: str | Path) -> CheckpointKind:
         return "hf"
     if (path / "config.json").is_file() and (path / "params").is_dir():
         return "params"
-    if _train_step_dir(path) is not None:
+    if _train_step_dirs(path):
         return "train"
     raise ValueError(
         f"{path} is not a checkpoint: expected an HF directory (config.json + *.safetensors), "
@@ -115,7 +122,7 @@ def _restore_train_params(step_dir: Path, model_config: ModelConfig, dtype: Any 
         extra = sorted(set(stored_shapes) - set(wanted_shapes))[:5]
         shape = sorted(k for k in set(wanted_shapes) & set(stored_shapes)
                        if wanted_shapes[k] != stored_shapes[k])[:5]
-        raise ValueError(f"{state_dir}: params do not match the model config (missing {missing}, "
+        raise ParamsMismatchError(f"{state_dir}: params do not match the model config (missing {missing}, "
                          f"unexpected {extra}, other shapes {shape}); pass the config the "
                          f"checkpoint was trained with (--config / --config.model.*)")
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -154,7 +161,20 @@ def load_policy(path: str | Path, model_for: ModelFor, *, dtype: str | None = No
         model_config, params = load_params(path, dtype=dtype)
         return LoadedPolicy(kind, str(path), model_config, params, 0,
                             _tokenizer_dir(path / HF_FILES_DIR))
-    step_dir = _train_step_dir(path)
-    model_config = _train_model_config(step_dir, model_for)
-    params = _restore_train_params(step_dir, model_config, dtype)
-    return LoadedPolicy(kind, str(step_dir), model_config, params, int(step_dir.name), None)
+    candidates = _train_step_dirs(path)
+    model_config = _train_model_config(candidates[0], model_for)
+    skipped: list[str] = []
+    for step_dir in candidates:
+        try:
+            params = _restore_train_params(step_dir, model_config, dtype)
+        except ParamsMismatchError:
+            raise  # another model's checkpoint, not a damaged one
+        except Exception as error:  # noqa: BLE001 - a damaged checkpoint fails in many ways
+            if len(candidates) == 1:
+                raise
+            text = str(error).strip().splitlines()
+            skipped.append(f"checkpoint step {step_dir.name} is unreadable ({type(error).__name__}: "
+                           f"{text[0] if text else ''})")
+            continue
+        return LoadedPolicy(kind, str(step_dir), model_config, params, int(step_dir.name), None, tuple(skipped))
+    raise ValueError(f"{path}: no readable training checkpoint ({'; '.join(skipped)})")

@@ -15,8 +15,8 @@ import dataclasses
 import inspect
 from typing import Any
 
-from pyvision_jax.data.tasks import Task
 from pyvision_jax.agent.trajectory import Trajectory
+from pyvision_jax.data.tasks import Task
 from pyvision_jax.grading.scoring import (
     ANSWER_GATES,
     MRA_THRESHOLDS,

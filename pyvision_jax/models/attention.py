@@ -35,7 +35,7 @@ try:  # cuDNN's packed layout (segment offsets) is not in jax.nn.dot_product_att
 except ImportError:
     _cudnn_fused = None
 
-from pyvision_jax.models.blockwise_attention import MASK_VALUE, blockwise_attention, block_count
+from pyvision_jax.models.blockwise_attention import MASK_VALUE, block_count, blockwise_attention
 from pyvision_jax.models.sharding import mesh_partition_spec
 
 IMPLEMENTATIONS = ("dense", "blockwise", "cudnn", "splash")

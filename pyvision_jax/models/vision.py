@@ -25,7 +25,6 @@ from pyvision_jax.models.config import VisionConfig
 from pyvision_jax.models.layer_scan import scan_layers, stacked
 from pyvision_jax.models.sharding import linear, param, shard_activation
 
-
 # ---------------------------------------------------------------------- host-side layout
 
 

@@ -43,6 +43,10 @@ class Receipt:
         return cls(tuple(data.get("files", ())), tuple(data.get("keys", ())))
 
 
+class SpoolWriteError(RuntimeError):
+    """A group could not be spooled (the message names the path and the cause)."""
+
+
 class GroupSpool:
     """Groups received but not yet covered by a checkpoint, one file each, in arrival order."""
 
@@ -61,11 +65,15 @@ class GroupSpool:
         name = f"{self._next:012d}{SPOOL_SUFFIX}"
         self._next += 1
         partial = self.directory / f".{name}.partial"
-        with open(partial, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.rename(partial, self.directory / name)
+        try:
+            with open(partial, "wb") as handle:
+                handle.write(payload)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.rename(partial, self.directory / name)
+        except OSError as error:
+            partial.unlink(missing_ok=True)
+            raise SpoolWriteError(f"{self.directory / name} not written: {error.strerror or error}") from error
         return name
 
     def remove(self, names: tuple[str, ...]) -> None:

@@ -54,10 +54,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pyvision_jax.agent.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
 from pyvision_jax.models import KVCache, ModelConfig, ModelInputs, prepare_inputs
 from pyvision_jax.models.rope_index import decode_position_ids
 from pyvision_jax.models.vision import window_units
-from pyvision_jax.agent.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
 from pyvision_jax.rollout.cache_rows import extend_rows, prefill_rows
 from pyvision_jax.rollout.decode_loop import decode_steps
 from pyvision_jax.rollout.held_context import HeldContext, reusable_prefix

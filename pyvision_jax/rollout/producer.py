@@ -16,6 +16,7 @@ the request id, so a group is reproducible whatever batch it is generated in.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
@@ -116,8 +117,9 @@ class GroupProducer:
         self.engine, self.tokenizer, self.sandboxes = engine, tokenizer, sandboxes
         self.episode, self.sampling, self.routes = episode, sampling, routes
 
-    def produce(self, items: Sequence[ShardItem]) -> list[TrajectoryGroup]:
-        """One scored group per item, in item order."""
+    def produce(self, items: Sequence[ShardItem], stop: threading.Event | None = None) -> list[TrajectoryGroup]:
+        """One scored group per item, in item order; raises `agent.runner.Abandoned` when
+        `stop` is set first."""
         if not items:
             return []
         size = self.config.group_size
@@ -125,7 +127,7 @@ class GroupProducer:
         sampling = dataclasses.replace(self.sampling, seed=derived_seed(self.config.seed, first.epoch, first.position))
         runner = EpisodeRunner(self.engine, self.tokenizer, self.sandboxes, self.episode, sampling)
         jobs = [(item.task, index) for item in items for index in item.rollout_indices(size)]
-        trajectories = runner.run_trajectories(jobs)
+        trajectories = runner.run_trajectories(jobs, stop=stop)
         if len(trajectories) != len(jobs):
             raise RuntimeError(f"{len(trajectories)} of {len(jobs)} episodes finished")
         groups = [TrajectoryGroup(item.task, tuple(trajectories[i * size:(i + 1) * size]))

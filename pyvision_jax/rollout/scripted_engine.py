@@ -21,8 +21,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from pyvision_jax.processing.tokens import num_visual_tokens
 from pyvision_jax.agent.engine import GenerationRequest, GenerationResult, SamplingParams
+from pyvision_jax.processing.tokens import num_visual_tokens
 
 Script = Mapping[str, Sequence[str]] | Callable[[GenerationRequest, int], str]
 

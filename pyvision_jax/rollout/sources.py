@@ -30,6 +30,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from pyvision_jax.agent.runner import Abandoned
 from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.data.task_order import TaskShard
 from pyvision_jax.rollout.intake import GroupSpool, QueueIntake, Receipt
@@ -57,6 +58,7 @@ class SyncSource:
     def __init__(self, producer: GroupProducer, shard: TaskShard, closers: Sequence[Closer] = ()):
         self.producer, self.shard = producer, shard
         self.cursor = 0
+        self.abandoned_rounds = 0
         self._closers = tuple(closers)
 
     def start(self, params: Any, version: int, state: Mapping[str, Any]) -> None:
@@ -64,9 +66,17 @@ class SyncSource:
         self.producer.engine.update_weights(params, version)
 
     def collect(self, count: int, stop: threading.Event) -> list[TrajectoryGroup]:
+        """The next `count` tasks' groups; none when `stop` is set first (the round is
+        abandoned and its tasks are drawn again by the resumed run, which restores the
+        cursor of the last checkpoint)."""
         items = self.shard.take(self.cursor, count)
+        try:
+            groups = self.producer.produce(items, stop)
+        except Abandoned:
+            self.abandoned_rounds += 1
+            return []
         self.cursor += count
-        return self.producer.produce(items)
+        return groups
 
     def wants_params(self, version: int, *, final: bool = False) -> bool:
         return True

@@ -46,12 +46,12 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from pyvision_jax.convert.layout import hf_chunks
+from pyvision_jax.agent.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
 from pyvision_jax.convert.hf import checked_tensors, layer_value
+from pyvision_jax.convert.layout import hf_chunks
 from pyvision_jax.convert.names import checkpoint_shapes, tensor_kind
 from pyvision_jax.models import ModelConfig
 from pyvision_jax.processing.image import CLIP_MEAN, CLIP_STD, IMAGE_MIN_PIXELS, to_rgb
-from pyvision_jax.agent.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
 from pyvision_jax.rollout.vllm_processors import register_model_in_process, use_torchvision_free_processors
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"

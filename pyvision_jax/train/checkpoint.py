@@ -5,12 +5,19 @@ saved and restored with its shardings; `cursors` is a small JSON dict of the loo
 positions (tasks drawn, generation rounds, ...), so a resumed run continues exactly where
 the saved one stood. Saves are asynchronous; `wait` blocks until they are on disk and raises
 a `CheckpointWriteError` naming the step and the cause (a full disk, say) when a save failed.
-`restore_intact` falls back from an unreadable checkpoint to the newest readable one.
+`restore_intact` falls back from an unreadable checkpoint to the newest readable one and moves
+each unreadable one aside (`QUARANTINE_DIR` beside the checkpoints), so the step it held is
+saved afresh when the run redoes it and later restarts do not stumble on it again.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -19,6 +26,23 @@ import orbax.checkpoint as ocp
 from pyvision_jax.train.state import TrainState
 
 logger = logging.getLogger(__name__)
+
+QUARANTINE_DIR = "checkpoints_damaged"
+"""Beside the checkpoint directory: unreadable checkpoints moved aside, as STEP-TIMESTAMP."""
+
+
+@contextlib.contextmanager
+def _quiet_orbax() -> Iterator[None]:
+    """Orbax logs a failed restore with its whole traceback; the caller reports it in one line."""
+    loggers = [logging.getLogger(name) for name in ("absl", "orbax", "orbax.checkpoint")]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
 
 
 class CheckpointWriteError(RuntimeError):
@@ -92,14 +116,24 @@ class TrainCheckpoints:
         steps = sorted(self.all_steps(), reverse=True)
         for step in steps:
             try:
-                state, cursors = self.restore(template, shardings, step)
+                with _quiet_orbax():
+                    state, cursors = self.restore(template, shardings, step)
             except Exception as error:  # noqa: BLE001 - a damaged checkpoint fails in many ways
-                warn(f"checkpoint step {step} in {self.directory} is unreadable ({_first_line(error)}); "
-                     f"trying an older one")
+                moved = self.quarantine(step)
+                warn(f"checkpoint step {step} in {self.directory} is unreadable ({_first_line(error)}); moved to "
+                     f"{moved}; trying an older one")
                 continue
             return step, state, cursors
         raise NoIntactCheckpointError(f"no readable checkpoint in {self.directory} (steps {steps} all failed); "
                                       f"move the directory away to start afresh")
+
+    def quarantine(self, step: int) -> Path:
+        """Moves checkpoint `step` aside (see `QUARANTINE_DIR`) and returns where it went."""
+        target = Path(self.directory).parent / QUARANTINE_DIR / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(os.path.join(self.directory, str(step)), target)
+        self._manager.reload()
+        return target
 
     def wait(self) -> None:
         """Blocks until pending saves are on disk; raises `CheckpointWriteError` if one failed."""

@@ -26,6 +26,7 @@ from pyvision_jax.train.metrics import MetricsWriter
 from pyvision_jax.train.multihost import agree, is_primary
 from pyvision_jax.train.run_outputs import truncate_events, truncate_jsonl
 from pyvision_jax.train.state import TrainState
+from pyvision_jax.train.workdir_lock import WorkdirLock, WorkdirLockedError
 
 CHECKPOINT_DIR, TB_DIR = "checkpoints", "tb"
 RESOLVED_CONFIG = "config.json"
@@ -76,6 +77,7 @@ class RunHarness:
         self.mesh: Mesh | None = None
         self.checkpoints: TrainCheckpoints | None = None
         self.writer: MetricsWriter | None = None
+        self.lock: WorkdirLock | None = None
 
     @property
     def tensorboard_dir(self) -> Path:
@@ -99,12 +101,14 @@ class RunHarness:
                 signal.signal(signal.SIGTERM, previous)
 
     def open(self) -> Mesh:
-        """Starts JAX's distributed runtime (first), makes the directories, writes
-        config.json (process 0) and builds the mesh and the checkpoint manager."""
+        """Starts JAX's distributed runtime (first), takes the workdir lock (process 0; every
+        process stops when it is held), makes the directories, writes config.json (process
+        0) and builds the mesh and the checkpoint manager."""
         self.settings.distributed.initialize()
         self.primary = is_primary()
         if not self.primary:  # process 0 alone logs and writes the run's files
             self.log, self.progress = (lambda line: None), False
+        self._lock_workdir()
         for sub in (CHECKPOINT_DIR, TB_DIR):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
         if self.primary:
@@ -113,6 +117,22 @@ class RunHarness:
         self.checkpoints = TrainCheckpoints(self.workdir / CHECKPOINT_DIR, self.settings.checkpoint_every,
                                             self.settings.keep_checkpoints)
         return self.mesh
+
+    def _lock_workdir(self) -> None:
+        refusal = None
+        if self.primary:
+            self.lock = WorkdirLock(self.workdir)
+            try:
+                self.lock.acquire()
+            except WorkdirLockedError as error:
+                self.lock, refusal = None, error
+            else:
+                if self.lock.previous:
+                    held = self.lock.previous
+                    self.log(f"took over the workdir lock left by pid {held.get('pid', '?')} on host "
+                             f"{held.get('host', '?')} (no longer running)")
+        if agree(refusal is not None):
+            raise refusal or WorkdirLockedError(f"{self.workdir} is in use by another trainer (process 0 says)")
 
     def restore_or_init(self, abstract: TrainState, shardings: TrainState,
                         init: Callable[[], TrainState]) -> tuple[TrainState, dict[str, Any]]:
@@ -163,7 +183,7 @@ class RunHarness:
         failing already) a close error is one logged line, so the run's own error stays the
         one reported."""
         errors = []
-        for resource in (*resources, self.checkpoints, self.writer):
+        for resource in (*resources, self.checkpoints, self.writer, self.lock):
             if resource is None:
                 continue
             try:

@@ -20,6 +20,10 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 EVENTS_PREFIX = "events.out.tfevents."
 
 
+class OutputWriteError(RuntimeError):
+    """A run output could not be written (the message names the path and the cause)."""
+
+
 def _replace(path: Path, write: Any) -> None:
     temporary = path.with_name(f".{path.name}.rewrite")
     with open(temporary, "wb") as handle:
@@ -59,12 +63,15 @@ def append_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> 
     data = "".join(json.dumps(record) + "\n" for record in records).encode()
     if not data:
         return
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as error:
+        raise OutputWriteError(f"{path} not written: {error.strerror or error}") from error
 
 
 def truncate_events(logdir: str | os.PathLike, last_step: int) -> int:

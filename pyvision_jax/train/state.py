@@ -50,8 +50,8 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        if self.lr < 0:
-            problems.append(f"lr={self.lr} must be >= 0")
+        if not 0 <= self.lr < float("inf"):
+            problems.append(f"lr={self.lr} must be a finite number >= 0")
         if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
             problems.append(f"b1={self.b1}, b2={self.b2} must be in [0, 1)")
         if self.eps <= 0:

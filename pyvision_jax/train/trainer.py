@@ -17,7 +17,6 @@ import functools
 import json
 import os
 import time
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import jax
@@ -29,13 +28,26 @@ from pyvision_jax.models import ModelConfig, param_logical_axes
 from pyvision_jax.train import metric_names as tags
 from pyvision_jax.train.batching import BatchingConfig, BatchShape, pack_batch
 from pyvision_jax.train.broadcast_source import BroadcastSource
-from pyvision_jax.train.groups import GroupPool, SelectedRows, SelectionConfig, pool_arrays, rollout_scalars, select_rows
+from pyvision_jax.train.groups import (
+    GroupPool,
+    SelectedRows,
+    SelectionConfig,
+    pool_arrays,
+    rollout_scalars,
+    select_rows,
+)
 from pyvision_jax.train.metrics import format_console_line
 from pyvision_jax.train.run_harness import RunHarness, RunSettings, TrainSummary
 from pyvision_jax.train.run_outputs import append_jsonl
 from pyvision_jax.train.source import GroupSource
-from pyvision_jax.train.state import (OptimizerConfig, TrainState, init_train_state, make_optimizer, path_means,
-                                      state_shardings)
+from pyvision_jax.train.state import (
+    OptimizerConfig,
+    TrainState,
+    init_train_state,
+    make_optimizer,
+    path_means,
+    state_shardings,
+)
 from pyvision_jax.train.step import StepConfig, make_train_step, shard_batch
 
 TRAJECTORY_SAMPLE = "trajectories.jsonl"
@@ -168,7 +180,11 @@ class Trainer:
                 self.checkpoints.wait()
                 self._acknowledge_covered()
                 failed = False
-                return self.harness.summary(first, last)
+                summary = self.harness.summary(first, last)
+                if summary.interrupted:
+                    self.log(f"stopped after step {last}, checkpoint saved; rollouts in flight were abandoned "
+                             "(a resumed run draws their tasks again)")
+                return summary
             finally:
                 self.harness.close((self.source,), quiet=failed)
 

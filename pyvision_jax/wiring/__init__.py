@@ -20,15 +20,44 @@ rollout workers). Each module owns one concern:
 from pyvision_jax.wiring.compilation_cache import COMPILATION_CACHE_DIR, use_compilation_cache
 from pyvision_jax.wiring.config_values import int_tuple, str_tuple
 from pyvision_jax.wiring.engines import jax_engine, require_vllm, vllm_engine, vllm_model_dir
-from pyvision_jax.wiring.evaluation import evaluate_checkpoint
 from pyvision_jax.wiring.episodes import episode_config, sampling_params, sandbox_pool, scorer_routes
+from pyvision_jax.wiring.evaluation import evaluate_checkpoint
 from pyvision_jax.wiring.heldout import evaluate_heldout, train_with_heldout
-from pyvision_jax.wiring.model import (ASSETS_DIR, PACKAGED_PREFIX, attention_config, hf_dir, load_model,
-                                       load_tokenizer, model_config, param_shapes, tokenizer_dir)
-from pyvision_jax.wiring.rollouts import (MODES, SPOOL_DIR, TRAINER_CONSUMER, WEIGHTS_DIR, fleet_worker,
-                                          group_source, producer, prompts_per_round, queue_config, trajectory_queue)
-from pyvision_jax.wiring.settings import (export_dir, frozen_prefixes, grpo_settings, heldout_config, loss_config,
-                                          optimizer_config, run_settings, selection_config, sft_settings, step_config)
+from pyvision_jax.wiring.model import (
+                                       ASSETS_DIR,
+                                       PACKAGED_PREFIX,
+                                       attention_config,
+                                       hf_dir,
+                                       load_model,
+                                       load_tokenizer,
+                                       model_config,
+                                       param_shapes,
+                                       tokenizer_dir,
+)
+from pyvision_jax.wiring.rollouts import (
+                                       MODES,
+                                       SPOOL_DIR,
+                                       TRAINER_CONSUMER,
+                                       WEIGHTS_DIR,
+                                       fleet_worker,
+                                       group_source,
+                                       producer,
+                                       prompts_per_round,
+                                       queue_config,
+                                       trajectory_queue,
+)
+from pyvision_jax.wiring.settings import (
+                                       export_dir,
+                                       frozen_prefixes,
+                                       grpo_settings,
+                                       heldout_config,
+                                       loss_config,
+                                       optimizer_config,
+                                       run_settings,
+                                       selection_config,
+                                       sft_settings,
+                                       step_config,
+)
 from pyvision_jax.wiring.tasks import TASKS_DIR, task_file, task_order_seed, training_tasks
 from pyvision_jax.wiring.training import build_trainer, sft_samples, train, train_sft
 

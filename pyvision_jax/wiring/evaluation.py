@@ -11,6 +11,7 @@ report.html).
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -28,6 +29,8 @@ from pyvision_jax.wiring import engines
 from pyvision_jax.wiring.episodes import episode_config, sandbox_pool, scorer_routes
 from pyvision_jax.wiring.model import hf_dir, load_model, load_tokenizer, model_config, tokenizer_dir
 from pyvision_jax.wiring.tasks import task_file
+
+logger = logging.getLogger(__name__)
 
 EngineFactory = Callable[[ml_collections.ConfigDict, LoadedPolicy, Any], Engine]
 
@@ -111,7 +114,9 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | os.
               else build_engine(config, policy, tokenizer, work_dir=out_dir))
     episode = episode_config(config, policy.model_config, evaluation=True, max_tool_calls=max_tool_calls)
     settings = eval_settings(config, k, progress)
-    run_info = {"checkpoint": policy.path, "checkpoint_kind": policy.kind,
+    for line in policy.skipped:
+        logger.warning("%s; evaluating step %d instead (%s)", line, policy.version, policy.path)
+    run_info = {"checkpoint": policy.path, "checkpoint_kind": policy.kind, "skipped_checkpoints": list(policy.skipped),
                 "policy_version": policy.version, "data": str(Path(data).absolute()),
                 "engine_kind": config.rollout.engine}
     own_pool = sandboxes is None

@@ -52,6 +52,9 @@ def train_with_heldout(config: ml_collections.ConfigDict, workdir: str | os.Path
     before = evaluate_heldout(config, workdir, None, "before", progress)
     log(f"held-out before training: {before.summary()} ({before.out_dir})")
     summary = train(config, workdir, progress=progress)
+    if summary.interrupted:  # stopped (SIGTERM): save and exit in time; the next run evaluates
+        log(f"training stopped at step {summary.last_step}: the held-out evaluation after training is skipped")
+        return summary, [before]
     after = evaluate_heldout(config, workdir, str(workdir), f"step_{summary.last_step}", progress)
     log(f"held-out after step {summary.last_step}: {after.summary()} ({after.out_dir}); "
         f"accuracy {before.accuracy:.3f} -> {after.accuracy:.3f}")

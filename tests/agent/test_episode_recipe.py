@@ -1,14 +1,17 @@
 """The episode's recipe switches in both positions (docs/recipe.md): turn boundary, response
-budget, action syntax, image cap and stdout stripping, on the examples docs/recipe.md quotes."""
+budget, action syntax, image cap, stdout stripping and the observation format, on the
+examples docs/recipe.md quotes."""
 
 import pytest
 
 from pyvision_jax.agent.episode import EpisodeConfig
+from pyvision_jax.agent.prompts import TEXT_RESULT
 from pyvision_jax.agent.trajectory import EndReason
 from tests.agent.episodes import run_one
 from tests.agent.turns import answer_turn, code_turn
 
-RELEASED = dict(action_syntax="released", turn_boundary="newline", image_cap_rule="reach", stdout_strip="both")
+RELEASED = dict(action_syntax="released", turn_boundary="newline", image_cap_rule="reach", stdout_strip="both",
+                observation_format="released")
 
 
 def observation_text(tokenizer, trajectory, turn=0):
@@ -100,13 +103,32 @@ def test_stdout_strip(tokenizer, image_task, strip, text):
 def test_the_released_positions_together(tokenizer, image_task):
     t, _, _ = run_one(tokenizer, image_task, [BARE, answer_turn()], **RELEASED)
     assert t.end_reason is EndReason.DONE
-    assert observation_text(tokenizer, t).startswith("\n<|im_start|>user\n<tool_response>\n<interpreter>\n"
-                                                     "Text Result:\nbare\nImage Result:\n")
+    assert observation_text(tokenizer, t).startswith("\n<|im_start|>user\n<tool_response>\n<interpreter>"
+                                                     "Text Result:\nbare</interpreter>\n\n</tool_response>")
+
+
+@pytest.mark.parametrize("observation_format, text_only, with_image", [
+    ("full", "<interpreter>\nText Result:\n7\nImage Result:\n</interpreter>\n\n</tool_response>",
+     "<interpreter>\nText Result:\ndrawn\nImage Result:\n<image_clue_1><|vision_start|>"),
+    ("released", "<interpreter>Text Result:\n7</interpreter>\n\n</tool_response>",
+     "<interpreter>Text Result:\ndrawn\nImage Result:\n<image_clue_1><|vision_start|>"),
+])
+def test_observation_format(tokenizer, image_task, observation_format, text_only, with_image):
+    printed, _, _ = run_one(tokenizer, image_task, [code_turn("print 7"), answer_turn()],
+                            observation_format=observation_format)
+    shown = observation_text(tokenizer, printed)
+    assert text_only in shown and ("Image Result:" in shown) == (observation_format == "full")
+    drawn, _, _ = run_one(tokenizer, image_task, [code_turn("print drawn", "images 1 64x48"), answer_turn()],
+                          observation_format=observation_format)
+    shown = observation_text(tokenizer, drawn)
+    assert with_image in shown and shown.count("Image Result:") == 1
+    assert shown.endswith("</image_clue_1></interpreter>\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert [TEXT_RESULT.search(observation_text(tokenizer, t)).group(1) for t in (printed, drawn)] == ["7", "drawn"]
 
 
 @pytest.mark.parametrize("field, value", [("action_syntax", "loose"), ("turn_boundary", "eos"),
                                           ("image_cap_rule", "never"), ("stdout_strip", "left"),
-                                          ("max_response_tokens", -1)])
+                                          ("observation_format", "short"), ("max_response_tokens", -1)])
 def test_bad_switch_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"EpisodeConfig.{field}"):
         EpisodeConfig(**{field: value})

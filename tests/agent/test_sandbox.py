@@ -29,11 +29,13 @@ from pyvision_jax.agent.sandbox import (
 )
 from pyvision_jax.agent.sandbox.host_dirs import sweep_abandoned_host_dirs
 from tests.agent.sandbox_probes import (
+    RUNTIME_KINDS,
     Footprint,
     assert_gone,
     descendants,
     footprint,
     process_footprint,
+    sandbox_of_kind,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -41,9 +43,9 @@ CONFIG = SandboxConfig(timeout_s=20.0, max_stdout_bytes=2000, max_images_per_cal
                        max_image_pixels=4_000_000)
 
 
-@pytest.fixture(scope="module")
-def sandbox():
-    with Sandbox(CONFIG) as box:
+@pytest.fixture(scope="module", params=RUNTIME_KINDS)
+def sandbox(request):
+    with sandbox_of_kind(CONFIG, request.param) as box:
         yield box
 
 
@@ -108,12 +110,14 @@ def test_figures_and_display_become_images(sandbox):
     assert result.stdout == "'text'\n0\n"
 
 
-def test_matplotlib_is_imported_on_first_use_and_its_figures_are_still_captured():
-    """A sandbox starts without matplotlib (most episodes never plot); code that imports it
-    itself, under another name, still shows figures through the capturing backend."""
-    with Sandbox(CONFIG) as box:
+@pytest.mark.parametrize("kind", RUNTIME_KINDS)
+def test_matplotlib_imported_by_the_code_under_another_name_still_shows_figures(kind):
+    """A runtime in a fresh bubblewrap starts without matplotlib (most episodes never plot);
+    a forked one has it from its template. Either way, code that imports it itself, under
+    another name, shows figures through the capturing backend."""
+    with sandbox_of_kind(CONFIG, kind) as box:
         before = box.run("import sys\nprint('matplotlib' in sys.modules)")
-        assert before.stdout == "False\n"
+        assert before.stdout == ("True\n" if kind == "forked" else "False\n")
         result = box.run(textwrap.dedent("""\
             import matplotlib.pyplot as pp
             from matplotlib.figure import Figure
@@ -145,13 +149,14 @@ def test_image_guards_refuse_and_report(sandbox):
     assert "3 image(s) refused: at most 4 images are returned per call" in result.error
 
 
-def test_preload_image_from_pil_and_path_and_restore_after_restart(tmp_path):
+@pytest.mark.parametrize("kind", RUNTIME_KINDS)
+def test_preload_image_from_pil_and_path_and_restore_after_restart(tmp_path, kind):
     big = Image.fromarray(np.arange(3000 * 2000 * 3, dtype=np.uint32).astype(np.uint8)
                           .reshape(2000, 3000, 3))
     path = tmp_path / "clue.jpg"
     Image.new("L", (64, 32), 200).save(path)
     config = dataclasses.replace(CONFIG, timeout_s=2.0)
-    with Sandbox(config) as box:
+    with sandbox_of_kind(config, kind) as box:
         box.preload_image("image_clue_0", big)
         box.preload_image("image_clue_1", path)
         check = ("print(image_clue_0.size, image_clue_0.mode, image_clue_1.size, "
@@ -256,6 +261,7 @@ def test_pool_hands_out_fresh_sandboxes_and_replaces_released_ones():
     earlier = descendants()
     with SandboxPool(CONFIG, size=1) as pool:
         first = pool.acquire(timeout_s=120)
+        assert first.forked
         first.run("leftover = 1")
         trace = footprint(first)
         pool.release(first)
@@ -269,9 +275,11 @@ def test_pool_hands_out_fresh_sandboxes_and_replaces_released_ones():
         while pool.idle_count() < 1 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert pool.idle_count() == 1
-        # Every runtime process the pool started and still has: the leased one and the idle one.
+        # Every process the pool started and still has: the leased runtime and the idle one,
+        # each in its own PID namespace, and the template they were forked from in its own.
         started = process_footprint(descendants() - earlier)
-        assert len(started.namespaces) == 2
+        assert len(started.namespaces) == 3
+        assert pool.template_pid in {proc.pid for proc in started.processes}
         prints = [footprint(second), started]
     for trace in prints:
         assert_gone(trace, grace_s=30)  # closing two runtimes can take seconds on a loaded machine
@@ -371,7 +379,9 @@ def test_owner_termination_leaves_no_process(signum):
         report = json.loads(owner.stdout.readline())
         trace = process_footprint(report["pids"])
         dirs = [Path(path) for path in report["dirs"]]
-        assert len(trace.namespaces) == 2 and len(dirs) == 2  # the leased and the idle sandbox
+        # The leased and the idle sandbox, and the pool's template (whose host directory
+        # holds theirs).
+        assert len(trace.namespaces) == 3 and len(dirs) == 3
         owner.send_signal(signum)
         assert owner.wait(timeout=30) == -signum
         assert_gone(trace, grace_s=10)

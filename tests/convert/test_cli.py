@@ -35,12 +35,12 @@ def test_cli_hf2flax_then_flax2hf_is_bit_exact(hf_dir, tmp_path):
     assert_same_tensors(read_tensors(hf_dir), read_tensors(hf_out))
 
     done = _convert("flax2hf", "--src", str(flax_dir), "--dst", str(hf_out))
-    assert done.returncode == 1 and str(hf_out) in done.stderr and "exists" in done.stderr
+    assert done.returncode == 2 and str(hf_out) in done.stderr and "exists" in done.stderr
 
 
 def test_cli_names_missing_inputs(tmp_path):
     done = _convert("hf2flax", "--src", str(tmp_path / "nowhere"), "--dst", str(tmp_path / "out"))
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert f"{tmp_path / 'nowhere'}: no such directory" in done.stderr
     assert not (tmp_path / "out").exists()
     usage = _convert("flax2hf", "--src", "x")

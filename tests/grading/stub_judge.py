@@ -1,6 +1,7 @@
 """A stub OpenAI-compatible chat server on 127.0.0.1 that judges like a lenient grader:
-YES when the reference appears in the candidate (case-insensitive). Scripted failures
-("error": HTTP 500, "garbage": bad JSON, "slow") come first."""
+YES when the reference appears in the candidate (case-insensitive), or in the released
+reply format `Judgement: 1` / `Judgement: 0` (`reply_format`). Scripted failures ("error":
+HTTP 500, "garbage": bad JSON, "slow") come first."""
 import contextlib
 import http.server
 import json
@@ -18,6 +19,7 @@ class StubChatServer(http.server.ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.requests: list[dict] = []
         self.failures: list[str] = []  # "error" (HTTP 500), "garbage" (bad JSON) or "slow"
+        self.reply_format = "word"  # "word" (YES / NO) or "judgement" (Judgement: 1 / Judgement: 0)
         self.slow_seconds = 2.0
         self.in_flight = 0
         self.max_in_flight = 0
@@ -48,10 +50,14 @@ class StubChatHandler(http.server.BaseHTTPRequestHandler):
                 self.end_headers()
                 self.wfile.write(b"overloaded")
                 return
-            prompt = body["messages"][0]["content"]
+            prompt = body["messages"][-1]["content"]
             reference = prompt.rsplit("Reference answer: ")[-1].split("\n")[0]
             candidate = prompt.rsplit("Model answer: ")[-1].split("\n")[0]
-            verdict = "YES" if reference.lower() in candidate.lower() else "NO"
+            agrees = reference.lower() in candidate.lower()
+            if server.reply_format == "judgement":
+                verdict = f"Judgement: {int(agrees)}"
+            else:
+                verdict = "YES" if agrees else "NO"
             payload = b"{not json" if failure == "garbage" else json.dumps(
                 {"choices": [{"message": {"role": "assistant", "content": verdict}}]}
             ).encode()

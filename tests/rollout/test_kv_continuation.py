@@ -137,8 +137,8 @@ def test_engine_with_continuation_samples_what_full_prefills_sample(model, token
     engines = {on: JaxEngine(config, params, tokenizer, max_batch=2, length_buckets=(128, 256),
                              decode_chunk=4, prefill_batch_sizes=(2,), min_cache_length=256,
                              eos_token_ids=(), kv_continuation=on) for on in (True, False)}
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=6, seed=7,
-                              stop_token_ids=tuple(range(0, 2048, 9)))
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=7,
+                              stop_token_ids=tuple(range(0, 2048, 13)))
     image = [random_image(k, (56, 56 * (1 + k % 2))) for k in range(5)]
     episodes = {on: {name: Episode(config, tokenizer, name, image[:1] if name == "A" else [])
                      for name in "ABCD"} for on in (True, False)}

@@ -21,10 +21,9 @@ EPISODE = EpisodeConfig(max_new_tokens_per_turn=384, max_total_tokens=2048, imag
                         max_concurrent=4)
 
 
-@pytest.fixture(scope="module", params=["im_end", "newline"])
-def episodes(tmp_path_factory, request):
-    """Scripted episodes under both turn boundaries (ours and the released one)."""
-    episode = dataclasses.replace(EPISODE, turn_boundary=request.param)
+def scripted_episodes(tmp_path_factory, **switches):
+    """Scripted episodes of every synthetic kind and plan shape under the episode `switches`."""
+    episode = dataclasses.replace(EPISODE, **switches)
     root = tmp_path_factory.mktemp("sft_render")
     files = synthetic.generate_synthetic_suite(root / "tasks", 3, 77)
     tasks = [t for f in files.values() for t in load_tasks(f).tasks]
@@ -40,6 +39,18 @@ def episodes(tmp_path_factory, request):
     return root, tasks, plans, trajectories, tokenizer, episode
 
 
+@pytest.fixture(scope="module", params=["im_end", "newline"])
+def episodes(tmp_path_factory, request):
+    """Scripted episodes under both turn boundaries (ours and the released one)."""
+    return scripted_episodes(tmp_path_factory, turn_boundary=request.param)
+
+
+@pytest.fixture(scope="module")
+def released_episodes(tmp_path_factory):
+    """Scripted episodes with the released turn boundary and observation format."""
+    return scripted_episodes(tmp_path_factory, turn_boundary="newline", observation_format="released")
+
+
 def test_every_kind_and_plan_shape_ran_to_an_answer(episodes):
     _, tasks, plans, trajectories, _, _ = episodes
     assert [t.end_reason for t in trajectories] == [EndReason.DONE] * len(plans)
@@ -50,6 +61,20 @@ def test_every_kind_and_plan_shape_ran_to_an_answer(episodes):
 
 
 def test_sft_rendering_matches_the_episode_tokens(episodes):
+    assert_renders_the_episode_tokens(episodes)
+
+
+def test_sft_rendering_matches_the_episode_tokens_of_released_observations(released_episodes):
+    assert_renders_the_episode_tokens(released_episodes)
+    _, _, _, trajectories, tokenizer, _ = released_episodes
+    for trajectory in trajectories:
+        text = tokenizer.decode(trajectory.token_ids.tolist())
+        shows = sum(turn.num_new_images > 0 for turn in trajectory.turns)
+        assert text.count("Image Result:") == shows and "<interpreter>\n" not in text
+        assert text.count("<interpreter>Text Result:\n") == trajectory.num_tool_calls
+
+
+def assert_renders_the_episode_tokens(episodes):
     root, tasks, plans, trajectories, tokenizer, episode = episodes
     by_id = {t.id: t for t in tasks}
     image_dir = root / "images"

@@ -3,7 +3,7 @@ libraries once, kept running for the pool's life and restarted when it dies.
 
 Where this host cannot give a fork namespaces of its own (nested namespaces unavailable), the
 first start says why in a one-line warning (once per process) and the pool starts each
-runtime in a fresh bubblewrap instead.
+runtime in a fresh bubblewrap instead; later pools with the same bubblewrap do so at once.
 """
 
 from __future__ import annotations
@@ -21,16 +21,17 @@ from pyvision_jax.agent.sandbox.template import RuntimeTemplate, TemplateGone
 
 SANDBOXES_DIR_NAME = "sandboxes"
 
-_unavailable_warned = False
-_unavailable_warned_lock = threading.Lock()
+_unavailable_lock = threading.Lock()
+_unavailable_with: set[str] = set()  # the bwraps whose templates could not fork (this process)
 
 
-def _warn_unavailable(reason: str) -> None:
-    global _unavailable_warned
-    with _unavailable_warned_lock:
-        if _unavailable_warned:
-            return
-        _unavailable_warned = True
+def _mark_unavailable(bwrap: str, reason: str) -> None:
+    """Records that forks are unavailable with `bwrap`; warns the first time in a process."""
+    with _unavailable_lock:
+        first = not _unavailable_with
+        _unavailable_with.add(bwrap)
+    if not first:
+        return
     first_line = reason.strip().splitlines()[0] if reason.strip() else "unknown reason"
     warnings.warn(f"sandbox runtimes cannot be forked from a template on this host "
                   f"({first_line}); each starts in a fresh bubblewrap instead",
@@ -76,6 +77,8 @@ class ForkServer:
         with self._lock:
             if self._closed:
                 raise SandboxError("the sandbox pool is closed")
+            if self._available is None and self._bwrap in _unavailable_with:
+                self._available = False
             if self._available is False:
                 return None
             if self._template is not None and self._template.alive():
@@ -90,7 +93,7 @@ class ForkServer:
             except SandboxStartError as exc:
                 if self._available is None and not cancelled():
                     self._available = False
-                    _warn_unavailable(str(exc))
+                    _mark_unavailable(self._bwrap, str(exc))
                     return None
                 raise
             if self._available is None and not self._probe(template, cancelled):
@@ -109,7 +112,7 @@ class ForkServer:
             if cancelled():
                 raise
             self._available = False
-            _warn_unavailable(str(exc).removeprefix("sandbox runtime failed to start:"))
+            _mark_unavailable(self._bwrap, str(exc).removeprefix("sandbox runtime failed to start:"))
             return False
         finally:
             remove_host_dir(host_dir, owner_lock)

@@ -16,7 +16,6 @@ import redis
 from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.rollout.queue.base import QueueConfig
 
-
 DEFAULT_TTL_S = 7 * 24 * 3600
 
 

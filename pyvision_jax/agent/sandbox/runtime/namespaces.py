@@ -33,6 +33,7 @@ MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_PRIVATE = 0x40000
 
+_PR_SET_DUMPABLE = 4
 _PR_SET_SECCOMP = 22
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
@@ -152,6 +153,12 @@ def clear_capabilities() -> None:
     header = _CapHeader(_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
     _check(_libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
+
+
+def make_undumpable() -> None:
+    """Makes the calling process untraceable by processes of its uid, and its /proc entries no
+    longer theirs to open. Children forked later inherit it, so it is set after the fork."""
+    _check(_prctl(_PR_SET_DUMPABLE, 0), "prctl(PR_SET_DUMPABLE)")
 
 
 def install_seccomp(program: bytes) -> None:

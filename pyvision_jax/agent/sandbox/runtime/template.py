@@ -12,11 +12,13 @@ runtime is three processes deep:
 - the init (PID 1 of the new namespace): mounts a /proc of that namespace, fresh tmpfs at the
   work dir and /dev/shm, its own devpts, the sandbox's media at /media and an empty tmpfs over
   the template's directory of all sandboxes; sets its loopback up; installs the seccomp
-  filter; forks the runtime; then drops every capability and reaps, and when the runtime ends
-  writes its exit status to the status pipe and exits, which ends everything left in the
-  namespace. A start that fails before the runtime exists is reported on the reply pipe.
-- the runtime (PID 2): sets its limits, empties its capabilities (and takes its own uid where
-  the template runs as root), then runs the ordinary request loop of `main`.
+  filter; forks the runtime; then drops every capability, makes itself untraceable, lets the
+  runtime go on, and reaps: when the runtime ends it writes its exit status to the status
+  pipe and exits, which ends everything left in the namespace. A start that fails before the
+  runtime exists is reported on the reply pipe.
+- the runtime (PID 2): waits for its init's go, sets its limits, empties its capabilities (and
+  takes its own uid where the template runs as root), then runs the ordinary request loop of
+  `main`.
 
 The template answers each request with the init's pidfd and the CPU seconds the fork cost the
 template and the intermediate. It exits when the host closes the control socket; every
@@ -47,6 +49,7 @@ from .namespaces import (
     clear_capabilities,
     drop_bounding_capabilities,
     install_seccomp,
+    make_undumpable,
     map_own_ids,
     mount_private_views,
     unshare,
@@ -89,11 +92,15 @@ def _report_start_failure(reply_fd: int, exc: BaseException) -> None:
         pass
 
 
-def _runtime(settings: dict[str, Any], status_fd: int) -> None:
-    """The runtime (PID 2); never returns."""
+def _runtime(settings: dict[str, Any], status_fd: int, go_fd: int) -> None:
+    """The runtime (PID 2); starts once its init has given up its capabilities (`go_fd`
+    then delivers a byte) and never returns."""
     code = 1
     try:
         os.close(status_fd)
+        if os.read(go_fd, 1) != b"1":
+            return  # the init died: the namespace is ending
+        os.close(go_fd)
         numpy = sys.modules.get("numpy")
         if numpy is not None:
             numpy.random.seed()  # a fork would otherwise repeat the template's random stream
@@ -115,15 +122,17 @@ def _init(template: dict[str, Any], request: dict[str, Any], fds: list[int]) -> 
             bring_loopback_up()
             if template.get("seccomp"):
                 install_seccomp(base64.b64decode(template["seccomp"]))
+            go_read, go_write = os.pipe()
             runtime_pid = os.fork()
         except BaseException as exc:  # noqa: BLE001 - reported to the host, then exit
             _report_start_failure(reply_fd, exc)
             raise
         if runtime_pid == 0:
+            os.close(go_write)
             _runtime(dict(request["runtime"], request_fd=request_fd, reply_fd=reply_fd,
-                          drop_capabilities=True), status_fd)
-        os.close(request_fd)
-        os.close(reply_fd)
+                          drop_capabilities=True), status_fd, go_read)
+        for fd in (request_fd, reply_fd, go_read):
+            os.close(fd)
         for signum in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:
             try:
                 signal.signal(signum, signal.SIG_DFL)  # PID 1 ignores what it does not handle
@@ -131,6 +140,9 @@ def _init(template: dict[str, Any], request: dict[str, Any], fds: list[int]) -> 
                 pass
         drop_bounding_capabilities()
         clear_capabilities()
+        make_undumpable()
+        os.write(go_write, b"1")
+        os.close(go_write)
         while True:
             pid, status = os.wait()
             if pid == runtime_pid:

@@ -1,0 +1,192 @@
+"""Everything a run will read, checked before anything expensive is built: every config
+section (through the same builders the run uses), every number finite, every input file
+(tasks, SFT rows) readable row by row, the episode budget large enough for the prompts, and
+an existing workdir trained with the same model. Each problem is one `ConfigError` line that
+names the config key, or the file, row and field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+
+from pyvision_jax.agent.episode import EpisodeConfig, EpisodeMachine
+from pyvision_jax.agent.prompts import ChatRenderer
+from pyvision_jax.agent.sandbox import SandboxConfig
+from pyvision_jax.data.sft_rows import load_sft_rows
+from pyvision_jax.data.tasks import Task
+from pyvision_jax.eval.policy import detect_checkpoint_kind
+from pyvision_jax.models import ModelConfig
+from pyvision_jax.train.run_harness import CHECKPOINT_DIR, RESOLVED_CONFIG
+from pyvision_jax.wiring.config_values import str_tuple
+from pyvision_jax.wiring.engines import require_vllm
+from pyvision_jax.wiring.episodes import episode_config, sampling_params, scorer_routes
+from pyvision_jax.wiring.model import load_tokenizer, model_config
+from pyvision_jax.wiring.rollouts import MODES, queue_config
+from pyvision_jax.wiring.settings import grpo_settings, heldout_config, sft_settings
+from pyvision_jax.wiring.tasks import task_file
+
+ALGORITHMS = ("grpo", "sft")
+ARCHITECTURE_KEYS = ("model.preset", "model.hf_dir", "model.param_dtype", "train.freeze_vision")
+"""Config keys whose change makes a workdir's checkpoints another model's."""
+
+
+class ConfigError(ValueError):
+    """A config value or an input file that cannot work; its message is the one line to show."""
+
+
+def check_finite(config: ml_collections.ConfigDict) -> None:
+    """Every float of the config is a number (no NaN, no infinity)."""
+    for key, value in _leaves(config.to_dict()):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"--config.{key}={value}: must be a finite number")
+
+
+def _leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _leaves(value, f"{prefix}{key}.")
+    elif isinstance(tree, (list, tuple)):
+        for index, value in enumerate(tree):
+            yield from _leaves(value, f"{prefix[:-1]}[{index}].")
+    else:
+        yield prefix[:-1], tree
+
+
+def check_same_model(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> None:
+    """A workdir with checkpoints resumes only with the model it was trained with: otherwise
+    one line names the differing config keys (and nothing in the workdir is touched)."""
+    workdir = Path(workdir)
+    resolved = workdir / RESOLVED_CONFIG
+    checkpoints = workdir / CHECKPOINT_DIR
+    if not resolved.is_file() or not checkpoints.is_dir() or not any(p.name.isdigit() for p in checkpoints.iterdir()):
+        return
+    try:
+        before = ml_collections.ConfigDict(json.loads(resolved.read_text()))
+    except ValueError:
+        return  # an unreadable record says nothing; the checkpoints' own shapes are checked on restore
+    differing = []
+    for key in ARCHITECTURE_KEYS:
+        section, _, field = key.partition(".")
+        old, new = before.get(section, {}).get(field), config[section].get(field)
+        if old != new:
+            differing.append(f"{key}={new!r} (the workdir's run: {old!r})")
+    if differing and _architecture(before) != _architecture(config):
+        raise ConfigError(f"{workdir} holds checkpoints of another model: {'; '.join(differing)}; use another "
+                          f"--workdir or the workdir's own config ({resolved})")
+
+
+def _architecture(config: ml_collections.ConfigDict) -> tuple[Any, ...] | None:
+    try:
+        model = dataclasses.asdict(model_config(config))
+    except (ValueError, OSError, KeyError, AttributeError):
+        return None
+    model.pop("attention", None)
+    model.pop("source", None)
+    return model, config.model.get("param_dtype"), bool(config.train.get("freeze_vision", True))
+
+
+def check_prompt_fits(tasks: list[Task], episode: EpisodeConfig, tokenizer: Any, budget_key: str) -> None:
+    """The first prompt of the task with the longest question (and of the first task) leaves
+    room to generate within the episode's total-token budget."""
+    if not tasks:
+        return
+    machine = EpisodeMachine(episode, ChatRenderer(tokenizer, merge_size=episode.merge_size))
+    longest = max(tasks, key=lambda task: len(task.question))
+    for task in {task.id: task for task in (tasks[0], longest)}.values():
+        length = len(machine.render_prompt(task).token_ids)
+        if length >= episode.max_total_tokens:
+            raise ConfigError(f"{budget_key}={episode.max_total_tokens} cannot hold the prompt of task {task.id!r} "
+                              f"({length} tokens): raise it above {length}")
+
+
+def validate_run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> None:
+    """Checks a training run (`algorithm` "grpo" or "sft") before it starts; raises
+    `ConfigError` (or the input file's own error, which names the file, row and field)."""
+    check_finite(config)
+    if config.algorithm not in ALGORITHMS:
+        raise ConfigError(f"--config.algorithm={config.algorithm!r} must be one of {ALGORITHMS}")
+    check_same_model(config, workdir)
+    try:
+        model = model_config(config)
+        heldout_config(config)
+        SandboxConfig(timeout_s=config.sandbox.timeout_s, allow_unisolated=config.sandbox.allow_unisolated)
+        episode = episode_config(config, model)
+        episode_config(config, model, evaluation=True)
+        if config.algorithm == "sft":
+            sft_settings(config, workdir)
+        else:
+            grpo_settings(config)
+            if config.rollout.mode not in MODES:
+                raise ConfigError(f"--config.rollout.mode={config.rollout.mode!r} must be one of {MODES}")
+            sampling_params(config.rollout)
+            scorer_routes(config)
+            queue_config(config, max_staleness=config.rollout.max_staleness)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as error:
+        raise ConfigError(str(error).splitlines()[0]) from error
+    _check_inputs(config, workdir, model, episode)
+
+
+def _check_inputs(config: ml_collections.ConfigDict, workdir: str | os.PathLike, model: ModelConfig,
+                  episode: EpisodeConfig) -> None:
+    if config.algorithm == "sft":
+        for path in str_tuple(config.sft.train_files, "sft.train_files"):
+            load_sft_rows(path)
+        return
+    tasks = [task for path in str_tuple(config.data.train_files, "data.train_files") for task in task_file(config, path)]
+    if tasks and config.rollout.mode != "external":
+        check_prompt_fits(tasks, episode, load_tokenizer(config), "--config.episode.max_total_tokens")
+
+
+def validate_evaluation(config: ml_collections.ConfigDict, data: str | os.PathLike,
+                        checkpoint: str | os.PathLike | None = None) -> None:
+    """Checks an evaluation's config, checkpoint layout and task file before any model loads."""
+    check_finite(config)
+    try:
+        if checkpoint is not None:
+            detect_checkpoint_kind(checkpoint)
+        # the checkpoint's own architecture is read when it loads; patch and merge sizes
+        # (what the prompt check needs) are those of every Qwen2.5-VL
+        model = model_config(config) if checkpoint is None else ModelConfig.preset(config.model.preset)
+        episode = episode_config(config, model, evaluation=True)
+        sampling_params(config.eval)
+        scorer_routes(config)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(str(error).splitlines()[0]) from error
+    tasks = list(task_file(config, data))
+    check_prompt_fits(tasks, episode, load_tokenizer(config), "--config.eval.max_total_tokens")
+
+
+WORKER_ENGINES = ("jax", "vllm", "scripted")
+
+
+def validate_worker(config: ml_collections.ConfigDict) -> None:
+    """Checks a rollout worker's config before it connects to anything."""
+    check_finite(config)
+    r = config.rollout
+    if r.engine not in WORKER_ENGINES:
+        raise ConfigError(f"--config.rollout.engine={r.engine!r}: a rollout worker runs one of {WORKER_ENGINES}")
+    if r.engine == "scripted" and not r.script_file:
+        raise ConfigError("--config.rollout.engine='scripted' needs --config.rollout.script_file")
+    if r.engine == "vllm":
+        try:
+            require_vllm()
+        except RuntimeError as error:
+            raise ConfigError(str(error).splitlines()[0]) from error
+    try:
+        episode_config(config, ModelConfig.preset(config.model.preset))
+        sampling_params(r)
+        scorer_routes(config)
+        queue_config(config, max_staleness=r.max_staleness)
+        if int(config.rl.group_size) < 1:
+            raise ConfigError(f"--config.rl.group_size={config.rl.group_size} must be >= 1")
+    except (ValueError, TypeError) as error:
+        raise ConfigError(str(error).splitlines()[0]) from error
