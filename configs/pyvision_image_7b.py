@@ -7,15 +7,19 @@
     # and on the GPU rollout nodes, one per worker:
     python launch/rollout_worker.py --config configs/pyvision_image_7b.py ... --worker-index I --num-workers N
 
-B = 16 groups per step drawn from 32 prompts (oversample 2), G = 8 rollouts each, 4 tool
-calls, PPO clip 0.2 / dual clip 3, no KL or entropy term, AdamW lr 1e-6, weight decay 0.01,
-grad clip 1, vision tower frozen, 700 steps, on an 8-device mesh (fsdp).
+B = 16 groups per step drawn from 32 prompts (oversample 2; the paper's step, docs/recipe.md),
+G = 8 rollouts each, one optimizer update per step (mini-batches of 16 groups, as released),
+4 tool calls, PPO clip 0.2 / dual clip 3, no KL or entropy term, AdamW lr 1e-6, weight decay
+0.01, grad clip 1, vision tower frozen, 700 steps, on an 8-device mesh (fsdp).
 
 Every recipe switch is in the released code's position (docs/recipe.md): the LLM judge for
 all data sources but vsi_numerical and *_rule_verifiable (start one with
 `vllm serve Qwen2.5-72B-Instruct --served-model-name judge` and pass
---config.grading.judge_url=http://judge-host:8000), the released answer gate, parse rules,
-turn boundary, token budget, rollout filters, broken-rollout statistics and loss aggregation.
+--config.grading.judge_url=http://judge-host:8000, and point grading.judge_prompt_files at
+the released few-shot prompts), its temperature, system message and reply format, the
+released answer gate, parse rules, turn boundary, observation format, token budget, rollout
+filters before ranking with B * G trainable rollouts, broken-rollout statistics and loss
+aggregation over micro-batches of 4 trajectories.
 """
 import ml_collections
 
@@ -50,6 +54,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.episode.turn_boundary = "newline"
     c.episode.image_cap_rule = "reach"
     c.episode.stdout_strip = "both"
+    c.episode.observation_format = "released"
 
     c.sandbox.pool_size = 128        # an episode holds its sandbox from its first code run to its end
     c.sandbox.timeout_s = 30.0
@@ -80,22 +85,30 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.kl_coef = 0.0
     c.rl.entropy_coef = 0.0
     c.rl.selection_mode = "group"    # NOT the released "trajectory": splitting groups is a defect (docs/design.md)
+    c.rl.batch_unit = "rollouts"     # B*G trainable rollouts per step, as the released ranking keeps
     c.rl.stats_include_broken = True
     c.rl.train_end_reasons = ("DONE", "EXCEED_MAX_TURNS", "ERROR_IN_ACTION")
     c.rl.require_code_image = True
     c.rl.loss_agg = "token-mean-per-micro-batch"
+    c.rl.loss_micro_batch = 4        # the released per-device micro-batch of 4 trajectories
 
     c.grading.routes = (("vsi_numerical", "numeric"), ("*_rule_verifiable", "numeric"), ("*", "judge"))
     c.grading.answer_gate = "first_exact"
     c.grading.mra_thresholds = "float"
     c.grading.judge_url = ""         # required: the judge server, e.g. http://judge-host:8000
     c.grading.judge_model = "judge"
+    c.grading.judge_temperature = 0.3
+    c.grading.judge_system_prompt = "You are a helpful assistant."
+    c.grading.judge_verdict_pattern = r"(?s)^(?:.*Judgement:)?\s*([01])"  # "Judgement: 1", "Judgement: 0", "1"
+    c.grading.judge_prompt_files = ()  # user-supplied: the released few-shot prompt per task family (README)
 
     c.train.steps = 700
     c.train.lr = 1e-6
     c.train.weight_decay = 0.01
     c.train.grad_clip = 1.0
     c.train.freeze_vision = True
+    c.train.ppo_mini_batch_groups = 16  # released ppo_mini_batch_size: one update per step at the paper's B = 16
+                                     # (the README's 64 groups per step make 4; docs/recipe.md)
     c.train.micro_batch = 8          # rows per micro-batch (a multiple of mesh data * fsdp): one
                                      # packed row of up to 32,768 tokens per device
     c.train.pack = True

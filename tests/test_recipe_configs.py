@@ -3,14 +3,14 @@
 import pytest
 
 from configs import pyvision_image_7b, pyvision_video_7b, tiny_cpu
+from pyvision_jax import wiring
 from pyvision_jax.agent.prompts import default_prompt_templates
 from pyvision_jax.agent.trajectory import EndReason
+from pyvision_jax.grading.judge import RELEASED_VERDICT_PATTERN
 from pyvision_jax.grading.routes import ANSWER_TYPE_ROUTES, RELEASED_ROUTES
 from pyvision_jax.models import ModelConfig
-from pyvision_jax.rl.losses import PPOLossConfig
-from pyvision_jax.train.groups import SelectionConfig
+from pyvision_jax.train.step import updates_per_step
 from pyvision_jax.wiring import episode_config, scorer_routes
-from pyvision_jax import wiring
 
 
 @pytest.mark.parametrize("module", [pyvision_image_7b, pyvision_video_7b])
@@ -21,7 +21,8 @@ def test_the_7b_configs_use_the_released_positions(module):
             episode.stdout_strip) == (20_480, "released", "newline", "reach", "both")
     assert episode_config(c, ModelConfig.preset("7b"), evaluation=True).max_response_tokens == 0
     selection = wiring.selection_config(c.rl)
-    assert selection.stats_include_broken and selection.require_code_image and selection.mode == "group"  # splitting groups is a defect we do not copy
+    # group mode: splitting groups is a defect we do not copy
+    assert selection.stats_include_broken and selection.require_code_image and selection.mode == "group"
     assert selection.train_end_reasons == (EndReason.DONE, EndReason.EXCEED_MAX_TURNS, EndReason.ERROR_IN_ACTION)
     assert wiring.loss_config(c.rl).aggregation == "token-mean-per-micro-batch"
     with pytest.raises(ValueError, match="grading.judge_url"):
@@ -56,3 +57,30 @@ def test_prompt_files_and_bad_routes_come_from_the_config(tmp_path):
     c.grading.routes = ("*", "judge")
     with pytest.raises(ValueError, match="grading.routes entry"):
         scorer_routes(c)
+
+
+# Keys that the composition root turns into settings fields (docs/recipe.md rows): the 7B
+# configs hold the released positions, the embedded default ours.
+RELEASED_KEYS = {
+    ("episode", "observation_format"): "released",
+    ("rl", "batch_unit"): "rollouts",
+    ("rl", "loss_micro_batch"): 4,
+    ("train", "ppo_mini_batch_groups"): 16,
+    ("grading", "judge_temperature"): 0.3,
+    ("grading", "judge_system_prompt"): "You are a helpful assistant.",
+    ("grading", "judge_verdict_pattern"): RELEASED_VERDICT_PATTERN,
+}
+OUR_KEYS = {("episode", "observation_format"): "full", ("rl", "batch_unit"): "groups", ("rl", "loss_micro_batch"): 0,
+            ("train", "ppo_mini_batch_groups"): 0, ("grading", "judge_temperature"): 0.0,
+            ("grading", "judge_system_prompt"): "", ("grading", "judge_verdict_pattern"): ""}
+
+
+@pytest.mark.parametrize("module, expected", [(pyvision_image_7b, RELEASED_KEYS), (pyvision_video_7b, RELEASED_KEYS),
+                                              (tiny_cpu, OUR_KEYS)])
+def test_the_switch_keys_hold_the_released_and_our_positions(module, expected):
+    c = module.get_config()
+    assert {key: c[key[0]][key[1]] for key in expected} == expected
+    assert tuple(c.grading.judge_prompt_files) == ()  # user-supplied few-shot files
+    steps = updates_per_step(c.rl.batch_groups, c.train.ppo_mini_batch_groups)
+    assert steps == 1  # the paper's B with the released mini-batch size; the README's B = 64 makes 4
+    assert updates_per_step(64, c.train.ppo_mini_batch_groups) == (4 if module is not tiny_cpu else 1)

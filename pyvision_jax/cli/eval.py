@@ -27,8 +27,7 @@ from ml_collections import config_flags
 from pyvision_jax.cli.default_config import DEFAULT_CONFIG
 from pyvision_jax.cli.help_flags import show_flags_in_help
 from pyvision_jax.cli.user_errors import bad_input_exits, exits_at_once, failed_writes_exit
-from pyvision_jax.wiring import evaluation
-from pyvision_jax.wiring.validation import validate_evaluation
+from pyvision_jax.wiring import evaluation, validation
 
 _CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Config file.", lock_config=True)
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None,
@@ -56,7 +55,7 @@ def main(argv: list[str]) -> None:
         if not holder.value:
             raise app.UsageError(f"{name} is required")
     with bad_input_exits(PROGRAM):
-        validate_evaluation(_CONFIG.value, _DATA.value, _CHECKPOINT.value)
+        validation.validate_evaluation(_CONFIG.value, _DATA.value, _CHECKPOINT.value)
     with failed_writes_exit(PROGRAM):
         results = evaluation.evaluate_checkpoint(_CONFIG.value, _CHECKPOINT.value, _DATA.value, _OUT.value,
                                                  k=_K.value, max_tool_calls=_MAX_TOOL_CALLS.value,

@@ -9,8 +9,10 @@ mistaken for one.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 
 from pyvision_jax.rollout.intake import SpoolWriteError
@@ -35,6 +37,31 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def _not_orbax(record: logging.LogRecord) -> bool:
+    return f"{os.sep}orbax{os.sep}" not in record.pathname
+
+
+def _unraisable_unless_closed_loop(unraisable: sys.UnraisableHookArgs) -> None:
+    error = unraisable.exc_value
+    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+        return
+    sys.__unraisablehook__(unraisable)
+
+
+def quiet_background_reports() -> None:
+    """Orbax logs each failed background save or restore with its traceback, and every
+    failure it logs also reaches the run as an exception (`CheckpointWriteError` on the next
+    wait, a fallback in `restore_intact`), reported there in one line: its logs are dropped.
+    Python's warning that JAX is multithreaded when the sandbox starts a subprocess
+    (fork + exec, which is safe) is dropped too, and so are the callbacks that orbax's
+    writer threads still schedule on its event loop after a failed save closed it."""
+    sys.unraisablehook = _unraisable_unless_closed_loop
+    logging.getLogger("absl").addFilter(_not_orbax)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_not_orbax)
+    warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+
+
 class CommandExit(SystemExit):
     """The command ends with this status after its one line; `exits_at_once` ends the
     process once every `finally` of the command has run."""
@@ -50,6 +77,7 @@ def exits_at_once() -> Iterator[None]:
     """Around a whole command: after a `CommandExit` (whose command has closed what it
     opened) the process ends at once, so background threads of a failed run (asynchronous
     checkpoint or event writers) cannot turn the one line into interpreter-shutdown noise."""
+    quiet_background_reports()
     try:
         yield
     except CommandExit as done:

@@ -22,11 +22,13 @@ has q's dtype.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
@@ -133,12 +135,27 @@ def packed_segments(segments: jax.Array, max_segments: int) -> tuple[jax.Array, 
     return jnp.where(used, lengths, -1), offsets, ids, fits
 
 
+@functools.cache
+def cudnn_packed_gqa_safe() -> bool:
+    """Whether this jax scales packed kv offsets by the key's own per-token stride; releases
+    up to 0.10 use the query's, which is wrong when there are fewer kv heads than query heads.
+    Found by running jax's offset conversion on a small example."""
+    query, key = np.zeros((1, 4, 4, 8), np.float32), np.zeros((1, 4, 1, 8), np.float32)
+    lengths, offsets = np.array([[2, 2]], np.int32), np.array([[0, 2, -1]], np.int32)
+    try:
+        with jax.ensure_compile_time_eval():
+            converted = _cudnn_fused._fix_seqlen_offsets(lengths, lengths, offsets, offsets, query, key)[3]
+        return int(np.asarray(converted).reshape(-1)[1]) == 2 * key.shape[2] * key.shape[3]
+    except Exception:  # noqa: BLE001 (an unknown jax: repeat the kv heads, which is always right)
+        return False
+
+
 def _cudnn_packed(q: jax.Array, k: jax.Array, v: jax.Array, q_layout: tuple, kv_layout: tuple, *,
                   causal: bool, scale: float) -> jax.Array:
-    """cuDNN flash attention over packed rows. The kv heads are repeated up to the query heads:
-    jax releases up to 0.10 scale the kv offsets by the query heads' per-token stride."""
+    """cuDNN flash attention over packed rows; the kv heads are repeated up to the query heads
+    where jax's packed layout gets grouped-query offsets wrong (`cudnn_packed_gqa_safe`)."""
     groups = q.shape[2] // k.shape[2]
-    if groups > 1:
+    if groups > 1 and not cudnn_packed_gqa_safe():
         k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
     mask_type = _cudnn_fused.MaskType.PADDING_CAUSAL if causal else _cudnn_fused.MaskType.PADDING
     return _cudnn_fused.dot_product_attention(

@@ -182,7 +182,8 @@ def ppo_loss(
     if config.kl_coef:
         if ref_logprobs is None:
             raise ValueError(f"ppo_loss: kl_coef={config.kl_coef} needs ref_logprobs")
-        ref_log_ratio = jnp.where(mask, jnp.asarray(ref_logprobs, jnp.float32) - jnp.asarray(logprobs, jnp.float32), 0.0)
+        ref_log_ratio = jnp.where(
+            mask, jnp.asarray(ref_logprobs, jnp.float32) - jnp.asarray(logprobs, jnp.float32), 0.0)
         if config.kl_estimator == "k1":
             kl = -ref_log_ratio
         else:

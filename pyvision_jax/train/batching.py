@@ -233,8 +233,8 @@ def _vision_arrays(model_config: ModelConfig, groups: list[list[Trajectory]], gr
     vision = model_config.vision
     window_len = window_units(vision) ** 2 * vision.merge_unit
     first = [vision_layout(g, vision) for g in grids]
-    min_windows = max([l.num_slots // window_len for l in first] + [floor.windows])
-    min_merged = max([l.merged_index.shape[0] for l in first] + [floor.merged])
+    min_windows = max([lay.num_slots // window_len for lay in first] + [floor.windows])
+    min_merged = max([lay.merged_index.shape[0] for lay in first] + [floor.merged])
     layouts, pixels = [], []
     for group, grid in zip(groups, grids):
         layout = vision_layout(grid, vision, min_windows=min_windows, min_merged=min_merged)
@@ -245,6 +245,6 @@ def _vision_arrays(model_config: ModelConfig, groups: list[list[Trajectory]], gr
             values[:flat.shape[0]] = flat
         layouts.append(layout)
         pixels.append(values)
-    stacked = VisionLayout(**{f.name: np.stack([getattr(l, f.name) for l in layouts])
+    stacked = VisionLayout(**{f.name: np.stack([getattr(lay, f.name) for lay in layouts])
                               for f in dataclasses.fields(VisionLayout)})
     return np.stack(pixels), stacked

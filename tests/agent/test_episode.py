@@ -6,9 +6,9 @@ from PIL import Image
 
 from pyvision_jax.agent.episode import EpisodeConfig
 from pyvision_jax.agent.runner import EpisodeRunner
+from pyvision_jax.agent.trajectory import EndReason
 from pyvision_jax.data.synthetic import write_mp4
 from pyvision_jax.data.tasks import Task
-from pyvision_jax.agent.trajectory import EndReason
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 from tests.agent.episodes import run_one
 from tests.agent.fake_sandbox import FakePool

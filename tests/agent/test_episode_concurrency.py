@@ -4,8 +4,8 @@ import pytest
 
 from pyvision_jax.agent.episode import EpisodeConfig
 from pyvision_jax.agent.runner import EpisodeRunner
-from pyvision_jax.data.tasks import Task
 from pyvision_jax.agent.trajectory import EndReason
+from pyvision_jax.data.tasks import Task
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 from tests.agent.fake_sandbox import FakePool
 from tests.agent.turns import answer_turn, code_turn

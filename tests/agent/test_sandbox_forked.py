@@ -11,7 +11,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -19,26 +21,31 @@ import pytest
 from PIL import Image
 
 from pyvision_jax.agent.sandbox import STATE_LOST_NOTICE, SandboxConfig, SandboxPool
-from tests.agent.sandbox_probes import assert_gone, footprint
+from pyvision_jax.agent.sandbox.host_dirs import HOST_DIR_PREFIX
+from tests.agent.sandbox_probes import assert_gone, descendants, footprint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG = SandboxConfig(timeout_s=20.0, memory_bytes=2 << 30, max_processes=48,
                        max_file_bytes=32 << 20, cpu_seconds=300, max_open_files=2048)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def pool():
+    """A pool of its own per test: none outlives its test to fork while others count processes."""
     with SandboxPool(CONFIG, size=2) as pool:
         yield pool
 
 
 def nspids(pid: int) -> list[int]:
-    """The numbers of a process in each PID namespace it is in, outermost first."""
-    with open(f"/proc/{pid}/status") as handle:
-        for line in handle:
-            if line.startswith("NSpid:"):
-                return [int(number) for number in line.split()[1:]]
-    raise AssertionError("the kernel does not list NSpid")
+    """The numbers of a process in each PID namespace it is in, outermost first (none once it
+    has exited: a pool may be forking while it is listed)."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            lines = handle.readlines()
+    except OSError:
+        return []
+    (line,) = [line for line in lines if line.startswith("NSpid:")]
+    return [int(number) for number in line.split()[1:]]
 
 
 def template_processes(pool: SandboxPool) -> list[psutil.Process]:
@@ -115,7 +122,7 @@ def test_episodes_cannot_see_signal_or_read_each_other_or_the_template(pool):
 def test_each_fork_has_its_limits_filter_and_no_capability_before_any_code(pool):
     box = pool.acquire(timeout_s=120)
     result = box.run(textwrap.dedent("""\
-        import resource
+        import os, resource
         def status(pid):
             fields = dict(line.split(':', 1) for line in open(f'/proc/{pid}/status'))
             return [fields[name].strip() for name in ('Seccomp', 'NoNewPrivs', 'CapInh', 'CapPrm',
@@ -124,12 +131,21 @@ def test_each_fork_has_its_limits_filter_and_no_capability_before_any_code(pool)
         print(status(1))
         print([resource.getrlimit(getattr(resource, name))[1] for name in
                ('RLIMIT_AS', 'RLIMIT_NPROC', 'RLIMIT_FSIZE', 'RLIMIT_CPU', 'RLIMIT_NOFILE')])
+        fds = {}
+        for fd in os.listdir('/proc/self/fd'):
+            try:
+                fds[int(fd)] = os.readlink(f'/proc/self/fd/{fd}')
+            except OSError:
+                pass  # the directory listing's own
+        print(sorted(fds), fds[0], len({fds[fd] for fd in (1, 2, 1019, 1020)}))
         """))
     isolated = str(["2", "1"] + ["0000000000000000"] * 5)
     limits = [CONFIG.memory_bytes, CONFIG.max_processes, CONFIG.max_file_bytes,
               CONFIG.cpu_seconds, CONFIG.max_open_files]
     assert result.error is None, result.error
-    assert result.stdout.splitlines() == [isolated, isolated, str(limits)]
+    # Nothing of the template's reaches it: stdin, the output capture, and its channel.
+    assert result.stdout.splitlines() == [isolated, isolated, str(limits),
+                                          "[0, 1, 2, 1019, 1020, 1021, 1022] /dev/null 1"]
     pool.release(box)
 
 
@@ -157,6 +173,20 @@ def test_a_dead_template_takes_its_runtimes_along_and_is_restarted():
         assert box.forked and pool.template_pid not in (None, old_template)
         other = pool.acquire(timeout_s=120)
         assert other.forked and other.run("print(1)").stdout == "1\n"
+
+
+def test_closing_a_pool_while_it_starts_leaves_no_process_and_no_directory():
+    earlier_processes = descendants()
+    earlier_dirs = set(Path(tempfile.gettempdir()).glob(HOST_DIR_PREFIX + "*"))
+    for delay_s in (0.0, 0.2, 0.5, 1.0, 2.0):  # the template starting, then forks in flight
+        pool = SandboxPool(CONFIG, size=4)
+        time.sleep(delay_s)
+        pool.close()
+        deadline = time.monotonic() + 10
+        while descendants() - earlier_processes and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert descendants() - earlier_processes == frozenset()
+    assert set(Path(tempfile.gettempdir()).glob(HOST_DIR_PREFIX + "*")) <= earlier_dirs
 
 
 NO_NESTED_NAMESPACES_BWRAP = """#!{python}

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.tiny_random_cpu import get_config
 from pyvision_jax.eval.ablations import CURVES, HELDOUT_ACCURACY, VARIANTS, Variant, eval_points
-from pyvision_jax.wiring.dynamics_runs import variant_config
 from pyvision_jax.eval.dynamics_figures import plot_dynamics, results_table
 from pyvision_jax.train import metric_names as tags
+from pyvision_jax.wiring.dynamics_runs import variant_config
 from tests.eval.tiny_run import TINY
+from tests.tiny_random_cpu import get_config
 from tests.train.compilation_cache import COMPILATION_CACHE
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,8 +6,8 @@ import pytest
 
 from configs.tiny_cpu import get_config
 from pyvision_jax.convert import save_hf
-from pyvision_jax.wiring.evaluation import config_policy
 from pyvision_jax.models import ModelConfig, init_params
+from pyvision_jax.wiring.evaluation import config_policy
 
 
 def test_without_hf_dir_the_policy_is_the_presets_random_init():

@@ -8,18 +8,18 @@ import jax
 import numpy as np
 import pytest
 
-from tests.tiny_random_cpu import get_config as tiny_cpu_config
-from pyvision_jax.data.tasks import write_tasks_jsonl
 from pyvision_jax.convert import save_hf, save_params
-from pyvision_jax.eval.policy import detect_checkpoint_kind, load_policy
+from pyvision_jax.data.tasks import write_tasks_jsonl
+from pyvision_jax.eval.policy import detect_checkpoint_kind
 from pyvision_jax.eval.records import REPORT_FILE, RESULTS_FILE, TRAJECTORIES_FILE
-from pyvision_jax.wiring.evaluation import evaluate_checkpoint, jax_engine
 from pyvision_jax.models import ModelConfig, init_params
 from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR
 from pyvision_jax.rollout.jax_engine import JaxEngine
 from pyvision_jax.train.checkpoint import TrainCheckpoints
 from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer
+from pyvision_jax.wiring.evaluation import evaluate_checkpoint, jax_engine, load_policy
 from tests.agent.fake_sandbox import FakePool
+from tests.tiny_random_cpu import get_config as tiny_cpu_config
 
 TRAIN_STEP = 3
 

@@ -13,7 +13,7 @@ from pyvision_jax.grading.trajectory import score_trajectory
 from pyvision_jax.processing.tokens import video_token_count
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 from tests.agent.fake_sandbox import FakePool
-from tests.eval.scripted_benchmark import HOSTILE, K, SCRIPT, run_scripted_evaluation
+from tests.eval.scripted_benchmark import HOSTILE, SCRIPT, K, run_scripted_evaluation
 
 METRIC_KEYS = ("accuracy", "avg_at_k", "pass_at_k", "num_tasks", "num_rollouts",
                "per_data_source", "tool_calls", "end_reasons", "mean_visual_tokens_per_task",

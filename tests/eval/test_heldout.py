@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_random_cpu import get_config
 from pyvision_jax.wiring.heldout import train_with_heldout
 from pyvision_jax.wiring.settings import heldout_config
 from tests.eval.tiny_run import TINY
+from tests.tiny_random_cpu import get_config
 from tests.train.compilation_cache import COMPILATION_CACHE
 
 ROOT = Path(__file__).resolve().parents[2]

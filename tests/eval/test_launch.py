@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RECORDER = """
 import dataclasses, json, runpy, sys
 import pyvision_jax.wiring.evaluation as pipeline
+import pyvision_jax.wiring.validation as validation
 from pyvision_jax.eval.metrics import summarize
 
 RECORD = sys.argv[1]
@@ -24,6 +25,7 @@ def record(config, checkpoint, data, out, **kwargs):
     return {**summarize([]), "wall_time_s": 1.5}
 
 pipeline.evaluate_checkpoint = record
+validation.validate_evaluation = lambda config, data, checkpoint=None: None  # the paths here are made up
 sys.argv = sys.argv[2:]  # launch/eval.py and its flags
 runpy.run_path(sys.argv[0], run_name="__main__")
 """

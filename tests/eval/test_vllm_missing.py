@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_random_cpu import get_config
 from pyvision_jax.eval.policy import LoadedPolicy
-from pyvision_jax.wiring.evaluation import build_engine
 from pyvision_jax.models import ModelConfig
+from pyvision_jax.wiring.evaluation import build_engine
+from tests.tiny_random_cpu import get_config
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES_THE_ENVIRONMENT = r"\.venv-vllm.*scripts/install_vllm_cpu\.sh"

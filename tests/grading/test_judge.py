@@ -1,8 +1,8 @@
 """The LLM judge against a stub OpenAI-compatible server on 127.0.0.1."""
 import pytest
 
-from pyvision_jax.grading import register_scorer, score_response
 from pyvision_jax.agent.templates import PromptTemplate
+from pyvision_jax.grading import register_scorer, score_response
 from pyvision_jax.grading.judge import (
     JUDGE_NAMES,
     RELEASED_VERDICT_PATTERN,
@@ -105,8 +105,8 @@ def family_judge(server, **overrides):
     """Few-shot templates per task family (data_source glob), like the released prompts."""
     lines = "Question: {question}\nReference answer: {ground_truth}\nModel answer: {answer}\nJudgement:"
     families = ((("vstar", "deepeyes"), "VISUAL SEARCH EXAMPLES"), (("vsi*",), "SPATIAL EXAMPLES"))
-    prompts = tuple((glob, PromptTemplate(f"{examples}\n{lines}", JUDGE_NAMES, JUDGE_NAMES, "t.txt")) for globs, examples in families
-                    for glob in globs)
+    prompts = tuple((glob, PromptTemplate(f"{examples}\n{lines}", JUDGE_NAMES, JUDGE_NAMES, "t.txt"))
+                    for globs, examples in families for glob in globs)
     return make_judge(server, family_prompts=prompts, **overrides)
 
 

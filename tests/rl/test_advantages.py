@@ -1,6 +1,7 @@
 import jax
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pyvision_jax.rl import group_advantages
 from tests.rl import numpy_reference as ref

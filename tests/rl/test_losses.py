@@ -1,7 +1,8 @@
 import jax
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pyvision_jax.rl import PPOLossConfig, combine_metrics, ppo_loss, summarize_metrics
 from tests.rl import numpy_reference as ref

@@ -33,8 +33,9 @@ def test_loss_units_make_the_per_micro_batch_mean_independent_of_the_step_micro_
     one-row micro-batches, one unit of both rows the token mean."""
     mask = jnp.arange(99)[None, :] < jnp.asarray([[1], [99]])
     zeros = jnp.zeros(mask.shape)
-    out = ppo_loss(zeros, zeros, jnp.asarray([1.0, -1.0]), mask, PPOLossConfig(aggregation="token-mean-per-micro-batch"),
-                   unit_tokens=jnp.asarray(unit_tokens), unit_share=jnp.asarray(unit_share))
+    config = PPOLossConfig(aggregation="token-mean-per-micro-batch")
+    out = ppo_loss(zeros, zeros, jnp.asarray([1.0, -1.0]), mask, config, unit_tokens=jnp.asarray(unit_tokens),
+                   unit_share=jnp.asarray(unit_share))
     assert float(out.loss_sum) / float(out.denominator) == pytest.approx(expected, abs=1e-6)
 
 

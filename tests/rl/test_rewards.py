@@ -1,11 +1,11 @@
 import jax
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pyvision_jax.rl import accumulative_tool_reward, group_statistics
 from tests.rl import numpy_reference as ref
-
 
 statistics = jax.jit(group_statistics)
 

@@ -3,7 +3,8 @@ import functools
 import jax
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pyvision_jax.rl import select_rollouts, take_selected
 from tests.rl import numpy_reference as ref

@@ -14,14 +14,14 @@ import pytest
 from PIL import Image
 from safetensors import safe_open
 
+from pyvision_jax.agent.engine import Engine, GenerationRequest, SamplingParams
 from pyvision_jax.agent.episode import EpisodeConfig
 from pyvision_jax.agent.runner import EpisodeRunner
-from pyvision_jax.data.tasks import Task
 from pyvision_jax.agent.trajectory import EndReason
 from pyvision_jax.convert import save_hf
+from pyvision_jax.data.tasks import Task
 from pyvision_jax.models import ModelConfig, logits
 from pyvision_jax.processing import preprocess_images
-from pyvision_jax.agent.engine import Engine, GenerationRequest, SamplingParams
 from pyvision_jax.rollout.incremental_text import IncrementalText
 from pyvision_jax.rollout.jax_engine import JaxEngine
 from pyvision_jax.rollout.sampling import SamplingArrays, sampling_log_probs

@@ -5,7 +5,6 @@ continues its held slots samples what the engine that prefills every prompt in f
 The tiny random Qwen2.5-VL in float32; each episode has three turns, each adding images.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

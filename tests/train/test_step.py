@@ -8,15 +8,21 @@ import numpy as np
 import pytest
 
 from configs.base import get_config as base_config
+from pyvision_jax import wiring
 from pyvision_jax.models import forward, param_logical_axes
 from pyvision_jax.models.qwen2_5_vl import ModelInputs
 from pyvision_jax.rl.losses import PPOLossConfig, ppo_loss
 from pyvision_jax.train.batching import BatchingConfig, BatchShape, pack_batch
 from pyvision_jax.train.mesh import make_mesh
 from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, path_means, state_shardings
-from pyvision_jax.train.step import (StepConfig, loss_and_grads, make_train_step, micro_batch_logprobs, shard_batch,
-                                     updates_per_step)
-from pyvision_jax import wiring
+from pyvision_jax.train.step import (
+    StepConfig,
+    loss_and_grads,
+    make_train_step,
+    micro_batch_logprobs,
+    shard_batch,
+    updates_per_step,
+)
 
 ADVANTAGES = [0.7, -0.4, 1.1, -0.9]
 STEP = StepConfig(temperature=0.7, logprob_chunk=16, old_logprobs="behaviour",
@@ -31,7 +37,7 @@ def direct_loss(config, params, batch, step_config):
     """The loss over the whole batch from the model's full [B, T, V] logits, no chunking."""
     total, denominator = 0.0, 0.0
     for m in range(batch.num_micro_batches):
-        layout = jax.tree.map(lambda x: x[m], batch.layout)
+        layout = jax.tree.map(lambda x, m=m: x[m], batch.layout)
         inputs = ModelInputs(batch.input_ids[m], batch.attention_mask[m], batch.positions[m],
                              batch.pixel_values[m], layout)
         logits = forward(config, "float32", params, inputs)[0] / step_config.temperature
@@ -289,7 +295,8 @@ def test_the_per_unit_token_mean_does_not_depend_on_micro_batches_packing_or_dev
                for layout in layouts]
     tokens = [int(t.loss_mask.sum()) for t in trajectories]
     # at ratio 1 every token's loss is -A: a unit's mean is -sum(A n) / sum(n)
-    units = [-(ADVANTAGES[i] * tokens[i] + ADVANTAGES[j] * tokens[j]) / (tokens[i] + tokens[j]) for i, j in ((0, 1), (2, 3))]
+    units = [-(ADVANTAGES[i] * tokens[i] + ADVANTAGES[j] * tokens[j]) / (tokens[i] + tokens[j])
+             for i, j in ((0, 1), (2, 3))]
     for loss, grads, denominator, _ in results:
         np.testing.assert_allclose(loss, np.mean(units), rtol=1e-5)
         assert float(denominator) == pytest.approx(2.0)

@@ -8,9 +8,18 @@ file size and CPU seconds; a seccomp filter forbids new user namespaces. Running
 runtime drops to a uid of its own (picked at random per runtime) so that file permissions and
 the process limit apply to it; otherwise bubblewrap's user namespace does the same.
 
+A `SandboxPool` forks its runtimes instead: one template per pool (in bubblewrap as above)
+imports the runtime's libraries once, and each runtime is a fork of it that enters PID, mount,
+IPC, network, UTS and cgroup namespaces of its own (and a user namespace of its own without
+root), with a /proc of its namespace, its own tmpfs at /tmp and /dev/shm, its own devpts and
+only its sandbox's media, and gets its limits, the seccomp filter and no capabilities before
+any model code runs. A dead template is restarted. Where nested namespaces are unavailable the
+pool warns once and starts each runtime in a fresh bubblewrap.
+
 Sandboxes die with their owner: on close, at exit, on SIGTERM (a handler is installed when
-none is), and even on SIGKILL (bubblewrap's --die-with-parent, and the runtime exits when its
-request pipe closes). Copied media of owners that died are swept by the next owner.
+none is), and even on SIGKILL (bubblewrap's --die-with-parent, which takes a template's forks
+along, and the runtime exits when its request pipe closes). Copied media of owners that died
+are swept by the next owner.
 
 Calls are synchronous frames over two pipes, numbered so that a reply can only answer the
 request it was sent for. A call that overruns its wall-clock timeout kills the whole runtime
@@ -19,10 +28,12 @@ fresh runtime, with the preloaded media restored, and its result has `state_lost
 starts with `STATE_LOST_NOTICE`.
 
 Modules: `config` (SandboxConfig), `errors`, `results` (RunResult and reading replies),
-`isolation` (bubblewrap command), `seccomp`, `uids`, `font_cache`, `channel` (host side of the
-frames), `launcher` and `process` (one runtime process), `registry` (shutdown hooks),
-`host_dirs` and `media` (copied media on the host), `sandbox` (Sandbox), `pool` (SandboxPool),
-and `runtime`, the package that runs inside the sandbox.
+`isolation` (bubblewrap commands), `seccomp`, `uids`, `font_cache`, `channel` (host side of the
+frames), `launcher` and `launched` (a process tree started in bubblewrap), `process` (a runtime
+in a bubblewrap of its own), `template`, `forked` and `fork_server` (a pool's template, a
+runtime forked from it, and the pool's side of both), `registry` (shutdown hooks), `host_dirs`
+and `media` (copied media on the host), `sandbox` (Sandbox), `pool` (SandboxPool), and
+`runtime`, the package that runs inside the sandbox.
 """
 
 from pyvision_jax.agent.sandbox.config import SandboxConfig

@@ -57,11 +57,6 @@ class ForkServer:
         (self._host_dir / SANDBOXES_DIR_NAME).mkdir(mode=0o755)
 
     @property
-    def available(self) -> bool | None:
-        """Whether runtimes are forked here (None: not known before the first start)."""
-        return self._available
-
-    @property
     def template_pid(self) -> int | None:
         """Host pid of the running template's bubblewrap, or None."""
         template = self._template

@@ -41,8 +41,8 @@ class RuntimeTemplate:
     """One running template: its process tree (in bubblewrap) and its control socket.
 
     `hosts_dir` holds the host directories of the sandboxes whose runtimes it forks; each
-    fork sees only its own one's media. Thread-safe; forks are served one at a time, but each
-    fork's runtime starts on its own once forked.
+    fork sees only its own sandbox's media. Thread-safe: forks are made one at a time, and
+    each forked runtime then starts on its own.
     """
 
     def __init__(self, config: SandboxConfig, mode: str, bwrap: str, hosts_dir: Path,

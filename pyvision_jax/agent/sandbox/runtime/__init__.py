@@ -3,9 +3,11 @@
 The host binds this package's directory into the sandbox and starts `__main__.py` there as a
 script (inside bubblewrap), which loads the directory as the package `pyvision_sandbox_runtime`:
 `pyvision_jax` itself is not visible inside, so these modules import each other relatively
-only. The host imports `protocol` alone, for the frame format both sides share. The runtime
-depends only on the standard library until its limits are set and its privileges dropped, then
-imports numpy, PIL and matplotlib for the code it runs.
+only. The host imports `protocol` alone, for the frame format both sides share. A runtime of
+its own depends only on the standard library until its limits are set and its privileges
+dropped, then imports numpy, PIL and matplotlib for the code it runs. A pool's `template`
+imports them before it forks runtimes (it runs no model code); each fork builds its namespaces
+(`namespaces`) and sets its limits before the request loop of `main` starts.
 
 Builtins: every module whose functions run after user code has first replaces its
 `__builtins__` with a private copy, so user code that replaces `builtins.print`, `len`,

@@ -56,9 +56,9 @@ from .namespaces import (
 )
 from .protocol import READY_OP
 
-PRELOADED_MODULES = ("numpy", "PIL.Image", "matplotlib", "matplotlib.pyplot",
+PRELOADED_MODULES = ("numpy", "numpy.random", "PIL.Image", "matplotlib", "matplotlib.pyplot",
                      "matplotlib.backends.backend_agg", "decord")
-_SANDBOX_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_SANDBOX_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # one directory, never ".."
 _MAX_MESSAGE_BYTES = 1 << 20
 
 
@@ -101,9 +101,9 @@ def _runtime(settings: dict[str, Any], status_fd: int, go_fd: int) -> None:
         if os.read(go_fd, 1) != b"1":
             return  # the init died: the namespace is ending
         os.close(go_fd)
-        numpy = sys.modules.get("numpy")
-        if numpy is not None:
-            numpy.random.seed()  # a fork would otherwise repeat the template's random stream
+        numpy_random = sys.modules.get("numpy.random")
+        if numpy_random is not None:
+            numpy_random.seed()  # a fork would otherwise repeat the template's random stream
         code = runtime_main.run(settings)
     finally:
         os._exit(code)
