@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.accelerator.records import SectionLog, read_section  # noqa: E402
 from benchmarks.accelerator.report import table  # noqa: E402
-from benchmarks.accelerator.sizes import SECTIONS, sizes_for  # noqa: E402
+from benchmarks.accelerator.sizes import ENVIRONMENT_S, SECTIONS, sizes_for  # noqa: E402
 
 RUNNERS = {"environment": "environment", "parity": "parity", "step": "train_width",
            "attention": "attention_kernels", "decode": "decode"}
@@ -49,7 +49,6 @@ SECTION_ENV = {"parity": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
                "attention": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"}}
 """Parity shares the GPU with torch; the step and attention sections may use nearly all of it."""
 MIN_SECTION_S = 10.0
-ENVIRONMENT_S = 60.0
 
 
 def parse_args() -> argparse.Namespace:

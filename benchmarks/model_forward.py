@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
+from pyvision_jax.convert import load_hf
 from pyvision_jax.models import ModelConfig, VisionConfig, forward, logits, prepare_inputs
 
 IMAGE_SIDE, TEXT_TOKENS = 448, 256
@@ -31,32 +32,6 @@ def bench_config() -> ModelConfig:
         num_key_value_heads=2, mrope_section=(8, 12, 12),
         vision=VisionConfig(depth=8, hidden_size=256, intermediate_size=640, num_heads=4, out_hidden_size=512,
                             fullatt_block_indexes=(3, 7), window_size=112))
-
-
-def hub_names_to_params(model: torch.nn.Module, config: ModelConfig) -> dict:
-    """The torch model's weights as the Flax params tree (same mapping as the converter)."""
-    params: dict = {}
-    for name, tensor in model.state_dict().items():
-        value = tensor.detach().float().numpy()
-        name = name.replace("model.visual.", "visual.").replace("model.language_model.", "model.")
-        if name == "lm_head.weight" and config.tie_word_embeddings:
-            continue
-        *path, last = [int(p) if p.isdigit() else p for p in name.split(".")]
-        if path[-1] == "embed_tokens":
-            key = "embedding"
-        elif path == ["visual", "patch_embed", "proj"]:
-            key, value = "kernel", value.reshape(value.shape[0], -1).T
-        elif last == "weight" and value.ndim == 1:
-            key = "scale"
-        elif last == "weight":
-            key, value = "kernel", value.T
-        else:
-            key = last
-        node = params
-        for p in path:
-            node = node.setdefault(p, {})
-        node[key] = np.ascontiguousarray(value)
-    return params
 
 
 def make_inputs(config: ModelConfig) -> dict:
@@ -96,7 +71,7 @@ def main() -> None:
         model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**config.to_hf_dict()))
         model.save_pretrained(tmp)
         model = Qwen2_5_VLForConditionalGeneration.from_pretrained(Path(tmp), dtype=torch.float32).eval()
-    params = jax.device_put(hub_names_to_params(model, config))
+        params = jax.device_put(load_hf(tmp, dtype="float32", progress=False)[1])  # the project's converter
     inputs = make_inputs(config)
     seq_len = inputs["input_ids"].shape[1]
 

@@ -404,7 +404,7 @@ def best_rounds(runs: dict, repeats: int) -> tuple[dict[str, float], dict[str, i
     the variants interleaved within a round, after warm-up rounds until a round compiles
     nothing new (a run returns seconds, tokens, outputs and the traces it added)."""
     seconds, tokens, outputs = {name: float("inf") for name in runs}, {}, {}
-    for name, run in runs.items():
+    for run in runs.values():
         while run()[3]:
             pass
     for _ in range(repeats):

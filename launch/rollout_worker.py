@@ -12,7 +12,7 @@ vLLM starts from model.hf_dir, else from the newest complete version the trainer
 (rollout.weights_dir, else the one announced on the queue), and takes each new version's
 safetensors as they are. With rollout.worker_stream (the default) episodes of many groups
 run at once (episode.max_concurrent, batched by vLLM up to rollout.max_batch sequences) and
-each group is put as it ends; README "Keeping vLLM busy". Its cursor (the end of the
+each group is put as it ends; docs/fleet.md "Keeping vLLM busy". Its cursor (the end of the
 finished prefix of its shard) is kept in WORKDIR/worker-I-of-N.json, so a restarted worker
 continues where it stopped. SIGTERM finishes the groups in flight and exits; a second SIGTERM
 abandons them.

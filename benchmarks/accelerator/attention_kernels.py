@@ -86,7 +86,7 @@ def run(sizes: SuiteSizes, log: SectionLog) -> None:
                        "reference": att.implementations[0]}
             temp = "n/a" if result["temp_bytes"] is None else f"{result['temp_bytes'] / GIB:.3f} GiB"
             log.record(f"{implementation} T={length}", result,
-                       f"fwd+bwd {result['time_s'] * 1e3:.2f} ms ({result['tflops_per_s']:.1f} TFLOP/s), "
+                       f"fwd+bwd {result['time_s'] * 1e3:.2f} ms ({result['tflops_per_s']:.3g} TFLOP/s), "
                        f"temps {temp}, max rel err vs {att.implementations[0]} {max(errors.values()):.1e} "
                        f"(matches: {result['matches_reference']})")
         del arrays, reference

@@ -44,6 +44,7 @@ def packed_text_batch(config: ModelConfig, rows: int, length: int, seed: int = 0
             loss_mask[r, start + n - int(GENERATED_SHARE * n):start + n] = True
             start += n
     advantages = np.tile(np.array([1.0, -1.0, 0.5, -0.5], np.float32), (rows, 1))
+    behaviour = np.where(loss_mask, -2.0, 0.0).astype(np.float32)
     return TrainBatch(input_ids=ids[None], attention_mask=(segments > 0)[None], positions=positions[None],
-                      loss_mask=loss_mask[None], behaviour_logprobs=np.where(loss_mask, -2.0, 0.0)[None].astype(np.float32),
-                      advantages=advantages[None], segment_ids=segments[None])
+                      loss_mask=loss_mask[None], behaviour_logprobs=behaviour[None], advantages=advantages[None],
+                      segment_ids=segments[None])

@@ -75,8 +75,6 @@ def measure_step(config: ModelConfig, recipe: StepRecipe, sizes: StepSizes, leng
     summary = profile_call(one_step) if profile else None
     after = device_memory()
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(holder["state"]))
-    del holder, compiled, batch
-    gc.collect()
     peak = after and after.get("peak_bytes_in_use")
     own_peak = peak if peak and (before is None or peak > before.get("peak_bytes_in_use", 0)) else None
     return {"layers": config.num_hidden_layers, "length": length, "rows": rows, "init_s": init_s,
@@ -95,6 +93,14 @@ def rates(config: ModelConfig, run: dict[str, Any], peak: float | None, matmul: 
             "flops_per_s": achieved, "mfu": achieved / peak if peak else None,
             "fraction_of_matmul_rate": achieved / matmul, "mfu_target": MFU_TARGET,
             "meets_target": achieved / peak >= MFU_TARGET if peak else None}
+
+
+def profile_line(summary: dict[str, Any]) -> str:
+    if "error" in summary:
+        return f"no profile: {summary['error']}"
+    shares = ", ".join(f"{name} {share:.0%}" for name, share in summary["category_share"].items())
+    top = ", ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in summary["top_ops"][:3])
+    return f"{summary['op_seconds'] * 1e3:.0f} ms in {summary['ops']} ops: {shares}; top {top}"
 
 
 def extrapolate(low: dict[str, Any], high: dict[str, Any], depth: int) -> dict[str, Any]:
@@ -116,8 +122,9 @@ def run(sizes: SuiteSizes, log: SectionLog) -> None:
     kind = jax.local_devices()[0].device_kind
     peak = peak_flops(kind)
     matmul = matmul_rate(step_sizes.matmul, "float32" if jax.default_backend() == "cpu" else "bfloat16")
+    datasheet = "n/a" if peak is None else f"{peak / 1e12:.0f}"
     log.record("chip", {"device_kind": kind, "datasheet_bf16_flops": peak, "matmul_flops": matmul},
-               f"{kind}: datasheet bf16 {peak and peak / 1e12} TFLOP/s, measured matmul {matmul / 1e12:.1f} TFLOP/s")
+               f"{kind}: datasheet bf16 {datasheet} TFLOP/s, measured matmul {matmul / 1e12:.3g} TFLOP/s")
     full_depth = ModelConfig.preset(step_sizes.preset).num_hidden_layers
     for length in step_sizes.lengths:
         runs = []
@@ -125,17 +132,20 @@ def run(sizes: SuiteSizes, log: SectionLog) -> None:
             config = width_model(step_sizes, recipe, depth)
             profile = length == step_sizes.lengths[-1] and depth == step_sizes.depths[-1]
             result = measure_step(config, recipe, step_sizes, length, profile)
+            gc.collect()  # the last program's state and buffers, before the next one's
             result |= rates(config, result, peak, matmul)
             runs.append(result)
-            mfu = "n/a" if result["mfu"] is None else f"{result['mfu']:.1%}"
+            mfu = "n/a" if result["mfu"] is None else f"{result['mfu']:.1%} (target {MFU_TARGET:.0%})"
             log.record(f"L={depth} T={length}", result,
                        f"compile {result['compile_s']:.1f} s, step {result['step_s'] * 1e3:.0f} ms, "
                        f"{result['tokens_per_s']:,.0f} tok/s, MFU {mfu}; peak {_gib(result['peak_bytes'])} vs "
                        f"predicted {_gib(result['predicted_bytes'])}")
+            if result["profile"] is not None:
+                log.record(f"profile L={depth} T={length}", result["profile"], profile_line(result["profile"]))
         full = extrapolate(*runs, full_depth) | {"length": length}
         config = width_model(step_sizes, recipe, full_depth)
         full |= rates(config, {**full, "rows": runs[-1]["rows"]}, peak, matmul) if full["step_s"] else {}
-        mfu = "n/a" if full.get("mfu") is None else f"{full['mfu']:.1%}"
+        mfu = "n/a" if full.get("mfu") is None else f"{full['mfu']:.1%} (target {MFU_TARGET:.0%})"
         log.record(f"L={full_depth} T={length} (extrapolated)", full,
                    f"per layer {(full['step_s_per_layer'] or 0) * 1e3:.1f} ms, {_gib(full['peak_bytes_per_layer'])};"
                    f" {full_depth} layers: step {(full['step_s'] or 0) * 1e3:.0f} ms, MFU {mfu}, peak "

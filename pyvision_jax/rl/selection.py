@@ -41,6 +41,8 @@ class SelectionCounts(NamedTuple):
     """Real selected items: groups in group mode, trajectories in trajectory mode."""
     trainable: jax.Array
     """Selected rollouts that train (the batch's real rows)."""
+    available: jax.Array
+    """Rollouts of eligible groups that would train: what the pool offers the batch."""
     filtered: jax.Array
     """Usable rollouts of eligible groups that the rollout filters (`keep`) drop."""
 
@@ -173,6 +175,7 @@ def select_rollouts(
         broken_rollouts=total(valid_broken),
         kept=total(real),
         trainable=total(rollout_real),
+        available=total(eligible[:, None] & trains),
         filtered=total(eligible[:, None] & usable & ~trains),
     )
     return Selection(

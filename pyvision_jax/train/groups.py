@@ -2,7 +2,8 @@
 
 The groups of one step's pool become padded [P, G] arrays of the scores stored on them when
 they were produced (the RL kernels' contract; G is the groups' size, P the pool's static
-capacity); advantages are r - mean(group), over the whole group. The rollout filters (the
+capacity); advantages are r - mean(group), the mean over the group's usable rollouts (every
+valid one with `stats_include_broken`) before any rollout filter. The rollout filters (the
 released recipe's, off by default) mark the rollouts whose end reason is not in
 `train_end_reasons` or that never showed an image produced by code; then `select_rollouts`
 (jitted) drops zero-variance and broken groups and the filtered rollouts, ranks what is left
@@ -57,9 +58,10 @@ class SelectedRows:
     filtered: int = 0
     """Usable rollouts of informative groups that the rollout filters dropped."""
     full: bool = False
-    """The batch holds all it can: B groups (group mode, batch_unit "groups") or B * G
-    trainable rollouts (batch_unit "rollouts", trajectory mode); else another generation
-    round may add to it."""
+    """The pool fills the batch: B groups (group mode, batch_unit "groups"), or at least
+    B * G trainable rollouts in its informative groups (batch_unit "rollouts", trajectory
+    mode; whole groups may leave a few rows empty); else another generation round may add
+    to it."""
 
 
 def pool_arrays(groups: Sequence[TrajectoryGroup], capacity: int, group_size: int) -> GroupPool:
@@ -160,7 +162,7 @@ def select_rows(pool: GroupPool, config: SelectionConfig) -> SelectedRows:
     if config.mode == "group" and config.batch_unit == "groups":
         full = counts.kept == config.batch_groups
     else:
-        full = counts.trainable == config.batch_groups * pool.group_size
+        full = counts.available >= config.batch_groups * pool.group_size
     return SelectedRows(rows, advantages, counts, counts.filtered, full)
 
 

@@ -12,8 +12,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from pyvision_jax.models import init_params, logits
 import pyvision_jax.models.attention as attention_module
+from pyvision_jax.models import init_params, logits
 from pyvision_jax.models.attention import AttentionConfig, attention
 from pyvision_jax.models.blockwise_attention import live_blocks
 from pyvision_jax import wiring

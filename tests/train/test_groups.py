@@ -145,3 +145,19 @@ def test_our_positions_train_b_whole_groups():
     assert len(filtered.rows) == 8 and filtered.full and filtered.counts.trainable == 6
     with pytest.raises(ValueError, match="rl.batch_unit"):
         SelectionConfig(batch_unit="rows")
+
+
+def test_a_pool_with_enough_trainable_rollouts_fills_the_batch_even_when_whole_groups_leave_a_row():
+    pool = filter_pool()
+    released = SelectionConfig(batch_groups=2, batch_unit="rollouts", **FILTERS)
+    fewer = dataclasses.replace(released, train_end_reasons=("DONE",))  # groups 0, 2, 3 keep 2, 2, 2
+    short = select_rows(pool, fewer)
+    assert short.counts.trainable == 6 and short.counts.available == 6 and not short.full
+    wide = select_rows(pool_arrays(pool.groups[2:] + pool.groups[:1], 3, 4), released)  # 4 + 2 + 2 rows
+    assert wide.full and wide.counts.trainable == 8
+    odd = [group([rollout(EndReason.DONE) for _ in range(4)], [1.0, 0.0, 1.0, 0.0]),
+           group([rollout(EndReason.DONE), rollout(EndReason.DONE), rollout(EndReason.DONE),
+                  rollout(EndReason.OVER_LENGTH)], [1.0, 0.0, 0.0, 1.0]),
+           group([rollout(EndReason.DONE) for _ in range(4)], [1.0, 1.0, 0.0, 0.0])]
+    split = select_rows(pool_arrays(odd, 3, 4), released)  # 4 + 3 rows, then a group of 4 no longer fits
+    assert split.counts.trainable == 7 and split.counts.available == 11 and split.full

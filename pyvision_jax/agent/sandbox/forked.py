@@ -21,7 +21,7 @@ from pyvision_jax.agent.sandbox.errors import SandboxStartError
 from pyvision_jax.agent.sandbox.font_cache import matplotlib_font_cache
 from pyvision_jax.agent.sandbox.isolation import SANDBOX_FONT_CACHE, SANDBOX_MEDIA, SANDBOX_WORKDIR
 from pyvision_jax.agent.sandbox.process import runtime_settings
-from pyvision_jax.agent.sandbox.template import RuntimeTemplate
+from pyvision_jax.agent.sandbox.template import RuntimeTemplate, TemplateGone
 from pyvision_jax.agent.sandbox.uids import claim_uid, release_uid
 
 # How long kill() waits for the init to end (with it, everything in its PID namespace).
@@ -93,6 +93,8 @@ class ForkedRuntime:
             self._starting = False
         except BaseException as exc:
             self.kill()
+            if isinstance(exc, ChannelClosed) and template.ended(1.0):
+                raise TemplateGone("the runtime template ended while a runtime started") from exc
             if isinstance(exc, SandboxStartError):
                 raise
             raise SandboxStartError(f"forked sandbox runtime did not start "

@@ -96,6 +96,12 @@ class RuntimeTemplate:
     def alive(self) -> bool:
         return not self._gone and self._launched.poll() is None
 
+    def ended(self, wait_s: float) -> bool:
+        """Whether the template has ended (waiting up to `wait_s` seconds for it to)."""
+        if self._launched.wait(wait_s) is not None:
+            self._gone = True
+        return self._gone
+
     def _receive(self, deadline: float, cancelled: Callable[[], bool]
                  ) -> tuple[dict[str, Any], list[int]]:
         """The template's next message and the descriptors that came with it."""
