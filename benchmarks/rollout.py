@@ -24,8 +24,19 @@
    number of worker threads; by default every trajectory is in flight at once (one worker
    each), as in the official design's batch rollout. Target: pipelined >= 1.5x barrier.
 
+4. Multi-turn engine throughput (tokens generated / seconds inside ``generate``) of the
+   packaged small SFT model (configs/tiny_cpu.py: model.hf_dir="packaged:small_sft", tokenizer
+   "tiny") with KV continuation off/on and 1 or 8 decode steps per dispatch, the four variants
+   interleaved, best of --repeats rounds after warm-up rounds that compile every shape (a
+   measured round that compiles fails); new weights (the same values) between rounds, so
+   nothing is held across rounds. Two workloads: agent episodes on synthetic tasks (one call
+   per turn over every live episode, tool responses of text and a picture), and long
+   contexts (first prompt of --turn-context random tokens, four turns). Prints the ratios
+   and whether every variant sampled the same tokens.
+
   .venv/bin/python benchmarks/rollout.py [--batch 8] [--prompt-len 64] [--new-tokens 128]
-      [--episodes 64] [--workers N (default: one per episode)] [--only decode|stragglers|episodes]
+      [--episodes 64] [--workers N (default: one per episode)] [--turn-episodes 16]
+      [--turn-context 2048] [--only decode|stragglers|episodes|turns]
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from pyvision_jax.grading.routes import ANSWER_TYPE_ROUTES, RELEASED_ROUTES
 from pyvision_jax.models import ModelConfig
 from pyvision_jax.train.step import updates_per_step
 from pyvision_jax.wiring import episode_config, scorer_routes
+from pyvision_jax.wiring.validation import startup_notices
 
 
 @pytest.mark.parametrize("module", [pyvision_image_7b, pyvision_video_7b])
@@ -84,3 +85,33 @@ def test_the_switch_keys_hold_the_released_and_our_positions(module, expected):
     steps = updates_per_step(c.rl.batch_groups, c.train.ppo_mini_batch_groups)
     assert steps == 1  # the paper's B with the released mini-batch size; the README's B = 64 makes 4
     assert updates_per_step(64, c.train.ppo_mini_batch_groups) == (4 if module is not tiny_cpu else 1)
+
+
+def test_the_7b_configs_switches_reach_the_objects_the_run_builds():
+    c = pyvision_image_7b.get_config()
+    c.grading.judge_url = "http://127.0.0.1:9"
+    settings = wiring.grpo_settings(c)
+    assert settings.selection.batch_unit == "rollouts"
+    assert (settings.batching.loss_unit, settings.batching.mini_batches, settings.step.mini_batches) == (4, 1, 1)
+    assert episode_config(c, wiring.model_config(c)).observation_format == "released"
+    judge = scorer_routes(c).judge.config
+    assert (judge.temperature, judge.system_prompt) == (0.3, "You are a helpful assistant.")
+    assert judge.verdict_pattern == ""  # the project's own judge prompt: its own verdict words
+    c.grading.judge_prompt_file = str(wiring.ASSETS_DIR.parent.parent / "configs" / "prompts" / "judge.txt")
+    assert scorer_routes(c).judge.config.verdict_pattern == c.grading.judge_verdict_pattern
+    c.rl.batch_groups, c.train.ppo_mini_batch_groups = 64, 16  # the released README's step
+    settings = wiring.grpo_settings(c)
+    assert settings.step.mini_batches == settings.batching.mini_batches == 4
+
+
+def test_released_positions_without_released_texts_say_so_once_at_start():
+    c = pyvision_image_7b.get_config()
+    c.grading.judge_url = "http://127.0.0.1:9"
+    notices = startup_notices(c)
+    assert len(notices) == 3 and all("\n" not in line for line in notices)
+    assert any("episode.image_prompt_file" in line for line in notices)
+    assert any("judge_prompt_files" in line for line in notices)
+    c.episode.image_prompt_file = c.episode.video_prompt_file = "/prompts/image.txt"
+    c.grading.judge_prompt_files = (("*", "/prompts/judge.txt"),)
+    assert startup_notices(c) == []
+    assert startup_notices(tiny_cpu.get_config()) == []

@@ -33,7 +33,7 @@ from pyvision_jax import wiring
 from pyvision_jax.cli.default_config import DEFAULT_CONFIG
 from pyvision_jax.cli.help_flags import show_flags_in_help
 from pyvision_jax.cli.user_errors import bad_input_exits, exits_at_once
-from pyvision_jax.wiring.validation import validate_worker
+from pyvision_jax.wiring.validation import startup_notices, validate_worker
 
 PROGRAM = "pyvision-rollout-worker"
 _CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Config file.", lock_config=True)
@@ -62,6 +62,8 @@ def main(argv: list[str]) -> None:
     config = _CONFIG.value
     with bad_input_exits(PROGRAM):
         validate_worker(config)
+    for notice in startup_notices(config):
+        logging.warning("%s", notice)
     workdir = Path(_WORKDIR.value).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     queue = wiring.trajectory_queue(config, max_staleness=None)

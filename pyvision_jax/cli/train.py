@@ -23,7 +23,7 @@ from pyvision_jax.cli.default_config import DEFAULT_CONFIG
 from pyvision_jax.cli.help_flags import show_flags_in_help
 from pyvision_jax.cli.user_errors import bad_input_exits, exits_at_once, failed_writes_exit
 from pyvision_jax.train.workdir_lock import WorkdirLock
-from pyvision_jax.wiring.validation import validate_run
+from pyvision_jax.wiring.validation import startup_notices, validate_run
 
 PROGRAM = "pyvision-train"
 ALGORITHMS = {"grpo": wiring.train, "sft": wiring.train_sft}
@@ -42,6 +42,8 @@ def main(argv: list[str]) -> None:
     config, workdir = _CONFIG.value, _WORKDIR.value
     with bad_input_exits(PROGRAM):
         validate_run(config, workdir)
+    for notice in startup_notices(config):
+        print(notice, flush=True)
     # Taken before the held-out evaluation, so a second trainer is refused at once; in a
     # multi-host run process 0 takes it when training starts (its index is known then).
     lock = None if config.train.get("distributed", False) else WorkdirLock(workdir)

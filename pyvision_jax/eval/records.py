@@ -14,11 +14,11 @@ from __future__ import annotations
 import base64
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any, Sequence
 
 from pyvision_jax.agent.parse import parse_action
+from pyvision_jax.agent.prompts import TEXT_RESULT
 from pyvision_jax.agent.trajectory import Trajectory
 from pyvision_jax.data.tasks import Task
 from pyvision_jax.grading.scoring import Score
@@ -28,7 +28,6 @@ RESULTS_FILE = "results.json"
 REPORT_FILE = "report.html"
 SETTINGS_FILE = "settings.json"
 _IMAGE_PAD = "<|image_pad|>"
-_INTERPRETER_TEXT = re.compile(r"Text Result:\n(.*?)\nImage Result:", re.DOTALL)
 
 
 def _decode_collapsed(tokenizer: Any, ids: Sequence[int], image_pad_id: int) -> str:
@@ -62,7 +61,7 @@ def trajectory_record(task: Task, trajectory: Trajectory, score: Score, tokenize
                                 skip_special_tokens=False)
         observation = _decode_collapsed(tokenizer, ids[turn.generated_end:turn.observation_end],
                                         image_pad_id)
-        interpreter = _INTERPRETER_TEXT.search(observation)
+        interpreter = TEXT_RESULT.search(observation)
         labels = [im.label for im in code_images[next_image:next_image + turn.num_new_images]]
         next_image += turn.num_new_images
         turns.append({

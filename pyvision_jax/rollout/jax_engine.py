@@ -29,11 +29,12 @@ response and its images, the next prompt) goes back to its slot, and only the re
 prompt is prefilled after the kept columns (``cache_rows.extend_rows``), with the positions
 ``rope_index`` gives those tokens in the whole prompt, so the logits are those of a prefill of
 the whole prompt. Memory is bounded by the cache itself: a held slot is one of the
-``max_batch`` rows, holding costs nothing beyond the cache that serving ``max_batch``
-requests needs, and S never exceeds the largest length bucket plus ``decode_chunk``. A held
-slot is given up (its episode's next request is prefilled in full) when a request needs a
-slot and none is free (least recently held first), and all are given up on new weights.
-While slots are held the cache only grows, it is never replaced by a smaller one.
+``max_batch`` rows, so holding costs nothing beyond the cache that serving ``max_batch``
+requests needs, and S never exceeds the largest length bucket plus ``decode_chunk``; an
+extension works on copies of its b target rows (S + block columns) for the call. A held slot
+is given up (its episode's next request is prefilled in full) when a request needs a slot and
+none is free (least recently held first), and all are given up on new weights. While slots
+are held the cache only grows, it is never replaced by a smaller one.
 
 Sampling. See ``pyvision_jax.rollout.sampling`` for exactly which distribution the logprobs
 come from. Token k of a request is drawn with ``fold_in(key(seed, request), k)``, where the
@@ -450,7 +451,6 @@ class JaxEngine:
             return False
         results[slot.job.index] = GenerationResult(
             tuple(slot.token_ids), tuple(slot.logprobs), reason, matched, version)
-        self._slots[i], self._kv.content[i] = None, 0
         if self.kv_continuation:
             request = slot.job.request
             self._clock += 1
@@ -458,6 +458,8 @@ class JaxEngine:
                                          np.asarray(request.prompt_token_ids + tuple(slot.token_ids[:-1])),
                                          request.images, request.image_grid_thw, self._clock)
             self._kv.content[i] = slot.context
+        else:
+            self._free([i])
         return True
 
     # ------------------------------------------------------------------ jitted functions

@@ -20,6 +20,7 @@ import numpy as np
 
 from pyvision_jax.agent.engine import GenerationRequest
 from pyvision_jax.agent.episode import EpisodeConfig
+from pyvision_jax.agent.prompts import TEXT_RESULT
 from pyvision_jax.agent.runner import EpisodeRunner, SandboxSource
 from pyvision_jax.agent.trajectory import EndReason, Trajectory
 from pyvision_jax.data.sft_rows import IMAGE_PLACEHOLDER, SftMessage, SftRow, write_sft_rows
@@ -28,7 +29,6 @@ from pyvision_jax.data.tasks import Task
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 
 SFT_FILE = "sft.jsonl"
-_TEXT_RESULT = re.compile(r"Text Result:\n(.*?)\nImage Result:", re.DOTALL)
 _VISION_RUN = re.compile(r"<\|vision_start\|>(?:<\|image_pad\|>)+<\|vision_end\|>")
 _MESSAGE = re.compile(r"<\|im_start\|>(system|user)\n(.*?)<\|im_end\|>\n", re.DOTALL)
 
@@ -50,7 +50,7 @@ def _plan_script(plans: dict[str, SolutionPlan], tokenizer: Any):
         text = plans[request.request_id].turns[turn]
         if RESULT_SLOT in text:
             context = tokenizer.decode(list(request.prompt_token_ids), skip_special_tokens=False)
-            printed = _TEXT_RESULT.findall(context)
+            printed = TEXT_RESULT.findall(context)
             text = text.replace(RESULT_SLOT, printed[-1].strip().splitlines()[-1] if printed else "")
         return text
 

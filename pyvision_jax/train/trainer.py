@@ -213,7 +213,7 @@ class Trainer:
             rounds += 1
             pool = pool_arrays(groups, capacity, s.group_size)
             selected = select_rows(pool, self.selection)
-            if selected.counts.eligible >= s.selection.batch_groups:
+            if selected.full:
                 break
         return pool, selected, rounds, waited
 
@@ -255,8 +255,9 @@ class Trainer:
         self.harness.write_scalars(new_step, scalars)
         if self.primary:
             self._sample_trajectories(new_step, pool.groups)
-        if selected.counts.kept < batch_groups:
-            self.log(f"step {new_step}: only {selected.counts.kept}/{batch_groups} informative groups after "
+        if not selected.full:
+            self.log(f"step {new_step}: only {selected.counts.kept}/{batch_groups} informative groups "
+                     f"({selected.counts.available} trainable rollouts) after "
                      f"{rounds} generation round(s) (rl.max_gen_rounds={s.max_gen_rounds}); "
                      f"trained on them with the rest masked")
         self.log(format_console_line(new_step, scalars, s.run.steps))

@@ -8,7 +8,7 @@ from pyvision_jax.agent.engine import SamplingParams
 from pyvision_jax.agent.episode import EpisodeConfig
 from pyvision_jax.agent.prompts import PromptTemplates
 from pyvision_jax.agent.sandbox import SandboxConfig, SandboxPool
-from pyvision_jax.grading.judge import JudgeConfig, LLMJudge, judge_template
+from pyvision_jax.grading.judge import JudgeConfig, LLMJudge, family_templates, judge_template
 from pyvision_jax.grading.routes import ScorerRoutes
 from pyvision_jax.grading.trajectory import ScoringRules
 from pyvision_jax.models import ModelConfig
@@ -32,22 +32,33 @@ def episode_config(config: ml_collections.ConfigDict, model: ModelConfig, *, eva
         broken_end_reasons=str_tuple(e.broken_end_reasons, "episode.broken_end_reasons"),
         image_min_pixels=e.image_min_pixels, image_max_pixels=e.image_max_pixels,
         action_syntax=e.action_syntax, turn_boundary=e.turn_boundary, image_cap_rule=e.image_cap_rule,
-        stdout_strip=e.stdout_strip,
+        stdout_strip=e.stdout_strip, observation_format=e.observation_format,
         prompts=PromptTemplates.from_files(e.image_prompt_file, e.video_prompt_file),
         patch_size=model.vision.patch_size, merge_size=model.vision.spatial_merge_size,
         max_concurrent=e.max_concurrent)
 
 
+def own_judge_prompt(config: ml_collections.ConfigDict) -> bool:
+    """Whether the judge uses the project's own prompt: no grading.judge_prompt_file and no
+    grading.judge_prompt_files were given."""
+    return not config.grading.judge_prompt_file and not config.grading.judge_prompt_files
+
+
 def scorer_routes(config: ml_collections.ConfigDict) -> ScorerRoutes:
     """The `grading` section: the data_source route table, the scoring rules and, when a
-    route needs it, the LLM judge at grading.judge_url."""
+    route needs it, the LLM judge at grading.judge_url. The verdict pattern belongs to the
+    user's judge prompt files: with the project's own prompt (which asks for Yes/No after
+    "Judgement:") its own verdict words are read."""
     g = config.grading
     routes = tuple(str_tuple(route, f"grading.routes entry {route!r}") for route in g.routes)
     judge = None
     if g.judge_url:
         judge = LLMJudge(JudgeConfig(base_url=g.judge_url, model=g.judge_model, timeout_s=g.judge_timeout_s,
                                      max_retries=g.judge_max_retries, max_concurrency=g.judge_max_concurrency,
-                                     max_tokens=g.judge_max_tokens, prompt=judge_template(g.judge_prompt_file)))
+                                     max_tokens=g.judge_max_tokens, prompt=judge_template(g.judge_prompt_file),
+                                     family_prompts=family_templates(g.judge_prompt_files),
+                                     temperature=float(g.judge_temperature), system_prompt=g.judge_system_prompt,
+                                     verdict_pattern="" if own_judge_prompt(config) else g.judge_verdict_pattern))
     return ScorerRoutes(routes, ScoringRules(answer_gate=g.answer_gate, mra_thresholds=g.mra_thresholds), judge)
 
 

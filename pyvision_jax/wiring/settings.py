@@ -2,6 +2,7 @@
 evaluation. Each config key is read here once; `train/` and `eval/` never see a ConfigDict."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from pyvision_jax.train.run_harness import RunSettings
 from pyvision_jax.train.sft import SftSettings
 from pyvision_jax.train.sft_data import SyntheticSftSettings
 from pyvision_jax.train.state import OptimizerConfig, parse_multiplier
-from pyvision_jax.train.step import StepConfig
+from pyvision_jax.train.step import StepConfig, updates_per_step
 from pyvision_jax.train.trainer import GrpoSettings
 from pyvision_jax.wiring.config_values import int_tuple, str_tuple
 from pyvision_jax.wiring.rollouts import prompts_per_round
@@ -37,7 +38,8 @@ def selection_config(rl: ml_collections.ConfigDict) -> SelectionConfig:
                            drop_groups_with_broken=bool(rl.drop_groups_with_broken),
                            normalize_std=bool(rl.normalize_std), stats_include_broken=bool(rl.stats_include_broken),
                            train_end_reasons=tuple(rl.train_end_reasons),
-                           require_code_image=bool(rl.require_code_image), negative_weight=float(rl.negative_weight))
+                           require_code_image=bool(rl.require_code_image), negative_weight=float(rl.negative_weight),
+                           batch_unit=rl.batch_unit)
 
 
 def loss_config(rl: ml_collections.ConfigDict) -> PPOLossConfig:
@@ -57,17 +59,30 @@ def optimizer_config(train: ml_collections.ConfigDict, frozen: tuple[str, ...]) 
                            uniform_updates=tuple(str(text) for text in train.get("uniform_updates", ())))
 
 
+def mini_batches(config: ml_collections.ConfigDict) -> int:
+    """Optimizer updates per GRPO step on disjoint mini-batches (train.ppo_mini_batch_groups)."""
+    return updates_per_step(int(config.rl.batch_groups), int(config.train.ppo_mini_batch_groups))
+
+
 def step_config(config: ml_collections.ConfigDict) -> StepConfig:
-    """The GRPO train step: the loss, the rollout temperature, chunks, dtypes, remat."""
+    """The GRPO train step: the loss, the rollout temperature, chunks, dtypes, remat, updates."""
     c = config
     return StepConfig(loss=loss_config(c.rl), temperature=c.rollout.temperature, logprob_chunk=c.train.logprob_chunk,
                       old_logprobs=c.train.old_logprobs, ppo_epochs=c.train.ppo_epochs,
-                      compute_dtype=c.model.compute_dtype, frozen_prefixes=frozen_prefixes(c), remat=c.model.remat)
+                      compute_dtype=c.model.compute_dtype, frozen_prefixes=frozen_prefixes(c), remat=c.model.remat,
+                      mini_batches=mini_batches(c))
 
 
 def batching_config(train: ml_collections.ConfigDict, pack: bool | None = None) -> BatchingConfig:
+    """SFT batching (and the base of GRPO's): buckets, micro-batch rows, packing."""
     return BatchingConfig(int_tuple(train.length_buckets, "train.length_buckets"), train.micro_batch,
                           bool(train.pack if pack is None else pack))
+
+
+def grpo_batching(config: ml_collections.ConfigDict) -> BatchingConfig:
+    """GRPO batching: mini-batches for the step's updates, loss units of rl.loss_micro_batch."""
+    return dataclasses.replace(batching_config(config.train), mini_batches=mini_batches(config),
+                               loss_unit=int(config.rl.loss_micro_batch))
 
 
 def run_settings(config: ml_collections.ConfigDict) -> RunSettings:
@@ -86,7 +101,7 @@ def grpo_settings(config: ml_collections.ConfigDict) -> GrpoSettings:
     c = config
     return GrpoSettings(run=run_settings(c), selection=selection_config(c.rl),
                         optimizer=optimizer_config(c.train, frozen_prefixes(c)), step=step_config(c),
-                        batching=batching_config(c.train), group_size=int(c.rl.group_size),
+                        batching=grpo_batching(c), group_size=int(c.rl.group_size),
                         prompts_per_round=prompts_per_round(c), max_gen_rounds=int(c.rl.max_gen_rounds),
                         sample_groups_per_step=int(c.train.sample_groups_per_step), seed=int(c.seed))
 

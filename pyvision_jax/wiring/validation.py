@@ -26,7 +26,7 @@ from pyvision_jax.models import ModelConfig
 from pyvision_jax.train.run_harness import CHECKPOINT_DIR, RESOLVED_CONFIG
 from pyvision_jax.wiring.config_values import str_tuple
 from pyvision_jax.wiring.engines import require_vllm
-from pyvision_jax.wiring.episodes import episode_config, sampling_params, scorer_routes
+from pyvision_jax.wiring.episodes import episode_config, own_judge_prompt, sampling_params, scorer_routes
 from pyvision_jax.wiring.model import load_tokenizer, model_config
 from pyvision_jax.wiring.rollouts import MODES, queue_config
 from pyvision_jax.wiring.settings import grpo_settings, heldout_config, sft_settings
@@ -104,6 +104,23 @@ def check_prompt_fits(tasks: list[Task], episode: EpisodeConfig, tokenizer: Any,
         if length >= episode.max_total_tokens:
             raise ConfigError(f"{budget_key}={episode.max_total_tokens} cannot hold the prompt of task {task.id!r} "
                               f"({length} tokens): raise it above {length}")
+
+
+def startup_notices(config: ml_collections.ConfigDict) -> list[str]:
+    """One line for each released-position config that runs on the project's own texts
+    because the user supplied none: the first-prompt templates (under the released
+    observation format) and the judge's few-shot prompts (when a route uses the judge)."""
+    notices = []
+    if config.episode.get("observation_format") == "released":
+        for key, default in (("image_prompt_file", "image.txt"), ("video_prompt_file", "video.txt")):
+            if not config.episode[key]:
+                notices.append(f"notice: --config.episode.{key} is empty: the project's own prompt "
+                               f"(configs/prompts/{default}) is used, not the released text")
+    judged = any(str(route[-1]) == "judge" for route in config.grading.routes)
+    if judged and config.grading.judge_url and own_judge_prompt(config):
+        notices.append("notice: no --config.grading.judge_prompt_files: the project's own judge prompt "
+                       "(configs/prompts/judge.txt) and its Yes/No verdicts are used, not the released few-shot text")
+    return notices
 
 
 def validate_run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> None:
