@@ -229,9 +229,9 @@ class JaxEngine:
             seed = params.call_seed(self._seed_source)
             jobs = self._prepare(requests, params, seed)
             settings = SamplingArrays.create(params.temperature, params.top_k, params.top_p)
-            stop_mask = np.zeros(self.config.vocab_size, bool)
-            stop_mask[[t for t in self.eos_token_ids | set(params.stop_token_ids)
-                       if 0 <= t < self.config.vocab_size]] = True
+            stops = np.zeros(self.config.vocab_size, bool)
+            stops[[t for t in self.eos_token_ids | set(params.stop_token_ids) if 0 <= t < len(stops)]] = True
+            stop_mask = jnp.asarray(stops)
             version = self._version
             results: list[GenerationResult | None] = [None] * len(jobs)
             self._kv.reset(max(len(j.request.prompt_token_ids) for j in jobs))
@@ -243,7 +243,7 @@ class JaxEngine:
                         admit = self._admit_extended if kind == "extend" else self._admit
                         admit(joining, rows, settings, params, results, version)
                         continue
-                    self._decode_chunk(settings, jnp.asarray(stop_mask), params, results, version)
+                    self._decode_chunk(settings, stop_mask, params, results, version)
             except BaseException:  # the cache may have been donated to a call that failed
                 self._free(range(self.max_batch))
                 self._kv.cache = None
