@@ -34,7 +34,19 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+
+
+def _rerun_as_checkout_module() -> None:
+    """`python benchmarks/accelerator_suite.py` from a plain checkout (nothing installed, as on
+    the device machine): run again as `-m benchmarks.accelerator_suite` with the checkout on
+    PYTHONPATH, so that `benchmarks` and `pyvision_jax` import from it."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    os.execve(sys.executable, [sys.executable, "-m", "benchmarks.accelerator_suite", *sys.argv[1:]],
+              dict(os.environ, PYTHONPATH=path))
+
+
+if __name__ == "__main__" and not __package__:
+    _rerun_as_checkout_module()
 
 from benchmarks.accelerator.records import SectionLog, read_section  # noqa: E402
 from benchmarks.accelerator.report import table  # noqa: E402
@@ -83,7 +95,7 @@ def run_section(section: str, kind: str, timeout_s: float, workdir: Path, xla_fl
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
     for key, value in SECTION_ENV.get(section, {}).items():
         env.setdefault(key, value)
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", section, "--sizes", kind,
+    command = [sys.executable, "-m", "benchmarks.accelerator_suite", "--child", section, "--sizes", kind,
                "--partial", str(partial)]
     start = time.perf_counter()
     process = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True)

@@ -58,6 +58,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sandbox.pool_size = 2
     c.sandbox.timeout_s = 10.0
     c.sandbox.allow_unisolated = False
+    c.sandbox.fork_runtimes = True   # runtimes forked from one template per pool (False: a fresh bubblewrap each)
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.engine = "jax"         # "jax" (in process), "vllm" (rollout worker and eval; needs

@@ -6,7 +6,8 @@ answers; ``correct`` is score == 1, or MRA >= 0.5):
 - ``accuracy``: mean over tasks of the fraction of the k rollouts that are correct;
 - ``avg@k``: mean over tasks of the mean score of the k rollouts (equals accuracy for 0/1
   answer types; with MRA it is the VSI-Bench-style mean score);
-- ``pass@k``: fraction of tasks with at least one correct rollout among the k.
+- ``pass@k``: fraction of tasks with at least one correct rollout among the k;
+- ``accuracy_ci95``: the 95 % bootstrap interval of accuracy over tasks (`eval.bootstrap`).
 
 Every task weighs the same whatever its k, so a task missing rollouts never skews the mean.
 A rollout whose grading failed (the LLM judge gave no verdict) is left out of the score
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
+
+from pyvision_jax.eval.bootstrap import accuracy_interval
 
 
 @dataclass(frozen=True)
@@ -114,8 +117,11 @@ def summarize(outcomes: Iterable[RolloutOutcome]) -> dict[str, Any]:
     for task_id, group in tasks.items():
         sources[group[0].data_source][task_id] = group
     tool_calls = Counter(o.num_tool_calls for o in outcomes)
+    graded = [[o.correct for o in g if not o.grading_failed] for g in tasks.values()]
+    per_task = [float(np.mean(c)) for c in graded if c]
     return {
         **score_summary(tasks),
+        "accuracy_ci95": accuracy_interval(per_task).as_list() if per_task else None,
         "per_data_source": {name: score_summary(sources[name]) for name in sorted(sources)},
         "tool_calls": {
             "mean": _mean([o.num_tool_calls for o in outcomes]),

@@ -162,3 +162,23 @@ def test_engine_with_continuation_samples_what_full_prefills_sample(model, token
     assert reused[0] == 0 < reused[1] < reused[2] == reused[3] == reused[4]  # B, then A; none after eviction
     assert on.token_counts["prefilled"] + on.token_counts["reused"] == off.token_counts["prefilled"]
     assert on.held_slots == 2 and off.held_slots == 0
+
+
+def test_reusable_prefix_stops_at_a_difference_and_never_splits_an_image(tokenizer):
+    config = ModelConfig.preset("tiny")
+    first, second = random_image(0), random_image(1)
+    pads, grid = image_tokens(config, first)  # start, 4 pads, end
+    ids = (5, 6) + pads + (7, 8) + pads + (9,)
+    request = GenerationRequest("e", ids, images=(first, second), image_grid_thw=[grid, grid])
+
+    def reuse(held_ids, images=(first, second)):
+        held = HeldContext("e", np.asarray(held_ids), images, np.array([grid, grid][:len(images)]), used=0)
+        return reusable_prefix(held, request, config.image_token_id, 2)
+
+    assert reuse(ids) == (len(ids) - 1, 2)  # the same prompt: all but its last token
+    assert reuse(ids[:9] + (0,)) == (9, 1)  # a token differs after the first image
+    assert reuse(ids[:4]) == (3, 0)  # the held context ends inside the first image: cut before its pads
+    assert reuse(ids[:13]) == (11, 1)  # inside the second image
+    assert reuse(ids, images=(first, random_image(2))) == (11, 1)  # the second image's pixels differ
+    assert reuse(ids, images=(first, second.copy())) == (len(ids) - 1, 2)  # equal pixels, another object
+    assert reuse((4,) + ids[1:]) == (0, 0)
