@@ -126,6 +126,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.kl_coef = 0.0
     c.rl.entropy_coef = 0.0          # the loss subtracts coef x token entropy: > 0 an entropy bonus, < 0
                                      # entropy minimisation (sharpens the policy towards its mode)
+    c.rl.reward_control = ""         # a control, not the recipe: "random" (each rollout's reward a seeded
+                                     # Bernoulli(0.5) draw, advantages carry no information) or "entropy_min"
+                                     # (advantages 0: only the entropy term trains; needs rl.entropy_coef < 0)
     c.rl.min_entropy = 0.0           # > 0: policy gradient only on tokens of at least this entropy (nats),
                                      # the forking tokens; 0: every generated token (the recipe)
     c.rl.importance_sampling = "none"  # off-policy correction of stale groups (decoupled PPO): "token" or

@@ -107,3 +107,19 @@ def test_a_run_keeps_compiled_executables_in_its_workdir_unless_a_cache_is_set(t
     assert any(used.iterdir())
     assert not (tmp_path / "run").exists() if preset else not (tmp_path / "mine").exists()
 
+
+
+@pytest.mark.parametrize("control", ["", "random", "entropy_min"])
+def test_reward_controls_reach_the_selection_and_entropy_min_needs_an_entropy_term(control):
+    config = tiny_config()
+    config.seed = 5
+    config.rl.reward_control = control
+    config.rl.entropy_coef = -1.0
+    selection = wiring.grpo_settings(config).selection
+    assert (selection.reward_control, selection.control_seed) == (control, 5)
+    config.rl.entropy_coef = 0.0
+    if control == "entropy_min":
+        with pytest.raises(ValueError, match="needs rl.entropy_coef < 0"):
+            wiring.grpo_settings(config)
+    else:
+        assert wiring.grpo_settings(config).step.loss.entropy_coef == 0.0

@@ -5,14 +5,15 @@ accelerator) with `num_hidden_layers` set to each of two depths, run with the 7B
 step (fp32 weights, bf16 compute, full remat over the scanned layers, chunked logprobs, PPO
 loss, AdamW, frozen vision tower) on packed text rows of each length. Each (length, depth)
 compiles ahead of time once: `memory_analysis()` of that program is the prediction, the
-allocator's high-water mark over its steps the measurement. Per-layer figures are the
-difference between the two depths; the preset's full depth is extrapolated from them.
+allocator's high-water mark over its steps the measurement; every program runs in a process
+of its own, so that mark is its alone. Per-layer figures are the difference between the two
+depths; the preset's full depth is extrapolated from them.
 """
 from __future__ import annotations
 
-import gc
+import multiprocessing
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 
@@ -22,7 +23,7 @@ from benchmarks.accelerator.packed_rows import packed_text_batch, segment_length
 from benchmarks.accelerator.profile_summary import profile_call
 from benchmarks.accelerator.recipe import StepRecipe, step_recipe
 from benchmarks.accelerator.records import SectionLog
-from benchmarks.accelerator.sizes import StepSizes, SuiteSizes
+from benchmarks.accelerator.sizes import StepSizes, SuiteSizes, sizes_for
 from benchmarks.accelerator.weights import random_params
 from pyvision_jax.models import ModelConfig, param_logical_axes, params_sharding
 from pyvision_jax.train.mesh import make_mesh
@@ -117,23 +118,46 @@ def extrapolate(low: dict[str, Any], high: dict[str, Any], depth: int) -> dict[s
     return out
 
 
-def run(sizes: SuiteSizes, log: SectionLog) -> None:
-    step_sizes, recipe = sizes.step, step_recipe()
+def chip_figures(sizes: StepSizes) -> dict[str, Any]:
+    """The device kind, its datasheet bf16 peak and the rate of a square matmul here."""
     kind = jax.local_devices()[0].device_kind
-    peak = peak_flops(kind)
-    matmul = matmul_rate(step_sizes.matmul, "float32" if jax.default_backend() == "cpu" else "bfloat16")
-    datasheet = "n/a" if peak is None else f"{peak / 1e12:.0f}"
-    log.record("chip", {"device_kind": kind, "datasheet_bf16_flops": peak, "matmul_flops": matmul},
-               f"{kind}: datasheet bf16 {datasheet} TFLOP/s, measured matmul {matmul / 1e12:.3g} TFLOP/s")
+    matmul = matmul_rate(sizes.matmul, "float32" if jax.default_backend() == "cpu" else "bfloat16")
+    return {"device_kind": kind, "datasheet_bf16_flops": peak_flops(kind), "matmul_flops": matmul}
+
+
+def program_figures(kind: str, length: int, depth: int, profile: bool, chip: bool) -> dict[str, Any]:
+    """`measure_step` of one (length, depth) of the `kind` sizes, and `chip_figures` after it
+    when `chip`; run in a fresh process (`in_fresh_process`)."""
+    sizes, recipe = sizes_for(kind).step, step_recipe()
+    result = measure_step(width_model(sizes, recipe, depth), recipe, sizes, length, profile)
+    return result | ({"chip": chip_figures(sizes)} if chip else {})
+
+
+def in_fresh_process(function: Callable[..., Any], *args: Any) -> Any:
+    """`function(*args)` in a new interpreter: the device allocator's high-water mark it reads
+    is its program's alone, and the device memory is free again when it returns."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(function, args)
+
+
+def run(sizes: SuiteSizes, log: SectionLog) -> None:
+    """Each program in its own process; this one only gathers, extrapolates and records."""
+    step_sizes, recipe = sizes.step, step_recipe()
     full_depth = ModelConfig.preset(step_sizes.preset).num_hidden_layers
+    chip = None
     for length in step_sizes.lengths:
         runs = []
         for depth in step_sizes.depths:
-            config = width_model(step_sizes, recipe, depth)
             profile = length == step_sizes.lengths[-1] and depth == step_sizes.depths[-1]
-            result = measure_step(config, recipe, step_sizes, length, profile)
-            gc.collect()  # the last program's state and buffers, before the next one's
-            result |= rates(config, result, peak, matmul)
+            result = in_fresh_process(program_figures, sizes.kind, length, depth, profile, chip is None)
+            if chip is None:
+                chip = result.pop("chip")
+                datasheet = chip["datasheet_bf16_flops"]
+                datasheet = "n/a" if datasheet is None else f"{datasheet / 1e12:.0f}"
+                log.record("chip", chip, f"{chip['device_kind']}: datasheet bf16 {datasheet} TFLOP/s, "
+                           f"measured matmul {chip['matmul_flops'] / 1e12:.3g} TFLOP/s")
+            config = width_model(step_sizes, recipe, depth)
+            result |= rates(config, result, chip["datasheet_bf16_flops"], chip["matmul_flops"])
             runs.append(result)
             mfu = "n/a" if result["mfu"] is None else f"{result['mfu']:.1%} (target {MFU_TARGET:.0%})"
             log.record(f"L={depth} T={length}", result,
@@ -144,7 +168,9 @@ def run(sizes: SuiteSizes, log: SectionLog) -> None:
                 log.record(f"profile L={depth} T={length}", result["profile"], profile_line(result["profile"]))
         full = extrapolate(*runs, full_depth) | {"length": length}
         config = width_model(step_sizes, recipe, full_depth)
-        full |= rates(config, {**full, "rows": runs[-1]["rows"]}, peak, matmul) if full["step_s"] else {}
+        if full["step_s"]:
+            full |= rates(config, {**full, "rows": runs[-1]["rows"]}, chip["datasheet_bf16_flops"],
+                          chip["matmul_flops"])
         mfu = "n/a" if full.get("mfu") is None else f"{full['mfu']:.1%} (target {MFU_TARGET:.0%})"
         log.record(f"L={full_depth} T={length} (extrapolated)", full,
                    f"per layer {(full['step_s_per_layer'] or 0) * 1e3:.1f} ms, {_gib(full['peak_bytes_per_layer'])};"

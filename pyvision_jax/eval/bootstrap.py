@@ -10,7 +10,8 @@ seeded generator, so the same inputs always give the same interval.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from collections import defaultdict
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -38,6 +39,16 @@ class Interval:
 def task_accuracies(correct_by_task: Mapping[str, Sequence[bool]]) -> dict[str, float]:
     """Each task's fraction of correct rollouts (tasks without rollouts left out)."""
     return {task: float(np.mean(np.asarray(c, np.float64))) for task, c in correct_by_task.items() if len(c)}
+
+
+def record_task_accuracies(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Per-task accuracies of trajectories.jsonl records (rollouts whose grading failed left
+    out, as the metrics leave them out)."""
+    correct: dict[str, list[bool]] = defaultdict(list)
+    for record in records:
+        if not record.get("grading_failed", False):
+            correct[record["task_id"]].append(bool(record["correct"]))
+    return task_accuracies(correct)
 
 
 def _check(values: np.ndarray, resamples: int, level: float) -> None:

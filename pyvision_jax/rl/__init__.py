@@ -1,6 +1,7 @@
 """The PyVision-RL math as pure, jittable functions over [P, G] arrays: rewards, group
 statistics, selection, advantages, losses. Host-side answer checking lives in `grading`."""
 from pyvision_jax.rl.advantages import group_advantages
+from pyvision_jax.rl.controls import REWARD_CONTROLS, controlled_advantages, controlled_rewards
 from pyvision_jax.rl.group_stats import GroupStatistics, group_statistics, usable_mask
 from pyvision_jax.rl.losses import (
     PPOLossConfig,
@@ -18,10 +19,13 @@ __all__ = [
     "PPOLossConfig",
     "PPOLossOutput",
     "PPOMetrics",
+    "REWARD_CONTROLS",
     "Selection",
     "SelectionCounts",
     "accumulative_tool_reward",
     "combine_metrics",
+    "controlled_advantages",
+    "controlled_rewards",
     "group_advantages",
     "group_statistics",
     "ppo_loss",

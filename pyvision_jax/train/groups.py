@@ -11,19 +11,22 @@ by reward std and keeps B groups (or fills B * G rows, `batch_unit` "rollouts"),
 dropped rollout, or a group left without one, never takes a place in the batch. Rows that
 are not selected come back as None (padding: trained on with no loss). A rollout is broken
 when its episode broke or its grading failed (`GroupScores.broken`). Nothing here scores an
-answer.
+answer. Under a reward control (`rl.controls`) selection and advantages see the control's
+rewards and advantages; the logged rewards stay the real ones.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import zlib
 from typing import Sequence
 
 import jax
 import numpy as np
 
 from pyvision_jax.agent.trajectory import EndReason, Trajectory, TrajectoryGroup
-from pyvision_jax.rl import group_advantages, select_rollouts
+from pyvision_jax.rl import controlled_advantages, controlled_rewards, group_advantages, select_rollouts
+from pyvision_jax.rl.controls import check_reward_control
 from pyvision_jax.rl.selection import BATCH_UNITS, SelectionCounts
 from pyvision_jax.train import metric_names as tags
 
@@ -38,6 +41,9 @@ class GroupPool:
     correct: np.ndarray
     valid: np.ndarray
     broken: np.ndarray
+    group_seeds: np.ndarray
+    """[capacity] uint32: a checksum of each group's key (0 on padding), what the random
+    reward control draws from."""
 
     @property
     def group_size(self) -> int:
@@ -72,6 +78,7 @@ def pool_arrays(groups: Sequence[TrajectoryGroup], capacity: int, group_size: in
     shape = (capacity, group_size)
     rewards, correct = np.zeros(shape, np.float32), np.zeros(shape, bool)
     valid, broken = np.zeros(shape, bool), np.zeros(shape, bool)
+    group_seeds = np.zeros(capacity, np.uint32)
     for p, group in enumerate(groups):
         if group.scores is None:
             raise ValueError(f"group {group.key} arrived unscored: groups are scored once, by their producer")
@@ -82,21 +89,24 @@ def pool_arrays(groups: Sequence[TrajectoryGroup], capacity: int, group_size: in
         correct[p, :size] = group.scores.correct
         valid[p, :size] = True
         broken[p, :size] = [t.broken or failed for t, failed in zip(group.trajectories, group.scores.broken)]
-    return GroupPool(tuple(groups), rewards, correct, valid, broken)
+        group_seeds[p] = zlib.crc32(group.key.encode())
+    return GroupPool(tuple(groups), rewards, correct, valid, broken, group_seeds)
 
 
 @functools.partial(jax.jit, static_argnames=("num_select", "mode", "batch_unit", "rank_by", "min_members",
                                              "drop_groups_with_broken", "normalize_std", "stats_include_broken",
-                                             "negative_weight"))
-def _select(rewards, valid, broken, keep, *, num_select, mode, batch_unit, rank_by, min_members,
-            drop_groups_with_broken, normalize_std, stats_include_broken, negative_weight):
+                                             "negative_weight", "reward_control"))
+def _select(rewards, valid, broken, keep, group_seeds, control_seed, *, num_select, mode, batch_unit, rank_by,
+            min_members, drop_groups_with_broken, normalize_std, stats_include_broken, negative_weight,
+            reward_control):
+    rewards = controlled_rewards(reward_control, rewards, valid, control_seed, group_seeds)
     selection = select_rollouts(rewards, valid, broken, num_select, keep=keep, mode=mode, batch_unit=batch_unit,
                                 rank_by=rank_by, min_members=min_members,
                                 drop_groups_with_broken=drop_groups_with_broken,
                                 stats_include_broken=stats_include_broken)
     advantages = group_advantages(rewards, valid, broken, normalize_std=normalize_std,
                                   mean_over_full_group=stats_include_broken, negative_weight=negative_weight)
-    flat = advantages.reshape(-1)[selection.rollout_indices]
+    flat = controlled_advantages(reward_control, advantages.reshape(-1)[selection.rollout_indices])
     return selection, flat
 
 
@@ -111,7 +121,9 @@ class SelectionConfig:
     valid rollout (released) instead of the usable ones. train_end_reasons (empty: all) and
     require_code_image: the rollout filters, applied after advantages and before ranking
     (released: DONE, EXCEED_MAX_TURNS, ERROR_IN_ACTION; True). negative_weight: the factor
-    on negative advantages (1: the recipe; see `rl.advantages.group_advantages`)."""
+    on negative advantages (1: the recipe; see `rl.advantages.group_advantages`).
+    reward_control: "" (the recipe), "random" or "entropy_min" (`rl.controls`, config key
+    rl.reward_control); control_seed seeds the random rewards."""
 
     batch_groups: int = 2
     mode: str = "group"
@@ -124,8 +136,11 @@ class SelectionConfig:
     train_end_reasons: tuple[EndReason, ...] = ()
     require_code_image: bool = False
     negative_weight: float = 1.0
+    reward_control: str = ""
+    control_seed: int = 0
 
     def __post_init__(self) -> None:
+        check_reward_control(self.reward_control)
         if self.batch_unit not in BATCH_UNITS:
             raise ValueError(f"rl.batch_unit must be one of {BATCH_UNITS}, got {self.batch_unit!r}")
         if not 0.0 <= self.negative_weight <= 1.0:
@@ -149,12 +164,14 @@ def select_rows(pool: GroupPool, config: SelectionConfig) -> SelectedRows:
     None with advantage 0."""
     num_select = config.batch_groups if config.mode == "group" else config.batch_groups * pool.group_size
     selection, advantages = _select(pool.rewards, pool.valid, pool.broken, pool_filter(pool, config),
+                                    pool.group_seeds, np.uint32(config.control_seed),
                                     num_select=num_select, mode=config.mode, batch_unit=config.batch_unit,
                                     rank_by=config.rank_by, min_members=config.min_members,
                                     drop_groups_with_broken=config.drop_groups_with_broken,
                                     normalize_std=config.normalize_std,
                                     stats_include_broken=config.stats_include_broken,
-                                    negative_weight=config.negative_weight)
+                                    negative_weight=config.negative_weight,
+                                    reward_control=config.reward_control)
     indices, real = np.asarray(selection.rollout_indices), np.asarray(selection.rollout_real)
     rows = [pool.trajectory(i) if r else None for i, r in zip(indices, real)]
     advantages = np.where(real, np.asarray(advantages), 0.0).astype(np.float32)

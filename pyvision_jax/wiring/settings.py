@@ -31,15 +31,16 @@ def frozen_prefixes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
     return (VISION_PREFIX,) if config.train.freeze_vision else ()
 
 
-def selection_config(rl: ml_collections.ConfigDict) -> SelectionConfig:
-    """Oversample-filter-rank of the `rl` section."""
+def selection_config(rl: ml_collections.ConfigDict, seed: int = 0) -> SelectionConfig:
+    """Oversample-filter-rank of the `rl` section; `seed` seeds the random reward control."""
     return SelectionConfig(batch_groups=int(rl.batch_groups), mode=rl.selection_mode, rank_by=rl.rank_by,
                            min_members=int(rl.min_members),
                            drop_groups_with_broken=bool(rl.drop_groups_with_broken),
                            normalize_std=bool(rl.normalize_std), stats_include_broken=bool(rl.stats_include_broken),
                            train_end_reasons=tuple(rl.train_end_reasons),
                            require_code_image=bool(rl.require_code_image), negative_weight=float(rl.negative_weight),
-                           batch_unit=rl.batch_unit)
+                           batch_unit=rl.batch_unit, reward_control=str(rl.reward_control),
+                           control_seed=seed)
 
 
 def loss_config(rl: ml_collections.ConfigDict) -> PPOLossConfig:
@@ -97,9 +98,17 @@ def run_settings(config: ml_collections.ConfigDict) -> RunSettings:
                        resolved_config=config.to_json_best_effort(indent=2, sort_keys=True))
 
 
+def check_reward_control(rl: ml_collections.ConfigDict) -> None:
+    """The entropy-minimisation control trains on the entropy term alone: it needs one."""
+    if rl.reward_control == "entropy_min" and not rl.entropy_coef < 0:
+        raise ValueError(f"rl.reward_control='entropy_min' trains only the entropy term and needs rl.entropy_coef < 0 "
+                         f"(got {rl.entropy_coef}), e.g. --config.rl.entropy_coef=-1.0")
+
+
 def grpo_settings(config: ml_collections.ConfigDict) -> GrpoSettings:
     c = config
-    return GrpoSettings(run=run_settings(c), selection=selection_config(c.rl),
+    check_reward_control(c.rl)
+    return GrpoSettings(run=run_settings(c), selection=selection_config(c.rl, int(c.seed)),
                         optimizer=optimizer_config(c.train, frozen_prefixes(c)), step=step_config(c),
                         batching=grpo_batching(c), group_size=int(c.rl.group_size),
                         prompts_per_round=prompts_per_round(c), max_gen_rounds=int(c.rl.max_gen_rounds),

@@ -64,8 +64,8 @@ def test_three_turns_with_images_continue_with_the_logits_of_a_full_prefill(mode
     prompt, grids = with_images(config, tokenizer, "Question about", images[:1], " the picture?")
     turn_images = [images[:1], images[1:2], images[2:]]
     cache = KVCache.init(config, 2, COLUMNS).replace(index=jnp.asarray(160, jnp.int32))
-    other, _ = prompt_block(config, [text_ids(tokenizer, "another row")], [None], [np.zeros((0, 3))],
-                            (BLOCK,), (1,))[:2]
+    other = prompt_block(config, [text_ids(tokenizer, "another row")], [None], [np.zeros((0, 3))],
+                         (BLOCK,), (1,))[0]
     other_inputs, _ = prepare_inputs(config, other)
     keys = jnp.zeros((1, 2), jnp.uint32)
     cache, _, _ = prefill_rows(config, "float32", params, cache, other_inputs, jnp.array([0]),
@@ -87,7 +87,7 @@ def test_three_turns_with_images_continue_with_the_logits_of_a_full_prefill(mode
         held = HeldContext("e", np.asarray(request.prompt_token_ids + generated[:-1]), request.images,
                            request.image_grid_thw, used=turn)
         if turn == 2:  # the slot cache compacts every row to a new write index in between
-            kept = jnp.array([len(other["input_ids"][0][other["attention_mask"][0]]), len(held.token_ids)])
+            kept = jnp.array([int(other["attention_mask"].sum()), len(held.token_ids)])
             new_keys, new_values, valid = compact_columns(cache.keys, cache.values, cache.valid, kept,
                                                           jnp.asarray(200), COLUMNS)
             cache = KVCache(keys=new_keys, values=new_values, valid=valid, index=jnp.asarray(200, jnp.int32))

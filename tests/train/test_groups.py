@@ -161,3 +161,27 @@ def test_a_pool_with_enough_trainable_rollouts_fills_the_batch_even_when_whole_g
            group([rollout(EndReason.DONE) for _ in range(4)], [1.0, 1.0, 0.0, 0.0])]
     split = select_rows(pool_arrays(odd, 3, 4), released)  # 4 + 3 rows, then a group of 4 no longer fits
     assert split.counts.trainable == 7 and split.counts.available == 11 and split.full
+
+
+def test_reward_controls_in_every_position():
+    pools = [group(ROLLOUTS[:4], [1.0, 0.0, 1.0, 0.0]), group(ROLLOUTS[:4], [1.0, 1.0, 1.0, 1.0])]
+    groups = [dataclasses.replace(g, trajectories=tuple(dataclasses.replace(t, rollout_index=4 * e + k)
+                                                        for k, t in enumerate(g.trajectories)))
+              for e, g in enumerate(pools)]
+    pool = pool_arrays(groups, 2, 4)
+    assert pool.group_seeds[0] != pool.group_seeds[1]
+    recipe = select_rows(pool, SelectionConfig(batch_groups=1))
+    np.testing.assert_allclose(recipe.advantages, [0.5, -0.5, 0.5, -0.5], atol=1e-6)
+    entropy_min = select_rows(pool, SelectionConfig(batch_groups=1, reward_control="entropy_min"))
+    assert [r is not None for r in entropy_min.rows] == [r is not None for r in recipe.rows]
+    np.testing.assert_array_equal(entropy_min.advantages, np.zeros(4))
+    random = [select_rows(pool, SelectionConfig(batch_groups=2, reward_control="random", control_seed=s))
+              for s in range(6)]
+    for selected in random:  # advantages are centred draws of {0, 1}: never the real ones of group 1 (all 0)
+        kept = selected.advantages.reshape(2, 4)
+        np.testing.assert_allclose(kept.sum(axis=1), 0.0, atol=1e-6)
+    assert any(np.abs(s.advantages[4:]).sum() > 0 for s in random)  # the all-correct group gets draws
+    assert select_rows(pool, SelectionConfig(batch_groups=2, reward_control="random", control_seed=1)).advantages \
+        .tolist() == random[1].advantages.tolist()
+    with pytest.raises(ValueError, match="rl.reward_control"):
+        SelectionConfig(reward_control="shuffle")

@@ -1,0 +1,74 @@
+"""benchmarks/temperature_baseline.py end to end at tiny sizes, and the arithmetic of
+benchmarks/param_movement.py."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.param_movement import group_of, parameter_movement
+from benchmarks.temperature_baseline import best_temperature
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_parameter_movement_per_group_and_per_vocabulary_entry():
+    before = {"lm_head/kernel": np.ones((2, 4)), "model/norm/scale": np.full(3, 2.0),
+              "model/layers/mlp/up_proj/kernel": np.ones((2, 2)), "visual/patch_embed/proj/kernel": np.ones(5)}
+    after = {name: value.copy() for name, value in before.items()}
+    after["lm_head/kernel"][:, 1] += [0.3, 0.4]  # one token's output row moved by norm 0.5
+    after["model/norm/scale"][0] = 3.0
+    result = parameter_movement(before, after)
+    groups = result["groups"]
+    assert groups["lm_head"]["relative_update"] == pytest.approx(0.5 / np.sqrt(8))
+    assert groups["lm_head"]["moved_share"] == pytest.approx(2 / 8)
+    assert groups["norms"]["max_update"] == pytest.approx(1.0)
+    assert groups["norms"]["relative_update"] == pytest.approx(1 / np.sqrt(12))
+    assert groups["mlp"]["relative_update"] == groups["visual"]["relative_update"] == 0.0
+    assert result["vocabulary_update_norm_quantiles"]["1"] == pytest.approx(0.5)
+    assert result["vocabulary_update_norm_quantiles"]["0.5"] == 0.0
+    assert [group_of(n) for n in ("model/embed_tokens/embedding", "model/layers/self_attn/q_proj/bias",
+                                  "model/layers/input_layernorm/scale")] == ["embed", "attention", "norms"]
+    with pytest.raises(ValueError, match="different parameters"):
+        parameter_movement(before, {"lm_head/kernel": before["lm_head/kernel"]})
+
+
+def test_the_best_temperature_is_the_most_accurate_and_the_first_among_equals():
+    runs = [{"temperature": 0.1, "accuracy": 0.5}, {"temperature": 0.3, "accuracy": 0.7},
+            {"temperature": 0.6, "accuracy": 0.7}, {"temperature": 1.0, "accuracy": 0.2}]
+    assert best_temperature(runs) == 0.3
+
+
+def test_temperature_baseline_at_tiny_sizes(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    command = [sys.executable, str(REPO / "benchmarks" / "temperature_baseline.py"),
+               "--config", str(REPO / "tests" / "tiny_random_cpu.py"), "--workdir", str(tmp_path),
+               "--temperatures", "0.5,1.0", "--per-kind", "1", "--k", "1", "--config.data.synthetic_kinds=('counting',)",
+               "--config.eval.max_new_tokens_per_turn=8", "--config.eval.max_total_tokens=512",
+               "--config.eval.max_tool_calls=1"]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [e["temperature"] for e in results["validation"]] == [0.5, 1.0]
+    assert {e["seed"] for e in results["validation"]} == {777}
+    assert results["best_temperature"] == best_temperature(results["validation"])
+    heldout = {e["temperature"]: e for e in results["heldout"]}
+    assert set(heldout) == {results["best_temperature"], 1.0} and {e["seed"] for e in heldout.values()} == {4242}
+    for e in results["validation"] + results["heldout"]:
+        low, high = e["accuracy_ci95"]
+        assert low <= e["accuracy"] <= high and e["num_rollouts"] == 1
+        assert list(e["per_task"]) == [f"counting-{e['seed']}-0000"]
+    low, high = results["heldout_best_minus_reference"]["ci95"]
+    assert low <= results["heldout_best_minus_reference"]["difference"] <= high
+    assert (tmp_path / "seed_777" / "T_0.5" / "results.json").is_file()
+
+
+def test_temperature_baseline_refuses_to_choose_on_the_heldout_seed(tmp_path):
+    command = [sys.executable, str(REPO / "benchmarks" / "temperature_baseline.py"), "--workdir", str(tmp_path),
+               "--validation-seed", "4242"]
+    result = subprocess.run(command, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode != 0 and "must differ from the held-out seed 4242" in result.stderr
