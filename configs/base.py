@@ -59,6 +59,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.sandbox.timeout_s = 10.0
     c.sandbox.allow_unisolated = False
     c.sandbox.fork_runtimes = True   # runtimes forked from one template per pool (False: a fresh bubblewrap each)
+    c.sandbox.memory_limit_mb = 4096  # memory of one sandbox, all its processes together (a memory cgroup);
+                                      # where the host has no usable cgroup, of each process (RLIMIT_AS)
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.engine = "jax"         # "jax" (in process), "vllm" (rollout worker and eval; needs

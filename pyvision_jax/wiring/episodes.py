@@ -65,7 +65,8 @@ def scorer_routes(config: ml_collections.ConfigDict) -> ScorerRoutes:
 def sandbox_pool(config: ml_collections.ConfigDict) -> SandboxPool:
     s = config.sandbox
     return SandboxPool(SandboxConfig(timeout_s=s.timeout_s, allow_unisolated=s.allow_unisolated,
-                                     fork_runtimes=bool(s.fork_runtimes)), size=s.pool_size)
+                                     fork_runtimes=bool(s.fork_runtimes),
+                                     memory_bytes=int(s.memory_limit_mb) << 20), size=s.pool_size)
 
 
 def sampling_params(section: ml_collections.ConfigDict, seed: int | None = None) -> SamplingParams:

@@ -2,8 +2,12 @@
 import numpy as np
 import pytest
 
-from pyvision_jax.eval.bootstrap import (accuracy_interval, paired_difference_interval, record_task_accuracies,
-                                         task_accuracies)
+from pyvision_jax.eval.bootstrap import (
+    accuracy_interval,
+    paired_difference_interval,
+    record_task_accuracies,
+    task_accuracies,
+)
 from pyvision_jax.eval.metrics import RolloutOutcome, summarize
 
 

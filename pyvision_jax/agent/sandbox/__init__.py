@@ -4,9 +4,12 @@ A `Sandbox` owns one runtime process (the `runtime` package) started inside bubb
 PID, network (loopback included), IPC and UTS namespaces, a read-only view of the system and
 of the Python installation, a size-limited private tmpfs at /tmp as the only writable place,
 and the preloaded media under /media (read-only). Hard rlimits bound address space, processes,
-file size and CPU seconds; a seccomp filter forbids new user namespaces. Running as root, the
-runtime drops to a uid of its own (picked at random per runtime) so that file permissions and
-the process limit apply to it; otherwise bubblewrap's user namespace does the same.
+file size and CPU seconds; a seccomp filter forbids new user namespaces. All the processes of
+one runtime share one memory limit, a memory cgroup of their own (v2, else v1) entered before
+any model code runs and removed with the runtime; where the host allows none, memory is limited
+per process only, and a pool warns so. Running as root, the runtime drops to a uid of its own
+(picked at random per runtime) so that file permissions and the process limit apply to it;
+otherwise bubblewrap's user namespace does the same.
 
 A `SandboxPool` forks its runtimes instead: one template per pool (in bubblewrap as above)
 imports the runtime's libraries once, and each runtime is a fork of it that enters PID, mount,
@@ -28,12 +31,12 @@ fresh runtime, with the preloaded media restored, and its result has `state_lost
 starts with `STATE_LOST_NOTICE`.
 
 Modules: `config` (SandboxConfig), `errors`, `results` (RunResult and reading replies),
-`isolation` (bubblewrap commands), `seccomp`, `uids`, `font_cache`, `channel` (host side of the
-frames), `launcher` and `launched` (a process tree started in bubblewrap), `process` (a runtime
-in a bubblewrap of its own), `template`, `forked` and `fork_server` (a pool's template, a
-runtime forked from it, and the pool's side of both), `registry` (shutdown hooks), `host_dirs`
-and `media` (copied media on the host), `sandbox` (Sandbox), `pool` (SandboxPool), and
-`runtime`, the package that runs inside the sandbox.
+`isolation` (bubblewrap commands), `seccomp`, `uids`, `cgroups` (memory cgroups),
+`font_cache`, `channel` (host side of the frames), `launcher` and `launched` (a process tree
+started in bubblewrap), `process` (a runtime in a bubblewrap of its own), `template`, `forked`
+and `fork_server` (a pool's template, a runtime forked from it, and the pool's side of both),
+`registry` (shutdown hooks), `host_dirs` and `media` (copied media on the host), `sandbox`
+(Sandbox), `pool` (SandboxPool), and `runtime`, the package that runs inside the sandbox.
 """
 
 from pyvision_jax.agent.sandbox.config import SandboxConfig

@@ -7,9 +7,9 @@ the sandboxes' memory also counts against whatever limits the owner has. The fir
 that this process can use is taken (found once per process):
 
 - cgroup v2 with the memory controller: `memory.max` is the limit, `memory.swap.max` is 0. The
-  owner's cgroup must be able to hand the controller to children (`+memory` in its
-  `cgroup.subtree_control`), which the kernel allows in the root cgroup and in a cgroup with
-  no processes of its own.
+  owner's cgroup must hand the controller to its children (`+memory` in its
+  `cgroup.subtree_control`), which the kernel allows in the root cgroup (an owner at the top of
+  its machine or VM) but not in another cgroup that holds processes itself.
 - cgroup v1 with the memory controller: `memory.limit_in_bytes`, and
   `memory.memsw.limit_in_bytes` (memory and swap together) where swap is accounted, else
   `memory.swappiness` 0.
@@ -27,7 +27,7 @@ once per process).
 
 A cgroup is removed once its runtime is dead (any process still in it is killed first), and
 the parent once it has no child left; cgroups left by owners that died (their runtimes die
-with them) are removed by the next owner's first use.
+with them) are removed when the next pool (or sandbox outside a pool) is made.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import errno
 import itertools
 import os
 import re
+import secrets
 import signal
 import threading
 import time
@@ -46,7 +47,10 @@ from pathlib import Path
 import psutil
 
 PARENT_NAME = "pyvision_sandboxes"
-_CHILD_NAME = re.compile(r"sandbox-(\d+)-\d+")
+# A cgroup is named sandbox-<owner pid>-<owner token>-<number>: the token tells this process
+# from an earlier owner that had its pid.
+_OWNER_TOKEN = secrets.token_hex(4)
+_CHILD_NAME = re.compile(r"sandbox-(\d+)-([0-9a-f]+)-\d+")
 _REMOVE_WAIT_S = 10.0
 _MIB = 1 << 20
 
@@ -135,7 +139,9 @@ def _write(path: Path, value: str) -> None:
         handle.write(value)
 
 
-def _owner_alive(pid: int) -> bool:
+def _owner_alive(pid: int, token: str) -> bool:
+    if pid == os.getpid():
+        return token == _OWNER_TOKEN
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -146,18 +152,17 @@ def _owner_alive(pid: int) -> bool:
 
 
 class MemoryCgroup:
-    """The memory cgroup of one runtime: the processes put in it and every process they start
-    share its limit of `limit_bytes`."""
+    """The memory cgroup of one runtime, made with its limit of `limit_bytes`: the processes put
+    in it and every process they start share that limit."""
 
     _counter = itertools.count()
 
     def __init__(self, hierarchy: MemoryHierarchy, limit_bytes: int):
         self.hierarchy = hierarchy
-        self.limit_bytes = limit_bytes
-        name = f"sandbox-{os.getpid()}-{next(MemoryCgroup._counter)}"
+        name = f"sandbox-{os.getpid()}-{_OWNER_TOKEN}-{next(MemoryCgroup._counter)}"
+        self.path = hierarchy.parent / name
         for attempt in range(3):  # another owner may remove the empty parent meanwhile
             _prepare_parent(hierarchy)
-            self.path = hierarchy.parent / name
             try:
                 self.path.mkdir(mode=0o755)
                 break
@@ -278,15 +283,16 @@ def _usable(version: int, point: Path, root: str, own: Path) -> MemoryHierarchy:
     return hierarchy
 
 
-def _sweep_abandoned(hierarchy: MemoryHierarchy) -> None:
-    """Removes the empty cgroups of owners that are no longer alive."""
+def sweep_abandoned_cgroups(hierarchy: MemoryHierarchy) -> None:
+    """Removes the (empty) sandbox cgroups of owners that are no longer alive."""
     try:
         children = list(hierarchy.parent.iterdir())
     except OSError:
         return
     for child in children:
         match = _CHILD_NAME.fullmatch(child.name)
-        if match is None or not child.is_dir() or _owner_alive(int(match.group(1))):
+        if (match is None or not child.is_dir()
+                or _owner_alive(int(match.group(1)), match.group(2))):
             continue
         try:
             os.rmdir(child)
@@ -321,8 +327,6 @@ def find_memory_hierarchy() -> tuple[MemoryHierarchy | None, str]:
                 break
             except (OSError, ValueError) as exc:
                 reasons.append(f"v{version}: {exc}")
-        if hierarchy is not None:
-            _sweep_abandoned(hierarchy)
         _found = (hierarchy, "; ".join(reasons) or "no cgroup hierarchy with a memory controller")
         return _found
 
@@ -336,7 +340,9 @@ class SandboxMemory:
     def __init__(self, limit_bytes: int, warn: bool):
         self.limit_bytes = limit_bytes
         self.hierarchy, reason = find_memory_hierarchy()
-        if self.hierarchy is None and warn:
+        if self.hierarchy is not None:
+            sweep_abandoned_cgroups(self.hierarchy)
+        elif warn:
             warnings.warn(f"sandbox memory is limited per process only ({limit_bytes // _MIB} "
                           f"MiB of address space each; no memory cgroup: {reason}): the "
                           f"processes of one sandbox can together use more", RuntimeWarning,
@@ -353,10 +359,6 @@ class SandboxMemory:
         it is per process only."""
         warn, cls._standalone_warned = not cls._standalone_warned, True
         return cls(limit_bytes, warn=warn)
-
-    @property
-    def per_sandbox(self) -> bool:
-        return self.hierarchy is not None
 
     def new_cgroup(self) -> MemoryCgroup | None:
         """A fresh cgroup for one runtime, or None where memory is limited per process."""

@@ -13,7 +13,9 @@ class SandboxConfig:
     max_stdout_bytes: printed bytes kept per call (the rest is counted and marked).
     max_image_pixels / max_aspect_ratio / max_images_per_call: per-call image guards; an image
       with aspect ratio >= max_aspect_ratio is refused.
-    memory_bytes: address-space limit of each sandbox process (RLIMIT_AS).
+    memory_bytes: memory of the sandbox, all its processes together (a memory cgroup per
+      runtime, see `cgroups`), and the address space of each of them (RLIMIT_AS); where the host
+      gives no usable memory cgroup, only the per-process limit holds (warned once per pool).
     max_processes: processes + threads of the sandbox (RLIMIT_NPROC, per runtime uid).
     max_file_bytes: largest file it can write (RLIMIT_FSIZE); tmpfs_bytes: size of its /tmp
       (and a quarter of it for /dev/shm).

@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
+from pyvision_jax.agent.sandbox.cgroups import SandboxMemory
 from pyvision_jax.agent.sandbox.config import SandboxConfig
 from pyvision_jax.agent.sandbox.errors import SandboxError, SandboxStartError
 from pyvision_jax.agent.sandbox.forked import ForkedRuntime
@@ -114,20 +115,20 @@ class ForkServer:
         self._available = True
         return True
 
-    def start_runtime(self, host_dir: Path, cancelled: Callable[[], bool]
-                      ) -> ForkedRuntime | None:
+    def start_runtime(self, host_dir: Path, cancelled: Callable[[], bool],
+                      memory: SandboxMemory) -> ForkedRuntime | None:
         """A runtime for the sandbox of `host_dir` (made by `create_host_dir`), forked from
-        the template; None where forks are unavailable on this host."""
+        the template and held to `memory`; None where forks are unavailable on this host."""
         template = self._running_template(cancelled)
         if template is None:
             return None
         try:
-            return ForkedRuntime(template, self.config, host_dir, cancelled)
+            return ForkedRuntime(template, self.config, host_dir, cancelled, memory)
         except TemplateGone:
             template = self._running_template(cancelled)  # a fresh one, once
             if template is None:
                 return None
-            return ForkedRuntime(template, self.config, host_dir, cancelled)
+            return ForkedRuntime(template, self.config, host_dir, cancelled, memory)
 
     def close(self) -> None:
         """Kills the template (and every runtime forked from it) and removes the host

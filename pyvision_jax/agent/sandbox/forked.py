@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from pyvision_jax.agent.sandbox.cgroups import MemoryCgroup, SandboxMemory
 from pyvision_jax.agent.sandbox.channel import (
     CallTimeout,
     ChannelClosed,
@@ -48,14 +49,14 @@ class ForkedRuntime:
     the runtime under it, and its channel.
 
     Until the first request no model code has run and the runtime's processes are its init
-    and the runtime alone (both known from `pid`), so a per-runtime cgroup can be given to
-    them then. `fork_cpu_s` is the CPU the fork cost inside the template (the template and
-    the short-lived process that made the namespaces). `cancelled` is consulted while the
-    runtime starts.
+    and the runtime alone (both known from `pid`), so once the runtime is ready both are moved
+    into a memory cgroup of their own (from `memory`, where it makes them). `fork_cpu_s` is
+    the CPU the fork cost inside the template (the template and the short-lived process that
+    made the namespaces). `cancelled` is consulted while the runtime starts.
     """
 
     def __init__(self, template: RuntimeTemplate, config: SandboxConfig, host_dir: Path,
-                 cancelled: Callable[[], bool]):
+                 cancelled: Callable[[], bool], memory: SandboxMemory | None = None):
         self.config = config
         self.mode = template.mode
         self.media_root = SANDBOX_MEDIA
@@ -64,6 +65,7 @@ class ForkedRuntime:
         self._kill_lock = threading.RLock()
         self._killed = False
         self._exit_status: int | None = None
+        self._cgroup: MemoryCgroup | None = None
         self.uid = claim_uid() if self.mode == "root" else None
         request_read, request_write = os.pipe()
         reply_read, reply_write = os.pipe()
@@ -90,6 +92,9 @@ class ForkedRuntime:
             ready = self._channel.receive_ready(deadline)
             if ready.get("error"):
                 raise SandboxStartError(f"sandbox runtime failed to start:\n{ready['error']}")
+            self._cgroup = None if memory is None else memory.new_cgroup()
+            if self._cgroup is not None:
+                self._cgroup.add_tree(self.pid)
             self._starting = False
         except BaseException as exc:
             self.kill()
@@ -117,6 +122,11 @@ class ForkedRuntime:
             raise ChannelClosed()
         return self._channel.call(message, timeout_s)
 
+    def oom_kills(self) -> int:
+        """How many of its processes the kernel killed for reaching the sandbox's memory
+        limit (0 where memory is limited per process)."""
+        return 0 if self._cgroup is None else self._cgroup.oom_kills()
+
     def exit_status(self, wait_s: float) -> int | None:
         """How the runtime ended (its exit code, or 128 + the signal that killed it), as its
         init reports it; None if that is not known within `wait_s` seconds."""
@@ -131,8 +141,8 @@ class ForkedRuntime:
         return self._exit_status
 
     def kill(self) -> None:
-        """Kills the init, which ends everything in the runtime's PID namespace, and waits
-        until it has."""
+        """Kills the init, which ends everything in the runtime's PID namespace, waits until
+        it has, then removes its memory cgroup."""
         with self._kill_lock:
             if self._killed:
                 return
@@ -144,5 +154,7 @@ class ForkedRuntime:
             _has_exited(self._pidfd, _KILL_WAIT_S)
             for fd in (self._pidfd, self._status_fd):
                 os.close(fd)
+            if self._cgroup is not None:
+                self._cgroup.remove()
             release_uid(self.uid)
             self._channel.close()

@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Any
 
+from pyvision_jax.agent.sandbox.cgroups import SandboxMemory
 from pyvision_jax.agent.sandbox.config import SandboxConfig
 from pyvision_jax.agent.sandbox.errors import SandboxError, SandboxStartError
 from pyvision_jax.agent.sandbox.fork_server import ForkServer
@@ -31,6 +32,7 @@ class SandboxPool:
         self.config = config or SandboxConfig()
         self.size = size
         mode, bwrap = isolation_mode(self.config)
+        self._memory = SandboxMemory.for_pool(self.config.memory_bytes)
         self._server = (ForkServer(self.config, mode, bwrap)
                         if self.config.fork_runtimes and mode != "unisolated" else None)
         install_shutdown_hooks()
@@ -82,7 +84,8 @@ class SandboxPool:
             if not start:
                 continue
             try:
-                sandbox = Sandbox(self.config, cancel=self._closing, server=self._server)
+                sandbox = Sandbox(self.config, cancel=self._closing, server=self._server,
+                                  memory=self._memory)
             except BaseException as exc:  # noqa: BLE001 - surfaced by acquire
                 with self._cond:
                     self._starting -= 1

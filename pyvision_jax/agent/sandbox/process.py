@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from pyvision_jax.agent.sandbox.cgroups import SandboxMemory
 from pyvision_jax.agent.sandbox.channel import ChannelClosed, RuntimeChannel
 from pyvision_jax.agent.sandbox.config import SandboxConfig
 from pyvision_jax.agent.sandbox.errors import SandboxStartError
@@ -76,11 +77,13 @@ class RuntimeProcess:
     """One started runtime: its process, its channel, and how to kill it.
 
     `cancelled` is consulted while the runtime starts; once it answers True the start is
-    abandoned with SandboxStartError.
+    abandoned with SandboxStartError. Where `memory` makes cgroups, the launched process
+    enters one of its own before it executes bubblewrap (or the runtime), so the whole tree
+    is born in it.
     """
 
     def __init__(self, config: SandboxConfig, mode: str, bwrap: str | None, host_dir: Path,
-                 cancelled: Callable[[], bool]):
+                 cancelled: Callable[[], bool], memory: SandboxMemory):
         self.config = config
         self._cancelled = cancelled
         self._starting = True
@@ -88,6 +91,7 @@ class RuntimeProcess:
         self.uid = claim_uid() if mode == "root" else None
         self._kill_lock = threading.RLock()
         self._killed = False
+        self._cgroup = None
         media_dir = str(host_dir / "media")
         request_read, request_write = os.pipe()
         reply_read, reply_write = os.pipe()
@@ -121,10 +125,15 @@ class RuntimeProcess:
                                     request_fd=request_read, reply_fd=reply_write)
         argv.append(json.dumps(settings))
         try:
+            self._cgroup = memory.new_cgroup()
+            if self._cgroup is not None:
+                argv = self._cgroup.entering_command() + argv
             self._launched = LaunchedProcess(argv, child_fds, env,
                                              workdir if mode == "unisolated" else "/",
                                              host_dir / "launcher.log", info_read)
         except BaseException:
+            if self._cgroup is not None:
+                self._cgroup.remove()
             release_uid(self.uid)
             self._channel.close()
             for fd in child_fds + [info_read]:
@@ -173,12 +182,20 @@ class RuntimeProcess:
     def exit_status(self, wait_s: float) -> int | None:
         return self._launched.wait(wait_s)
 
+    def oom_kills(self) -> int:
+        """How many of its processes the kernel killed for reaching the sandbox's memory
+        limit (0 where memory is limited per process)."""
+        return 0 if self._cgroup is None else self._cgroup.oom_kills()
+
     def kill(self) -> None:
-        """Kills the runtime and everything in its namespace, and reaps the launcher."""
+        """Kills the runtime and everything in its namespace, reaps the launcher and removes
+        the runtime's memory cgroup."""
         with self._kill_lock:
             if self._killed:
                 return
             self._killed = True
             self._launched.kill()
+            if self._cgroup is not None:
+                self._cgroup.remove()
             release_uid(self.uid)
             self._channel.close()

@@ -10,6 +10,7 @@ from typing import Any
 
 from PIL import Image
 
+from pyvision_jax.agent.sandbox.cgroups import SandboxMemory
 from pyvision_jax.agent.sandbox.channel import CallTimeout, ChannelClosed, ProtocolError
 from pyvision_jax.agent.sandbox.config import SandboxConfig
 from pyvision_jax.agent.sandbox.errors import SandboxError
@@ -39,12 +40,16 @@ class Sandbox:
     """An isolated Python runtime whose variables persist across `run` calls."""
 
     def __init__(self, config: SandboxConfig | None = None, *,
-                 cancel: threading.Event | None = None, server: ForkServer | None = None):
+                 cancel: threading.Event | None = None, server: ForkServer | None = None,
+                 memory: SandboxMemory | None = None):
         """Starts the runtime (blocking); setting `cancel` abandons a start in progress.
         With `server` (a pool's), runtimes are forked from its template where this host
-        allows it, else each starts in a fresh bubblewrap."""
+        allows it, else each starts in a fresh bubblewrap. Each runtime is held to the
+        config's memory limit by `memory` (default: a memory cgroup per runtime where this
+        process can make them)."""
         self.config = config or SandboxConfig()
         self._server = server
+        self._memory = memory or SandboxMemory.for_sandbox(self.config.memory_bytes)
         self._mode, self._bwrap = isolation_mode(self.config)
         self._cancel = cancel
         self._closing = threading.Event()
@@ -106,10 +111,11 @@ class Sandbox:
     def _start_runtime(self) -> Runtime:
         runtime = None
         if self._server is not None:
-            runtime = self._server.start_runtime(self._host_dir, self._start_cancelled)
+            runtime = self._server.start_runtime(self._host_dir, self._start_cancelled,
+                                                 self._memory)
         if runtime is None:
             runtime = RuntimeProcess(self.config, self._mode, self._bwrap, self._host_dir,
-                                     self._start_cancelled)
+                                     self._start_cancelled, self._memory)
         try:
             for request in self._preloads:
                 self._call_preload(runtime, request)
@@ -184,6 +190,7 @@ class Sandbox:
             state_lost, self._state_lost = self._state_lost, False
             notice = STATE_LOST_NOTICE if state_lost else ""
             start = time.monotonic()
+            oom_kills = runtime.oom_kills()
             try:
                 reply, blob = runtime.call({"op": "run", "code": code}, self.config.timeout_s)
             except CallTimeout:
@@ -196,11 +203,14 @@ class Sandbox:
                            f"was restarted and its variables are lost"))
             except (ChannelClosed, ProtocolError) as exc:
                 status = runtime.exit_status(1.0) if isinstance(exc, ChannelClosed) else None
+                oom_kills = runtime.oom_kills() - oom_kills
                 self._discard_runtime()
                 if self._closed:
                     reason = "the sandbox was closed during the call"
                 elif isinstance(exc, ProtocolError):
                     reason = f"the runtime broke its reply channel ({exc})"
+                elif oom_kills:
+                    reason = f"the Python process was killed: {self._memory_exceeded(oom_kills)}"
                 else:
                     reason = f"the Python process {describe_exit(status, self.config)}"
                 return self._crash_result(notice, state_lost, time.monotonic() - start, reason)
@@ -211,8 +221,18 @@ class Sandbox:
             except ProtocolError as exc:
                 self._discard_runtime()
                 return self._crash_result(notice, state_lost, wall_time_s, str(exc))
-            return RunResult(stdout=notice + stdout, images=images, error=reply_error(reply),
+            error = reply_error(reply)
+            oom_kills = runtime.oom_kills() - oom_kills
+            if oom_kills:
+                error = "\n".join(filter(None, [error, f"MemoryError: "
+                                                       f"{self._memory_exceeded(oom_kills)}"]))
+            return RunResult(stdout=notice + stdout, images=images, error=error,
                              timed_out=False, wall_time_s=wall_time_s, state_lost=state_lost)
+
+    def _memory_exceeded(self, killed: int) -> str:
+        return (f"the sandbox's processes together reached its memory limit of "
+                f"{self.config.memory_bytes / (1 << 20):g} MiB and the kernel killed {killed} "
+                f"of them")
 
     @staticmethod
     def _crash_result(notice: str, state_lost: bool, wall_time_s: float,
