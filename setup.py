@@ -2,6 +2,7 @@
 
 Direct dependencies are pinned here; constraints.txt pins the whole resolved set.
 """
+
 from setuptools import find_packages, setup
 
 INSTALL_REQUIRES = [
@@ -43,13 +44,15 @@ setup(
     description="PyVision-RL agentic reinforcement learning for Qwen2.5-VL in JAX/Flax",
     packages=find_packages(include=["pyvision_jax", "pyvision_jax.*", "configs"]),
     package_data={"pyvision_jax": ["assets/**/*"], "configs": ["prompts/*"]},
-    entry_points={"console_scripts": [
-        "pyvision-train = pyvision_jax.cli.train:run",
-        "pyvision-eval = pyvision_jax.cli.eval:run",
-        "pyvision-convert = pyvision_jax.cli.convert:run",
-        "pyvision-rollout-worker = pyvision_jax.cli.rollout_worker:run",
-        "pyvision-make-tasks = pyvision_jax.cli.make_tasks:run",
-    ]},
+    entry_points={
+        "console_scripts": [
+            "pyvision-train = pyvision_jax.cli.train:run",
+            "pyvision-eval = pyvision_jax.cli.eval:run",
+            "pyvision-convert = pyvision_jax.cli.convert:run",
+            "pyvision-rollout-worker = pyvision_jax.cli.rollout_worker:run",
+            "pyvision-make-tasks = pyvision_jax.cli.make_tasks:run",
+        ]
+    },
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,

@@ -21,6 +21,7 @@ out of memory or out of time loses only itself. At the end: one table on stdout 
 figure in `--out` (JSON). Exit status 1 when a section did not finish. docs/accelerator_suite.md
 has the H200 sizing arithmetic and how to run this on the device machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,11 @@ def _rerun_as_checkout_module() -> None:
     the device machine): run again as `-m benchmarks.accelerator_suite` with the checkout on
     PYTHONPATH, so that `benchmarks` and `pyvision_jax` import from it."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    os.execve(sys.executable, [sys.executable, "-m", "benchmarks.accelerator_suite", *sys.argv[1:]],
-              dict(os.environ, PYTHONPATH=path))
+    os.execve(
+        sys.executable,
+        [sys.executable, "-m", "benchmarks.accelerator_suite", *sys.argv[1:]],
+        dict(os.environ, PYTHONPATH=path),
+    )
 
 
 if __name__ == "__main__" and not __package__:
@@ -52,13 +56,20 @@ from benchmarks.accelerator.records import SectionLog, read_section  # noqa: E40
 from benchmarks.accelerator.report import table  # noqa: E402
 from benchmarks.accelerator.sizes import ENVIRONMENT_S, SECTIONS, sizes_for  # noqa: E402
 
-RUNNERS = {"environment": "environment", "parity": "parity", "step": "train_width",
-           "attention": "attention_kernels", "decode": "decode"}
+RUNNERS = {
+    "environment": "environment",
+    "parity": "parity",
+    "step": "train_width",
+    "attention": "attention_kernels",
+    "decode": "decode",
+}
 """Section -> module of benchmarks/accelerator/ with its `run(sizes, log)`; imported only in
 that section's own process (the parent never starts a JAX backend)."""
-SECTION_ENV = {"parity": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
-               "step": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"},
-               "attention": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"}}
+SECTION_ENV = {
+    "parity": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
+    "step": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"},
+    "attention": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"},
+}
 """Parity shares the GPU with torch; the step and attention sections may use nearly all of it."""
 MIN_SECTION_S = 10.0
 
@@ -66,8 +77,11 @@ MIN_SECTION_S = 10.0
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="results.json", help="the results file (JSON)")
-    parser.add_argument("--sections", default=",".join(SECTIONS[1:]),
-                        help=f"comma-separated, of {', '.join(SECTIONS[1:])} (environment always runs)")
+    parser.add_argument(
+        "--sections",
+        default=",".join(SECTIONS[1:]),
+        help=f"comma-separated, of {', '.join(SECTIONS[1:])} (environment always runs)",
+    )
     parser.add_argument("--sizes", default="auto", help="auto (by backend), cpu, gpu or tpu")
     parser.add_argument("--budget-s", type=float, default=480.0, help="wall-clock limit of the whole run")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -95,8 +109,17 @@ def run_section(section: str, kind: str, timeout_s: float, workdir: Path, xla_fl
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
     for key, value in SECTION_ENV.get(section, {}).items():
         env.setdefault(key, value)
-    command = [sys.executable, "-m", "benchmarks.accelerator_suite", "--child", section, "--sizes", kind,
-               "--partial", str(partial)]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.accelerator_suite",
+        "--child",
+        section,
+        "--sizes",
+        kind,
+        "--partial",
+        str(partial),
+    ]
     start = time.perf_counter()
     process = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True)
     try:
@@ -137,13 +160,26 @@ def main() -> None:
     for section in sections:
         timeout_s = min(sizes.budget(section), deadline - time.perf_counter())
         if timeout_s < MIN_SECTION_S:
-            results[section] = {"section": section, "status": "skipped: run budget spent", "error": None,
-                                "records": [], "wall_s": 0.0, "timeout_s": max(timeout_s, 0.0)}
+            results[section] = {
+                "section": section,
+                "status": "skipped: run budget spent",
+                "error": None,
+                "records": [],
+                "wall_s": 0.0,
+                "timeout_s": max(timeout_s, 0.0),
+            }
             continue
         results[section] = run_section(section, kind, timeout_s, workdir, sizes.xla_flags)
     total_s = time.perf_counter() - start
-    out.write_text(json.dumps({"suite": {"sizes": kind, "budget_s": args.budget_s, "total_s": total_s,
-                                         "sections": sections}, "sections": results}, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "suite": {"sizes": kind, "budget_s": args.budget_s, "total_s": total_s, "sections": sections},
+                "sections": results,
+            },
+            indent=1,
+        )
+    )
     print(f"\naccelerator suite: sizes {kind!r}, {total_s:.0f} s of {args.budget_s:.0f} s; results in {out}\n")
     print(table(results))
     sys.exit(0 if all(r["status"] == "done" for r in results.values()) else 1)

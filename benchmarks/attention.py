@@ -8,19 +8,16 @@ temporaries of the compiled JAX forward+backward (`memory_analysis().temp_size_i
 
     python benchmarks/attention.py [--rows 8] [--length 512] [--heads 8] [--kv-heads 2] [--head-dim 32]
 """
+
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
-
-import numpy as np
-
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np
 import torch  # noqa: E402
 
 from pyvision_jax.models.attention import AttentionConfig, attention  # noqa: E402
@@ -38,7 +35,8 @@ def torch_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int):
     def step():
         qt, kt, vt = (x.detach().requires_grad_() for x in (q, k, v))
         out = torch.nn.functional.scaled_dot_product_attention(
-            qt, kt.repeat_interleave(groups, 1), vt.repeat_interleave(groups, 1), is_causal=True)
+            qt, kt.repeat_interleave(groups, 1), vt.repeat_interleave(groups, 1), is_causal=True
+        )
         (out * out).sum().backward()
         return qt.grad
 
@@ -75,8 +73,10 @@ def main() -> None:
             run()
             if index:
                 times[name].append(time.perf_counter() - start)
-    print(f"causal attention forward+backward, {b} x {t} tokens, {h} heads / {kvh} kv heads, head_dim {d}, "
-          f"block {args.block}, torch threads {torch.get_num_threads()}")
+    print(
+        f"causal attention forward+backward, {b} x {t} tokens, {h} heads / {kvh} kv heads, head_dim {d}, "
+        f"block {args.block}, torch threads {torch.get_num_threads()}"
+    )
     reference = statistics.median(times["torch sdpa"])
     for name, (_, temp) in runs.items():
         median = statistics.median(times[name])

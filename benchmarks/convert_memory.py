@@ -42,13 +42,19 @@ _CHILD_LOAD = """
 config, params = load_hf(sys.argv[1], progress=False)
 jax.block_until_ready(params)
 """
-_CHILD_SAVE = _CHILD_LOAD + """
+_CHILD_SAVE = (
+    _CHILD_LOAD
+    + """
 save_hf(config, params, sys.argv[2], max_shard_bytes=400 * 2**20, progress=False)
 """
-_CHILD_TO_ORBAX = _CHILD_LOAD + """
+)
+_CHILD_TO_ORBAX = (
+    _CHILD_LOAD
+    + """
 from pyvision_jax.convert import save_params
 save_params(config, params, sys.argv[2])
 """
+)
 _CHILD_REFERENCE = """
 from safetensors import safe_open
 from pathlib import Path
@@ -86,9 +92,16 @@ def benchmark_config(size_bytes: float) -> dict:
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
         "vision_config": {
-            "depth": 4, "hidden_size": 640, "intermediate_size": 1712, "num_heads": 10,
-            "out_hidden_size": hidden, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
-            "window_size": 112, "fullatt_block_indexes": [3],
+            "depth": 4,
+            "hidden_size": 640,
+            "intermediate_size": 1712,
+            "num_heads": 10,
+            "out_hidden_size": hidden,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "window_size": 112,
+            "fullatt_block_indexes": [3],
         },
     }
 
@@ -128,8 +141,12 @@ def write_checkpoint(directory: Path, config: dict, shard_bytes: int = 400 * 2**
 
 def measure(body: str, *args: str) -> dict:
     script = _CHILD_PRELUDE.format(repo=str(REPO)) + body + _CHILD_REPORT
-    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
-                          env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
+    )
     if done.returncode != 0:
         raise RuntimeError(f"child failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -155,12 +172,17 @@ def main() -> None:
         ]
         print(f"{'phase':<24}{'baseline GiB':>14}{'peak GiB':>10}{'peak/size':>11}{'(peak-base)/size':>18}")
         for label, r in rows:
-            print(f"{label:<24}{r['baseline'] / gib:>14.3f}{r['peak'] / gib:>10.3f}{r['peak'] / size:>11.3f}"
-                  f"{(r['peak'] - r['baseline']) / size:>18.3f}")
+            print(
+                f"{label:<24}{r['baseline'] / gib:>14.3f}{r['peak'] / gib:>10.3f}{r['peak'] / size:>11.3f}"
+                f"{(r['peak'] - r['baseline']) / size:>18.3f}"
+            )
         load_ratio = rows[0][1]["peak"] / size
         ref_ratio = rows[-1][1]["peak"] / size
-        print(f"load_hf peak / checkpoint size = {load_ratio:.3f} (target <= 1.3: {'met' if load_ratio <= 1.3 else 'NOT met'}); "
-              f"reference / load_hf = {ref_ratio / load_ratio:.2f}x")
+        print(
+            f"load_hf peak / checkpoint size = {load_ratio:.3f} "
+            f"(target <= 1.3: {'met' if load_ratio <= 1.3 else 'NOT met'}); "
+            f"reference / load_hf = {ref_ratio / load_ratio:.2f}x"
+        )
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -11,11 +11,11 @@ and `memory_analysis()` of the compiled per-device program gives the bytes of it
 kernel is the config's unless it only exists on accelerators (cuDNN, splash): then the
 pure-JAX blockwise kernel, which holds the same O(T x block) working set, stands in.
 """
+
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -27,32 +27,37 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--config", default=str(ROOT / "configs" / "pyvision_image_7b.py"))
     parser.add_argument("--devices", type=int, default=8, help="fake CPU devices (the mesh's size)")
     parser.add_argument("--tokens", type=int, default=32768, help="tokens per packed row")
-    parser.add_argument("--image-tokens", type=int, default=8192,
-                        help="merged image tokens per row (x4 patches through the vision tower)")
+    parser.add_argument(
+        "--image-tokens",
+        type=int,
+        default=8192,
+        help="merged image tokens per row (x4 patches through the vision tower)",
+    )
     parser.add_argument("--micro-batches", type=int, default=1)
     parser.add_argument("--remat", default=None, help="override model.remat")
     parser.add_argument("--preset", default=None, help="override model.preset (e.g. tiny, for a smoke run)")
-    parser.add_argument("--param-dtype", default=None,
-                        help="override model.param_dtype (bfloat16: the weights and AdamW moments in bf16)")
+    parser.add_argument(
+        "--param-dtype",
+        default=None,
+        help="override model.param_dtype (bfloat16: the weights and AdamW moments in bf16)",
+    )
     return parser.parse_args()
 
 
 ARGS = parse_args()
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           f" --xla_force_host_platform_device_count={ARGS.devices}")
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={ARGS.devices}"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from pyvision_jax import wiring  # noqa: E402
 from pyvision_jax.models import ModelConfig, param_logical_axes, param_shapes  # noqa: E402
 from pyvision_jax.models.attention import AttentionConfig  # noqa: E402
 from pyvision_jax.models.vision import VisionLayout, window_units  # noqa: E402
-from pyvision_jax.rl.losses import PPOLossConfig  # noqa: E402
 from pyvision_jax.train.mesh import make_mesh  # noqa: E402
-from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings  # noqa: E402
+from pyvision_jax.train.state import init_train_state, make_optimizer, state_shardings  # noqa: E402
 from pyvision_jax.train.step import StepConfig, TrainBatch, batch_shardings, make_train_step  # noqa: E402
-from pyvision_jax import wiring  # noqa: E402
 
 CPU_ATTENTION = {"cudnn": "blockwise", "splash": "blockwise"}
 NO_CPU_HOISTING = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
@@ -78,14 +83,28 @@ def abstract_batch(model: ModelConfig, rows: int, tokens: int, image_tokens: int
     window_len = window_units(vision) ** 2 * vision.merge_unit
     slots = -(-rows * image_tokens * vision.merge_unit // window_len) * window_len
     shape = lambda *dims, dtype=jnp.int32: jax.ShapeDtypeStruct((micro_batches, *dims), dtype)  # noqa: E731
-    layout = VisionLayout(patch_index=shape(slots), slot_valid=shape(slots, dtype=bool), positions=shape(slots, 2),
-                          frame_id=shape(slots), merged_index=shape(rows * image_tokens)) if image_tokens else None
+    layout = (
+        VisionLayout(
+            patch_index=shape(slots),
+            slot_valid=shape(slots, dtype=bool),
+            positions=shape(slots, 2),
+            frame_id=shape(slots),
+            merged_index=shape(rows * image_tokens),
+        )
+        if image_tokens
+        else None
+    )
     return TrainBatch(
-        input_ids=shape(rows, tokens), attention_mask=shape(rows, tokens, dtype=bool),
-        positions=shape(3, rows, tokens), loss_mask=shape(rows, tokens, dtype=bool),
-        behaviour_logprobs=shape(rows, tokens, dtype=jnp.float32), advantages=shape(rows, 8, dtype=jnp.float32),
+        input_ids=shape(rows, tokens),
+        attention_mask=shape(rows, tokens, dtype=bool),
+        positions=shape(3, rows, tokens),
+        loss_mask=shape(rows, tokens, dtype=bool),
+        behaviour_logprobs=shape(rows, tokens, dtype=jnp.float32),
+        advantages=shape(rows, 8, dtype=jnp.float32),
         pixel_values=shape(slots, vision.patch_dim, dtype=jnp.float32) if image_tokens else None,
-        layout=layout, segment_ids=shape(rows, tokens))
+        layout=layout,
+        segment_ids=shape(rows, tokens),
+    )
 
 
 def with_shardings(tree, shardings):
@@ -94,15 +113,21 @@ def with_shardings(tree, shardings):
 
 def main() -> None:
     c = load_config(ARGS.config)
-    attention = AttentionConfig(CPU_ATTENTION.get(c.model.attention, c.model.attention),
-                                c.model.attention_block_q, c.model.attention_block_kv)
+    attention = AttentionConfig(
+        CPU_ATTENTION.get(c.model.attention, c.model.attention), c.model.attention_block_q, c.model.attention_block_kv
+    )
     model = ModelConfig.preset(ARGS.preset or c.model.preset).replace(attention=attention)
     mesh = make_mesh(c.train.mesh_data, c.train.mesh_fsdp, c.train.mesh_tensor)
     frozen = ("visual",) if c.train.freeze_vision else ()
-    step_config = StepConfig(loss=wiring.loss_config(c.rl), temperature=c.rollout.temperature,
-                             logprob_chunk=c.train.logprob_chunk, old_logprobs=c.train.old_logprobs,
-                             compute_dtype=c.model.compute_dtype, frozen_prefixes=frozen,
-                             remat=ARGS.remat or c.model.remat)
+    step_config = StepConfig(
+        loss=wiring.loss_config(c.rl),
+        temperature=c.rollout.temperature,
+        logprob_chunk=c.train.logprob_chunk,
+        old_logprobs=c.train.old_logprobs,
+        compute_dtype=c.model.compute_dtype,
+        frozen_prefixes=frozen,
+        remat=ARGS.remat or c.model.remat,
+    )
     optimizer = make_optimizer(wiring.optimizer_config(c.train, frozen))
     param_dtype = ARGS.param_dtype or c.model.param_dtype
     params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.dtype(param_dtype)), param_shapes(model))
@@ -110,14 +135,20 @@ def main() -> None:
     shardings = state_shardings(state, param_logical_axes(model), mesh)
     batch = abstract_batch(model, c.train.micro_batch, ARGS.tokens, ARGS.image_tokens, ARGS.micro_batches)
     step = make_train_step(model, step_config, optimizer, mesh, shardings, donate=True)
-    print(f"config={Path(ARGS.config).name} devices={ARGS.devices} mesh={dict(mesh.shape)} "
-          f"rows/micro-batch={c.train.micro_batch} tokens/row={ARGS.tokens} image tokens/row={ARGS.image_tokens} "
-          f"micro-batches={ARGS.micro_batches} remat={step_config.remat} attention={attention.implementation} "
-          f"params={param_dtype} compute={c.model.compute_dtype}", flush=True)
+    print(
+        f"config={Path(ARGS.config).name} devices={ARGS.devices} mesh={dict(mesh.shape)} "
+        f"rows/micro-batch={c.train.micro_batch} tokens/row={ARGS.tokens} image tokens/row={ARGS.image_tokens} "
+        f"micro-batches={ARGS.micro_batches} remat={step_config.remat} attention={attention.implementation} "
+        f"params={param_dtype} compute={c.model.compute_dtype}",
+        flush=True,
+    )
     start = time.perf_counter()
     lowered = step.lower(with_shardings(state, shardings), with_shardings(batch, batch_shardings(batch, mesh)))
     lower_s = time.perf_counter() - start
-    for label, options in (("as XLA:CPU compiles it", {}), ("without XLA:CPU's bf16 convert hoisting", NO_CPU_HOISTING)):
+    for label, options in (
+        ("as XLA:CPU compiles it", {}),
+        ("without XLA:CPU's bf16 convert hoisting", NO_CPU_HOISTING),
+    ):
         start = time.perf_counter()
         compiled = lowered.compile(compiler_options=options)
         compile_s = time.perf_counter() - start
@@ -125,11 +156,17 @@ def main() -> None:
         arguments, outputs = memory.argument_size_in_bytes, memory.output_size_in_bytes
         temps, aliased = memory.temp_size_in_bytes, memory.alias_size_in_bytes
         total = arguments + outputs + temps - aliased
-        print(f"per device, {label}: arguments {arguments / GIB:.2f} GiB, outputs {outputs / GIB:.2f} GiB, "
-              f"temps {temps / GIB:.2f} GiB, aliased (donated) {aliased / GIB:.2f} GiB, "
-              f"total {total / GIB:.2f} GiB (compile {compile_s:.1f} s)", flush=True)
-    print(f"train state over all devices {sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state)) / GIB:.1f} GiB; "
-          f"lower {lower_s:.1f} s")
+        print(
+            f"per device, {label}: arguments {arguments / GIB:.2f} GiB, outputs {outputs / GIB:.2f} GiB, "
+            f"temps {temps / GIB:.2f} GiB, aliased (donated) {aliased / GIB:.2f} GiB, "
+            f"total {total / GIB:.2f} GiB (compile {compile_s:.1f} s)",
+            flush=True,
+        )
+    print(
+        f"train state over all devices {sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state)) / GIB:.1f} GiB; "
+        f"lower {lower_s:.1f} s"
+    )
+
 
 if __name__ == "__main__":
     main()

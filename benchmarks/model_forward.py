@@ -7,6 +7,7 @@ both see the same load) and the ratio flax/torch (target <= 1.0).
 
     .venv/bin/python benchmarks/model_forward.py [--repeats 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,10 +29,23 @@ IMAGE_SIDE, TEXT_TOKENS = 448, 256
 
 def bench_config() -> ModelConfig:
     return ModelConfig.preset("tiny").replace(
-        vocab_size=8192, hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8,
-        num_key_value_heads=2, mrope_section=(8, 12, 12),
-        vision=VisionConfig(depth=8, hidden_size=256, intermediate_size=640, num_heads=4, out_hidden_size=512,
-                            fullatt_block_indexes=(3, 7), window_size=112))
+        vocab_size=8192,
+        hidden_size=512,
+        intermediate_size=1376,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        mrope_section=(8, 12, 12),
+        vision=VisionConfig(
+            depth=8,
+            hidden_size=256,
+            intermediate_size=640,
+            num_heads=4,
+            out_hidden_size=512,
+            fullatt_block_indexes=(3, 7),
+            window_size=112,
+        ),
+    )
 
 
 def make_inputs(config: ModelConfig) -> dict:
@@ -39,11 +53,20 @@ def make_inputs(config: ModelConfig) -> dict:
     grid = (1, IMAGE_SIDE // 14, IMAGE_SIDE // 14)
     n_image = grid[1] * grid[2] // 4
     half = TEXT_TOKENS // 2
-    ids = (list(rng.integers(0, 2000, half)) + [config.vision_start_token_id] + [config.image_token_id] * n_image
-           + [config.vision_end_token_id] + list(rng.integers(0, 2000, TEXT_TOKENS - half)))
+    ids = (
+        list(rng.integers(0, 2000, half))
+        + [config.vision_start_token_id]
+        + [config.image_token_id] * n_image
+        + [config.vision_end_token_id]
+        + list(rng.integers(0, 2000, TEXT_TOKENS - half))
+    )
     pixels = rng.standard_normal((grid[1] * grid[2], config.vision.patch_dim)).astype(np.float32)
-    return {"input_ids": np.array([ids]), "attention_mask": np.ones((1, len(ids)), np.int64),
-            "pixel_values": pixels, "image_grid_thw": np.array([grid])}
+    return {
+        "input_ids": np.array([ids]),
+        "attention_mask": np.ones((1, len(ids)), np.int64),
+        "pixel_values": pixels,
+        "image_grid_thw": np.array([grid]),
+    }
 
 
 def timed_interleaved(fns: list, repeats: int) -> list[float]:
@@ -92,9 +115,11 @@ def main() -> None:
         reference = model(**torch_inputs, position_ids=position_ids).logits.numpy()
     diff = float(np.abs(np.asarray(forward(config, "float32", params, model_inputs)[0]) - reference).max())
 
-    print(f"config: hidden {config.hidden_size}, {config.num_hidden_layers} layers, ViT depth "
-          f"{config.vision.depth}; one {IMAGE_SIDE}x{IMAGE_SIDE} image + {TEXT_TOKENS} text tokens "
-          f"({seq_len} tokens); torch threads {torch.get_num_threads()}, attn {model.config._attn_implementation}")
+    print(
+        f"config: hidden {config.hidden_size}, {config.num_hidden_layers} layers, ViT depth "
+        f"{config.vision.depth}; one {IMAGE_SIDE}x{IMAGE_SIDE} image + {TEXT_TOKENS} text tokens "
+        f"({seq_len} tokens); torch threads {torch.get_num_threads()}, attn {model.config._attn_implementation}"
+    )
     print(f"max |logits diff| flax vs torch: {diff:.2e}")
     print(f"flax prefill  (median of {args.repeats}): {flax_s * 1e3:8.1f} ms")
     print(f"torch prefill (median of {args.repeats}): {torch_s * 1e3:8.1f} ms")

@@ -11,6 +11,7 @@ the tied embedding) also the quantiles of each vocabulary entry's update norm: a
 that moves every coordinate by about lr whatever its gradient moves the rows of tokens that
 were never sampled as much as the sampled ones.
 """
+
 from __future__ import annotations
 
 import copy
@@ -28,22 +29,31 @@ ROOT = Path(__file__).resolve().parents[1]
 from pyvision_jax.wiring.evaluation import load_policy  # noqa: E402
 from pyvision_jax.wiring.model import hf_dir  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", str(ROOT / "configs" / "tiny_cpu.py"), "Config (architecture).",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", str(ROOT / "configs" / "tiny_cpu.py"), "Config (architecture).", lock_config=True
+)
 _BEFORE = flags.DEFINE_string("before", "packaged:small_sft", "The starting weights.")
 _AFTER = flags.DEFINE_string("after", None, "The updated weights.")
 _OUT = flags.DEFINE_string("out", "", "Write the figures to this JSON file.")
 
-GROUPS = (("visual", "visual/"), ("embed", "embed_tokens"), ("attention", "self_attn"), ("mlp", "mlp/"),
-          ("norms", "norm"), ("lm_head", "lm_head"))
+GROUPS = (
+    ("visual", "visual/"),
+    ("embed", "embed_tokens"),
+    ("attention", "self_attn"),
+    ("mlp", "mlp/"),
+    ("norms", "norm"),
+    ("lm_head", "lm_head"),
+)
 QUANTILES = (0.1, 0.5, 0.9, 1.0)
 
 
 def flat_params(params: Any) -> dict[str, np.ndarray]:
     """{"model/layers/mlp/up_proj/kernel": array, ...} of a nested parameter tree."""
     leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    return {"/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path): np.asarray(v, np.float64)
-            for path, v in leaves}
+    return {
+        "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path): np.asarray(v, np.float64)
+        for path, v in leaves
+    }
 
 
 def group_of(name: str) -> str:
@@ -52,9 +62,13 @@ def group_of(name: str) -> str:
 
 def movement(before: np.ndarray, after: np.ndarray) -> dict[str, float]:
     delta = after - before
-    return {"relative_update": float(np.linalg.norm(delta) / max(np.linalg.norm(before), 1e-30)),
-            "rms_update": float(np.sqrt(np.mean(delta ** 2))), "max_update": float(np.max(np.abs(delta))),
-            "moved_share": float(np.mean(delta != 0)), "entries": int(delta.size)}
+    return {
+        "relative_update": float(np.linalg.norm(delta) / max(np.linalg.norm(before), 1e-30)),
+        "rms_update": float(np.sqrt(np.mean(delta**2))),
+        "max_update": float(np.max(np.abs(delta))),
+        "moved_share": float(np.mean(delta != 0)),
+        "entries": int(delta.size),
+    }
 
 
 def parameter_movement(before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray]) -> dict[str, Any]:
@@ -68,8 +82,9 @@ def parameter_movement(before: Mapping[str, np.ndarray], after: Mapping[str, np.
         groups.setdefault(group_of(name), []).append(name)
     out: dict[str, Any] = {"groups": {}, "parameters": {n: movement(before[n], after[n]) for n in names}}
     for group, members in groups.items():
-        out["groups"][group] = movement(np.concatenate([before[n].ravel() for n in members]),
-                                        np.concatenate([after[n].ravel() for n in members]))
+        out["groups"][group] = movement(
+            np.concatenate([before[n].ravel() for n in members]), np.concatenate([after[n].ravel() for n in members])
+        )
     head = "lm_head/kernel" if "lm_head/kernel" in before else "model/embed_tokens/embedding"
     if head in before:
         delta = after[head] - before[head]
@@ -97,11 +112,15 @@ def main(argv: list[str]) -> None:
     result = parameter_movement(load(_BEFORE.value), load(_AFTER.value))
     result.update(before=_BEFORE.value, after=_AFTER.value)
     for group, m in result["groups"].items():
-        print(f"{group:10s} relative update {m['relative_update']:.2e}, rms {m['rms_update']:.2e}, "
-              f"max {m['max_update']:.2e}, moved {m['moved_share']:.3f} of {m['entries']}")
+        print(
+            f"{group:10s} relative update {m['relative_update']:.2e}, rms {m['rms_update']:.2e}, "
+            f"max {m['max_update']:.2e}, moved {m['moved_share']:.3f} of {m['entries']}"
+        )
     if "vocabulary_update_norm_quantiles" in result:
-        print("per-token output-row update norm quantiles:",
-              {q: f"{v:.2e}" for q, v in result["vocabulary_update_norm_quantiles"].items()})
+        print(
+            "per-token output-row update norm quantiles:",
+            {q: f"{v:.2e}" for q, v in result["vocabulary_update_norm_quantiles"].items()},
+        )
     if _OUT.value:
         Path(_OUT.value).write_text(json.dumps(result, indent=1))
 

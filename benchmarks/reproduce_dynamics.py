@@ -11,6 +11,7 @@ WORKDIR/<variant>/ (TensorBoard, checkpoints, held-out evaluations), WORKDIR/res
 WORKDIR/dynamics.png (the variants side by side) and WORKDIR/results.md (the table).
 Rerunning resumes.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,12 +26,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from pyvision_jax import wiring  # noqa: E402
 from pyvision_jax.eval.ablations import VARIANTS  # noqa: E402
-from pyvision_jax.wiring.dynamics_runs import run_variant  # noqa: E402
 from pyvision_jax.eval.dynamics_figures import plot_dynamics, results_table  # noqa: E402
+from pyvision_jax.wiring.dynamics_runs import run_variant  # noqa: E402
 from pyvision_jax.wiring.heldout import evaluate_heldout  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", str(ROOT / "configs" / "tiny_cpu.py"), "Base config.",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", str(ROOT / "configs" / "tiny_cpu.py"), "Base config.", lock_config=True
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (one run directory per variant).")
 _STEPS = flags.DEFINE_integer("steps", 24, "GRPO steps per variant.")
 _EVAL_EVERY = flags.DEFINE_integer("eval-every", 6, "Held-out evaluation every this many steps.")
@@ -57,21 +59,43 @@ def main(argv: list[str]) -> None:
     runs, times = [], {}
     for name in _VARIANTS.value:
         begin = time.perf_counter()
-        runs.append(run_variant(config, VARIANTS[name], workdir, _STEPS.value, _EVAL_EVERY.value, before,
-                                log=lambda line: print(line, flush=True)))
+        runs.append(
+            run_variant(
+                config,
+                VARIANTS[name],
+                workdir,
+                _STEPS.value,
+                _EVAL_EVERY.value,
+                before,
+                log=lambda line: print(line, flush=True),
+            )
+        )
         times[name] = round(time.perf_counter() - begin, 1)
-    results = {"command": " ".join(sys.argv), "steps": _STEPS.value, "eval_every": _EVAL_EVERY.value,
-               "heldout": {"per_kind": config.eval.heldout_per_kind, "seed": config.eval.heldout_seed,
-                           "k": config.eval.heldout_k},
-               "wall_time_s": {"total": round(time.perf_counter() - start, 1), **times}, "runs": runs}
+    results = {
+        "command": " ".join(sys.argv),
+        "steps": _STEPS.value,
+        "eval_every": _EVAL_EVERY.value,
+        "heldout": {
+            "per_kind": config.eval.heldout_per_kind,
+            "seed": config.eval.heldout_seed,
+            "k": config.eval.heldout_k,
+        },
+        "wall_time_s": {"total": round(time.perf_counter() - start, 1), **times},
+        "runs": runs,
+    }
     (workdir / "results.json").write_text(json.dumps(results, indent=1))
-    plot_dynamics(runs, workdir / "dynamics.png", title=f"{_STEPS.value} GRPO steps per variant, "
-                  f"held-out seed {config.eval.heldout_seed}")
+    plot_dynamics(
+        runs,
+        workdir / "dynamics.png",
+        title=f"{_STEPS.value} GRPO steps per variant, held-out seed {config.eval.heldout_seed}",
+    )
     table = results_table(runs)
     (workdir / "results.md").write_text(table + "\n")
     print(table)
-    print(f"results: {workdir / 'results.json'}, figure: {workdir / 'dynamics.png'}; "
-          f"wall time {results['wall_time_s']['total']:.0f} s")
+    print(
+        f"results: {workdir / 'results.json'}, figure: {workdir / 'dynamics.png'}; "
+        f"wall time {results['wall_time_s']['total']:.0f} s"
+    )
 
 
 if __name__ == "__main__":

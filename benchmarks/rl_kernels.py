@@ -12,6 +12,7 @@ The selection figure is then repeated in a child process with XLA's experimental
 fusions switched off (XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=), which makes the
 small row reductions of the group statistics cheaper on CPU (--no-ynn-comparison skips it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -144,20 +145,30 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--loss-repeats", type=int, default=7)
     parser.add_argument("--selection-only", action="store_true", help="skip the loss benchmark")
-    parser.add_argument("--no-ynn-comparison", action="store_true",
-                        help="skip the child run with XLA's YNN fusions off")
+    parser.add_argument(
+        "--no-ynn-comparison", action="store_true", help="skip the child run with XLA's YNN fusions off"
+    )
     args = parser.parse_args()
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({len(jax.devices())} device(s)), "
-          f"{os.cpu_count()} CPUs, load average {load}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+    print(
+        f"jax {jax.__version__} on {jax.devices()[0].platform} ({len(jax.devices())} device(s)), "
+        f"{os.cpu_count()} CPUs, load average {load}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}"
+    )
     bench_selection(args.groups, args.group_size, args.repeats)
     if not args.selection_only:
         bench_loss(args.batch, args.length, args.loss_repeats)
     if not args.no_ynn_comparison:
         print("\n--- child process with XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type= ---", flush=True)
         env = dict(os.environ, XLA_FLAGS="--xla_cpu_experimental_ynn_fusion_type=")
-        command = [sys.executable, __file__, "--selection-only", "--no-ynn-comparison",
-                   f"--groups={args.groups}", f"--group-size={args.group_size}", f"--repeats={args.repeats}"]
+        command = [
+            sys.executable,
+            __file__,
+            "--selection-only",
+            "--no-ynn-comparison",
+            f"--groups={args.groups}",
+            f"--group-size={args.group_size}",
+            f"--repeats={args.repeats}",
+        ]
         subprocess.run(command, env=env, check=True)
 
 

@@ -45,8 +45,7 @@ TRIVIAL_CODE = "pass"
 
 def percentiles(samples_s: list[float]) -> str:
     values = np.asarray(samples_s) * 1000.0
-    return (f"p50 {np.percentile(values, 50):8.2f} ms   p95 {np.percentile(values, 95):8.2f} ms"
-            f"   (n={len(values)})")
+    return f"p50 {np.percentile(values, 50):8.2f} ms   p95 {np.percentile(values, 95):8.2f} ms   (n={len(values)})"
 
 
 def wait_until(predicate, timeout_s: float) -> None:
@@ -170,8 +169,7 @@ def bench_concurrent(config: SandboxConfig, count: int) -> None:
         results: list = [None] * count
 
         def call(index: int) -> None:
-            results[index] = boxes[index].run("import numpy as np\n"
-                                              "print(int(np.arange(1000).sum()))")
+            results[index] = boxes[index].run("import numpy as np\nprint(int(np.arange(1000).sum()))")
 
         start = time.perf_counter()
         threads = [threading.Thread(target=call, args=(i,)) for i in range(count)]
@@ -182,11 +180,15 @@ def bench_concurrent(config: SandboxConfig, count: int) -> None:
         concurrent_s = time.perf_counter() - start
         assert all(result.stdout == "499500\n" for result in results)
         pss_mib, rss_mib = sandbox_memory(boxes)
-    print(f"\n{count} concurrent sandboxes: all started in {warm_s:.1f} s "
-          f"({warm_s / count:.2f} s each on {psutil.cpu_count()} cores); one call on each, "
-          f"concurrently: {concurrent_s * 1000:.0f} ms")
-    print(f"  memory: PSS total {pss_mib:.0f} MiB ({pss_mib / count:.1f} MiB per sandbox), "
-          f"RSS total {rss_mib:.0f} MiB ({rss_mib / count:.1f} MiB per sandbox)")
+    print(
+        f"\n{count} concurrent sandboxes: all started in {warm_s:.1f} s "
+        f"({warm_s / count:.2f} s each on {psutil.cpu_count()} cores); one call on each, "
+        f"concurrently: {concurrent_s * 1000:.0f} ms"
+    )
+    print(
+        f"  memory: PSS total {pss_mib:.0f} MiB ({pss_mib / count:.1f} MiB per sandbox), "
+        f"RSS total {rss_mib:.0f} MiB ({rss_mib / count:.1f} MiB per sandbox)"
+    )
 
 
 def process_cpu_s(pid: int) -> float:
@@ -225,8 +227,7 @@ def pin_to_one_core() -> int:
     return core
 
 
-def bench_start_cpu(config: SandboxConfig, server: ForkServer | None, starts: int
-                    ) -> tuple[list[float], list[float]]:
+def bench_start_cpu(config: SandboxConfig, server: ForkServer | None, starts: int) -> tuple[list[float], list[float]]:
     """(sandbox-side CPU, host-side CPU) of each of `starts` runtime starts, one at a time:
     forked from `server`'s template, or each in a fresh bubblewrap without one."""
     mode, bwrap = isolation_mode(config)
@@ -281,23 +282,29 @@ def bench_starts(config: SandboxConfig, starts: int, refill_size: int, refill_ro
         server.close()
     bubblewrap = bench_start_cpu(config, None, max(starts // 4, 5))
     forked_rate = bench_refill(config, refill_size, refill_rounds)
-    bubblewrap_rate = bench_refill(dataclasses.replace(config, fork_runtimes=False), refill_size,
-                                   refill_rounds)
+    bubblewrap_rate = bench_refill(dataclasses.replace(config, fork_runtimes=False), refill_size, refill_rounds)
     print(f"\nRuntime starts, everything pinned to core {core} ({mode} mode)")
-    print(f"  forked:     sandbox CPU {percentiles(forked[0])};  host CPU p50 "
-          f"{statistics.median(forked[1]) * 1000:.2f} ms   target p50 <= 50 ms")
-    print(f"  bubblewrap: sandbox CPU {percentiles(bubblewrap[0])};  host CPU p50 "
-          f"{statistics.median(bubblewrap[1]) * 1000:.2f} ms")
-    print(f"  p50 sandbox CPU: bubblewrap / forked = "
-          f"{statistics.median(bubblewrap[0]) / statistics.median(forked[0]):.1f}x")
-    print(f"Pool refill (pool of {refill_size}, one core): forked {forked_rate:.1f} runtimes/s, "
-          f"bubblewrap {bubblewrap_rate:.1f} runtimes/s ({forked_rate / bubblewrap_rate:.1f}x); "
-          f"target >= 20 runtimes/s")
+    print(
+        f"  forked:     sandbox CPU {percentiles(forked[0])};  host CPU p50 "
+        f"{statistics.median(forked[1]) * 1000:.2f} ms   target p50 <= 50 ms"
+    )
+    print(
+        f"  bubblewrap: sandbox CPU {percentiles(bubblewrap[0])};  host CPU p50 "
+        f"{statistics.median(bubblewrap[1]) * 1000:.2f} ms"
+    )
+    print(
+        f"  p50 sandbox CPU: bubblewrap / forked = "
+        f"{statistics.median(bubblewrap[0]) / statistics.median(forked[0]):.1f}x"
+    )
+    print(
+        f"Pool refill (pool of {refill_size}, one core): forked {forked_rate:.1f} runtimes/s, "
+        f"bubblewrap {bubblewrap_rate:.1f} runtimes/s ({forked_rate / bubblewrap_rate:.1f}x); "
+        f"target >= 20 runtimes/s"
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--pool-size", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
@@ -320,9 +327,11 @@ def main() -> None:
     print("Naive runtime (multiprocessing fork per trajectory, no isolation)")
     print(f"  acquire (fork + imports)    {percentiles(naive_acquire)}")
     print(f"  call overhead ('{TRIVIAL_CODE}')     {percentiles(naive_calls)}")
-    print(f"p50 ratios: naive acquire / sandbox acquire = "
-          f"{statistics.median(naive_acquire) / statistics.median(acquire):.0f}x; "
-          f"sandbox call / naive call = {statistics.median(calls) / statistics.median(naive_calls):.1f}x")
+    print(
+        f"p50 ratios: naive acquire / sandbox acquire = "
+        f"{statistics.median(naive_acquire) / statistics.median(acquire):.0f}x; "
+        f"sandbox call / naive call = {statistics.median(calls) / statistics.median(naive_calls):.1f}x"
+    )
     bench_concurrent(config, args.concurrent)
     bench_starts(config, args.starts, args.refill_size, args.refill_rounds)
 

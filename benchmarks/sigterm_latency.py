@@ -9,6 +9,7 @@ round run for --after-s seconds, sends SIGTERM and prints how long the command t
 its checkpoint and exit (schedulers give 30 s, Kubernetes' default grace period), with the
 checkpoint step it left.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,11 +33,24 @@ def main() -> None:
     parser.add_argument("--after-s", type=float, default=8.0, help="seconds into the second rollout round")
     args = parser.parse_args()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="sigterm-"))
-    command = [sys.executable, str(ROOT / "launch" / "train.py"), "--config", str(ROOT / "configs" / "tiny_cpu.py"),
-               f"--workdir={workdir}", "--config.eval.heldout_per_kind=0", "--config.train.steps=100",
-               "--progress=false"]
-    trainer = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    command = [
+        sys.executable,
+        str(ROOT / "launch" / "train.py"),
+        "--config",
+        str(ROOT / "configs" / "tiny_cpu.py"),
+        f"--workdir={workdir}",
+        "--config.eval.heldout_per_kind=0",
+        "--config.train.steps=100",
+        "--progress=false",
+    ]
+    trainer = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    )
     lines: list[str] = []
     step_one = threading.Event()
 
@@ -59,8 +73,10 @@ def main() -> None:
     reader.join(timeout=10)
     step = TrainCheckpoints(workdir / "checkpoints", 1, 3).latest_step()
     print("\n".join(lines[-4:]))
-    print(f"SIGTERM {args.after_s:.0f} s into step 2's rollouts -> exit status {status} after {elapsed:.1f} s; "
-          f"checkpoint step {step} in {workdir / 'checkpoints'}")
+    print(
+        f"SIGTERM {args.after_s:.0f} s into step 2's rollouts -> exit status {status} after {elapsed:.1f} s; "
+        f"checkpoint step {step} in {workdir / 'checkpoints'}"
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ Nothing is chosen by the held-out seed. Accuracies come with 95 % bootstrap inte
 tasks, and the held-out comparison with the paired interval of the difference. Writes
 WORKDIR/results.json; every evaluation lies under WORKDIR/seed_<S>/T_<T> and a rerun reuses it.
 """
+
 from __future__ import annotations
 
 import copy
@@ -38,8 +39,9 @@ from pyvision_jax.eval.records import TRAJECTORIES_FILE  # noqa: E402
 from pyvision_jax.wiring.config_values import str_tuple  # noqa: E402
 from pyvision_jax.wiring.evaluation import evaluate_checkpoint  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", str(ROOT / "configs" / "tiny_cpu.py"), "Base config.",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", str(ROOT / "configs" / "tiny_cpu.py"), "Base config.", lock_config=True
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0.1", "0.3", "0.6", "1.0"], "Sampling temperatures.")
 _PER_KIND = flags.DEFINE_integer("per-kind", 8, "Tasks of each synthetic kind, on each seed.")
@@ -63,10 +65,18 @@ def evaluate(config: Any, workdir: Path, seed: int, temperature: float, tasks: P
     with open(out_dir / TRAJECTORIES_FILE) as f:
         per_task = record_task_accuracies(json.loads(line) for line in f if line.strip())
     interval = accuracy_interval(list(per_task.values()))
-    return {"seed": seed, "temperature": temperature, "accuracy": results["accuracy"],
-            "accuracy_ci95": interval.as_list(), "pass_at_k": results["pass_at_k"],
-            "tool_calls": results["tool_calls"]["mean"], "end_reasons": results["end_reasons"],
-            "num_rollouts": results["num_rollouts"], "out_dir": str(out_dir), "per_task": per_task}
+    return {
+        "seed": seed,
+        "temperature": temperature,
+        "accuracy": results["accuracy"],
+        "accuracy_ci95": interval.as_list(),
+        "pass_at_k": results["pass_at_k"],
+        "tool_calls": results["tool_calls"]["mean"],
+        "end_reasons": results["end_reasons"],
+        "num_rollouts": results["num_rollouts"],
+        "out_dir": str(out_dir),
+        "per_task": per_task,
+    }
 
 
 def best_temperature(evaluations: list[dict[str, Any]]) -> float:
@@ -76,8 +86,10 @@ def best_temperature(evaluations: list[dict[str, Any]]) -> float:
 
 def line(e: dict[str, Any]) -> str:
     low, high = e["accuracy_ci95"]
-    return (f"seed {e['seed']} T {e['temperature']:g}: accuracy {e['accuracy']:.3f} [{low:.3f}, {high:.3f}], "
-            f"tool calls {e['tool_calls']:.2f}, {e['num_rollouts']} rollouts, end reasons {e['end_reasons']}")
+    return (
+        f"seed {e['seed']} T {e['temperature']:g}: accuracy {e['accuracy']:.3f} [{low:.3f}, {high:.3f}], "
+        f"tool calls {e['tool_calls']:.2f}, {e['num_rollouts']} rollouts, end reasons {e['end_reasons']}"
+    )
 
 
 def main(argv: list[str]) -> None:
@@ -90,8 +102,10 @@ def main(argv: list[str]) -> None:
     heldout_seed, validation_seed = int(config.eval.heldout_seed), _VALIDATION_SEED.value
     training = {int(config.data.synthetic_seed), int(config.sft.synthetic_seed)}
     if validation_seed == heldout_seed or heldout_seed in training:
-        raise app.UsageError(f"the validation seed {validation_seed} and the training seeds {sorted(training)} "
-                             f"must differ from the held-out seed {heldout_seed}")
+        raise app.UsageError(
+            f"the validation seed {validation_seed} and the training seeds {sorted(training)} "
+            f"must differ from the held-out seed {heldout_seed}"
+        )
     if not temperatures or min(temperatures) <= 0 or _PER_KIND.value < 1 or _K.value < 1:
         raise app.UsageError("--temperatures must be > 0, --per-kind and --k >= 1")
     kinds = str_tuple(config.data.synthetic_kinds, "data.synthetic_kinds")
@@ -106,22 +120,32 @@ def main(argv: list[str]) -> None:
     best = best_temperature(validation)
     reference = float(config.rollout.temperature)
     heldout_tasks = task_file(workdir, heldout_seed, _PER_KIND.value, kinds)
-    heldout = {t: evaluate(config, workdir, heldout_seed, t, heldout_tasks, _K.value)
-               for t in dict.fromkeys([best, reference])}
+    heldout = {
+        t: evaluate(config, workdir, heldout_seed, t, heldout_tasks, _K.value) for t in dict.fromkeys([best, reference])
+    }
     for e in heldout.values():
         print(line(e), flush=True)
     difference = paired_difference_interval(heldout[reference]["per_task"], heldout[best]["per_task"])
-    results = {"command": " ".join(sys.argv), "per_kind": _PER_KIND.value, "k": _K.value,
-               "validation_seed": validation_seed, "heldout_seed": heldout_seed, "best_temperature": best,
-               "reference_temperature": reference, "validation": validation, "heldout": list(heldout.values()),
-               "heldout_best_minus_reference": {"difference": difference.estimate,
-                                                "ci95": difference.as_list()},
-               "wall_time_s": round(time.perf_counter() - start, 1)}
+    results = {
+        "command": " ".join(sys.argv),
+        "per_kind": _PER_KIND.value,
+        "k": _K.value,
+        "validation_seed": validation_seed,
+        "heldout_seed": heldout_seed,
+        "best_temperature": best,
+        "reference_temperature": reference,
+        "validation": validation,
+        "heldout": list(heldout.values()),
+        "heldout_best_minus_reference": {"difference": difference.estimate, "ci95": difference.as_list()},
+        "wall_time_s": round(time.perf_counter() - start, 1),
+    }
     (workdir / "results.json").write_text(json.dumps(results, indent=1))
-    print(f"best on seed {validation_seed}: T {best:g}; held-out seed {heldout_seed}: "
-          f"accuracy {heldout[best]['accuracy']:.3f} {heldout[best]['accuracy_ci95']}, T {reference:g} "
-          f"{heldout[reference]['accuracy']:.3f}; paired difference {difference.summary()}; "
-          f"results: {workdir / 'results.json'} ({results['wall_time_s']:.0f} s)")
+    print(
+        f"best on seed {validation_seed}: T {best:g}; held-out seed {heldout_seed}: "
+        f"accuracy {heldout[best]['accuracy']:.3f} {heldout[best]['accuracy_ci95']}, T {reference:g} "
+        f"{heldout[reference]['accuracy']:.3f}; paired difference {difference.summary()}; "
+        f"results: {workdir / 'results.json'} ({results['wall_time_s']:.0f} s)"
+    )
 
 
 if __name__ == "__main__":

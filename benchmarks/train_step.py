@@ -12,6 +12,7 @@ PyTorch runs transformers' SDPA attention. Then each side runs alone in a child 
     python benchmarks/train_step.py [--rows 8] [--length 512] [--steps 5]
     python benchmarks/train_step.py --rows 2 --length 4096 --steps 3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,12 +24,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
-
-import numpy as np
-
 
 import jax  # noqa: E402
+import numpy as np
 import torch  # noqa: E402
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration  # noqa: E402
 
@@ -45,16 +43,32 @@ TEMPERATURE, LR, WEIGHT_DECAY, CLIP, EPS = 1.0, 1e-5, 0.01, 1.0, 0.2
 
 def bench_config() -> ModelConfig:
     base = ModelConfig.preset("tiny")
-    vision = dataclasses.replace(base.vision, depth=2, hidden_size=64, intermediate_size=128, num_heads=2,
-                                 out_hidden_size=256, fullatt_block_indexes=(1,))
-    return dataclasses.replace(base, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
-                               num_attention_heads=8, num_key_value_heads=2, mrope_section=(4, 6, 6), vision=vision)
+    vision = dataclasses.replace(
+        base.vision,
+        depth=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_heads=2,
+        out_hidden_size=256,
+        fullatt_block_indexes=(1,),
+    )
+    return dataclasses.replace(
+        base,
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        mrope_section=(4, 6, 6),
+        vision=vision,
+    )
 
 
 def trajectories(config: ModelConfig, rows: int, length: int) -> list[Trajectory]:
     import io
 
     from PIL import Image
+
     rng = np.random.default_rng(0)
     out = []
     for r in range(rows):
@@ -65,11 +79,24 @@ def trajectories(config: ModelConfig, rows: int, length: int) -> list[Trajectory
         generated = length - len(prompt) - 8 * (r % 4)
         ids = prompt + rng.integers(10, 1900, generated).tolist()
         mask = np.r_[np.zeros(len(prompt)), np.ones(generated)].astype(np.int8)
-        out.append(Trajectory(task_id=f"b{r}", rollout_index=0, token_ids=np.asarray(ids), loss_mask=mask,
-                              logprobs=np.where(mask, -2.0, 0.0), prompt_length=len(prompt),
-                              images=(ContextImage(0, "task", buffer.getvalue(), (1, 8, 8), 16),),
-                              turns=(), num_tool_calls=0, num_successful_tool_calls=0, end_reason=EndReason.DONE,
-                              broken=False, final_answer=None, policy_version=0))
+        out.append(
+            Trajectory(
+                task_id=f"b{r}",
+                rollout_index=0,
+                token_ids=np.asarray(ids),
+                loss_mask=mask,
+                logprobs=np.where(mask, -2.0, 0.0),
+                prompt_length=len(prompt),
+                images=(ContextImage(0, "task", buffer.getvalue(), (1, 8, 8), 16),),
+                turns=(),
+                num_tool_calls=0,
+                num_successful_tool_calls=0,
+                end_reason=EndReason.DONE,
+                broken=False,
+                final_answer=None,
+                policy_version=0,
+            )
+        )
     return out
 
 
@@ -94,8 +121,9 @@ def jax_step(config, params, batch):
     state = init_train_state(params, optimizer, 0)
     shardings = state_shardings(state, param_logical_axes(config), mesh)
     holder = {"state": jax.device_put(state, shardings)}
-    step_fn = make_train_step(config, StepConfig(temperature=TEMPERATURE, logprob_chunk=128), optimizer, mesh,
-                              shardings, donate=True)
+    step_fn = make_train_step(
+        config, StepConfig(temperature=TEMPERATURE, logprob_chunk=128), optimizer, mesh, shardings, donate=True
+    )
     device_batch = shard_batch(batch, mesh)
 
     def step():
@@ -126,8 +154,14 @@ def torch_step(model, config, batch):
     model.train()
 
     def step():
-        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions, pixel_values=pixels,
-                       image_grid_thw=torch.as_tensor(grids), mm_token_type_ids=mm_types).logits.float()
+        logits = model(
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=positions,
+            pixel_values=pixels,
+            image_grid_thw=torch.as_tensor(grids),
+            mm_token_type_ids=mm_types,
+        ).logits.float()
         logprobs = torch.log_softmax(logits[:, :-1] / TEMPERATURE, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
         logprobs = torch.nn.functional.pad(logprobs, (1, 0))
         ratio = torch.exp(logprobs - logprobs.detach())
@@ -149,8 +183,9 @@ def load_sides(hf_dir: str, side: str) -> tuple:
     """(torch model with SDPA attention or None, JAX params or None) from the saved checkpoint."""
     model = params = None
     if side in ("both", "torch"):
-        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32,
-                                                                   attn_implementation="sdpa")
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+            hf_dir, dtype=torch.float32, attn_implementation="sdpa"
+        )
     if side in ("both", "jax"):
         _, params = load_hf(hf_dir, dtype="float32", progress=False)
     return model, params
@@ -158,8 +193,22 @@ def load_sides(hf_dir: str, side: str) -> tuple:
 
 def child_peak_rss(args: argparse.Namespace, hf_dir: str, side: str) -> float:
     """Peak RSS (MiB) of one side's warm-up and steps, alone in a child process."""
-    command = [sys.executable, __file__, "--side", side, "--hf-dir", hf_dir, "--rows", str(args.rows),
-               "--length", str(args.length), "--steps", "1", "--warmup", "1"]
+    command = [
+        sys.executable,
+        __file__,
+        "--side",
+        side,
+        "--hf-dir",
+        hf_dir,
+        "--rows",
+        str(args.rows),
+        "--length",
+        str(args.length),
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+    ]
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return float(out.split("peak_rss_mib=")[1].split()[0])
 
@@ -170,8 +219,12 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--side", choices=("both", "jax", "torch"), default="both",
-                        help="jax/torch: run that side alone and print its peak RSS (used by the parent)")
+    parser.add_argument(
+        "--side",
+        choices=("both", "jax", "torch"),
+        default="both",
+        help="jax/torch: run that side alone and print its peak RSS (used by the parent)",
+    )
     parser.add_argument("--hf-dir", default="", help="the saved model (children)")
     args = parser.parse_args()
     config = bench_config()
@@ -185,24 +238,31 @@ def main() -> None:
         return
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**config.to_hf_dict())).to(torch.float32).save_pretrained(tmp)
+        Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**config.to_hf_dict())).to(torch.float32).save_pretrained(
+            tmp
+        )
         model, params = load_sides(tmp, "both")
         rss = {side: child_peak_rss(args, tmp, side) for side in ("jax", "torch")}
-    print(f"model: hidden {config.hidden_size}, {config.num_hidden_layers} layers, vocab {config.vocab_size}, "
-          f"vision depth {config.vision.depth} (frozen); batch {stats.rows} x {stats.length}, "
-          f"{stats.real_tokens} real tokens, {stats.loss_tokens} loss tokens, {stats.images} images; "
-          f"torch threads {torch.get_num_threads()}, jax devices {jax.devices()}")
+    print(
+        f"model: hidden {config.hidden_size}, {config.num_hidden_layers} layers, vocab {config.vocab_size}, "
+        f"vision depth {config.vision.depth} (frozen); batch {stats.rows} x {stats.length}, "
+        f"{stats.real_tokens} real tokens, {stats.loss_tokens} loss tokens, {stats.images} images; "
+        f"torch threads {torch.get_num_threads()}, jax devices {jax.devices()}"
+    )
     print("load average (1, 5, 15 min) before: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
-    times = interleaved_times({"jax": jax_step(config, params, batch),
-                               "torch": torch_step(model, config, batch)}, args.warmup, args.steps)
+    times = interleaved_times(
+        {"jax": jax_step(config, params, batch), "torch": torch_step(model, config, batch)}, args.warmup, args.steps
+    )
     jax_times, torch_times = times["jax"], times["torch"]
     jax_tps = stats.real_tokens / statistics.median(jax_times)
     torch_tps = stats.real_tokens / statistics.median(torch_times)
     print(f"JAX     step: median {statistics.median(jax_times):.3f} s  -> {jax_tps:,.0f} tokens/s")
     print(f"PyTorch step: median {statistics.median(torch_times):.3f} s  -> {torch_tps:,.0f} tokens/s")
     print(f"ratio JAX / PyTorch: {jax_tps / torch_tps:.2f}x")
-    print(f"peak RSS alone: JAX {rss['jax']:,.0f} MiB, PyTorch {rss['torch']:,.0f} MiB "
-          f"(JAX / PyTorch {rss['jax'] / rss['torch']:.2f}x)")
+    print(
+        f"peak RSS alone: JAX {rss['jax']:,.0f} MiB, PyTorch {rss['torch']:,.0f} MiB "
+        f"(JAX / PyTorch {rss['jax'] / rss['torch']:.2f}x)"
+    )
     print("load average (1, 5, 15 min) after: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 

@@ -27,6 +27,7 @@ seq_mean (1: `rl.loss_agg="seq-mean-token-mean"`, each rollout weighted alike; 0
 token-mean). `--hf-dir` starts from another HF checkpoint than the config's.
 Prints a table and writes WORKDIR/proxy.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,17 @@ from pyvision_jax.train.mesh import make_mesh  # noqa: E402
 from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings  # noqa: E402
 from pyvision_jax.train.step import StepConfig, make_train_step, micro_batch_logprobs, shard_batch  # noqa: E402
 
-KEYS = {"lr": 1e-4, "eps": 1e-8, "negative_weight": 1.0, "entropy_coef": 0.0, "seq_mean": 0.0, "min_entropy": 0.0,
-        "norm_lr": 1.0, "rest_lr": 1.0, "uniform_norm": 0.0}
+KEYS = {
+    "lr": 1e-4,
+    "eps": 1e-8,
+    "negative_weight": 1.0,
+    "entropy_coef": 0.0,
+    "seq_mean": 0.0,
+    "min_entropy": 0.0,
+    "norm_lr": 1.0,
+    "rest_lr": 1.0,
+    "uniform_norm": 0.0,
+}
 GROUPS_PER_STEP, DRAWN_PER_STEP, EVAL_EVERY = 4, 8, 3
 
 
@@ -100,7 +110,7 @@ class PoolScorer:
     def sequence_logprobs(self, params) -> np.ndarray:
         out = np.zeros(len(self.rows))
         for m in range(self.batch.num_micro_batches):
-            micro = jax.tree.map(lambda x: x[m], self.batch)
+            micro = jax.tree.map(lambda x, m=m: x[m], self.batch)
             logprobs = np.asarray(self.logprobs(self.model, self.step_config, params, micro)[0])
             mask = np.asarray(micro.loss_mask & micro.attention_mask)
             segments, slots = np.asarray(micro.segment_ids), np.asarray(micro.advantages)
@@ -116,23 +126,32 @@ class PoolScorer:
             weights /= weights.sum()
             accuracies.append(float((weights * self.correct[member]).sum()))
             tooled.append(float((weights * self.tooled[member]).sum()))
-        return {"acc": float(np.mean(accuracies)), "tool": float(np.mean(tooled)),
-                "d+": float(shift[self.correct > 0].mean()), "d-": float(shift[self.correct == 0].mean())}
+        return {
+            "acc": float(np.mean(accuracies)),
+            "tool": float(np.mean(tooled)),
+            "d+": float(shift[self.correct > 0].mean()),
+            "d-": float(shift[self.correct == 0].mean()),
+        }
 
 
-def run_setting(setting, model, params, pool_a, scorer: PoolScorer, base: np.ndarray, steps: int,
-                batching: BatchingConfig) -> list[dict[str, float]]:
+def run_setting(
+    setting, model, params, pool_a, scorer: PoolScorer, base: np.ndarray, steps: int, batching: BatchingConfig
+) -> list[dict[str, float]]:
     multipliers = (("model/norm/scale", setting["norm_lr"]), (".*", setting["rest_lr"]))
     uniform = ("model/norm/scale",) if setting["uniform_norm"] else ()
-    optimizer = make_optimizer(OptimizerConfig(lr=setting["lr"], eps=setting["eps"], lr_multipliers=multipliers,
-                                               uniform_updates=uniform))
+    optimizer = make_optimizer(
+        OptimizerConfig(lr=setting["lr"], eps=setting["eps"], lr_multipliers=multipliers, uniform_updates=uniform)
+    )
     mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
     state = init_train_state(params, optimizer, seed=0)
     shardings = state_shardings(state, param_logical_axes(model), mesh)
     state = jax.device_put(state, shardings)
     aggregation = "seq-mean-token-mean" if setting["seq_mean"] else "token-mean"
-    step_config = StepConfig(loss=PPOLossConfig(entropy_coef=setting["entropy_coef"], aggregation=aggregation,
-                                                min_entropy=setting["min_entropy"]))
+    step_config = StepConfig(
+        loss=PPOLossConfig(
+            entropy_coef=setting["entropy_coef"], aggregation=aggregation, min_entropy=setting["min_entropy"]
+        )
+    )
     train_step = make_train_step(model, step_config, optimizer, mesh, shardings, donate=False)
     selection = SelectionConfig(batch_groups=GROUPS_PER_STEP, negative_weight=setting["negative_weight"])
     floor, points = BatchShape(), []
@@ -174,17 +193,25 @@ def main() -> None:
     batching = BatchingConfig(tuple(config.train.length_buckets), config.train.micro_batch, pack=True)
     scorer = PoolScorer(model, pool_b, batching)
     base = scorer.sequence_logprobs(params)
-    print(f"pool A: {len(pool_a)} groups (seed {args.train_seed}); pool B: {len(pool_b)} groups "
-          f"(seed {args.proxy_seed}), accuracy {scorer.correct.mean():.3f}", flush=True)
+    print(
+        f"pool A: {len(pool_a)} groups (seed {args.train_seed}); pool B: {len(pool_b)} groups "
+        f"(seed {args.proxy_seed}), accuracy {scorer.correct.mean():.3f}",
+        flush=True,
+    )
     results = []
     for setting in settings:
         points = run_setting(setting, model, params, pool_a, scorer, base, args.steps, batching)
         results.append({"setting": setting, "points": points})
-        cells = " | ".join(f"s{p['step']}: acc {p['acc']:.3f} tool {p['tool']:.2f} d+ {p['d+']:+.2f} "
-                           f"d- {p['d-']:+.2f}" for p in points)
+        cells = " | ".join(
+            f"s{p['step']}: acc {p['acc']:.3f} tool {p['tool']:.2f} d+ {p['d+']:+.2f} d- {p['d-']:+.2f}" for p in points
+        )
         print(", ".join(f"{k} {v:g}" for k, v in setting.items()) + ": " + cells, flush=True)
-    (workdir / "proxy.json").write_text(json.dumps({"command": " ".join(sys.argv), "pool_b_accuracy":
-                                                    float(scorer.correct.mean()), "results": results}, indent=1))
+    (workdir / "proxy.json").write_text(
+        json.dumps(
+            {"command": " ".join(sys.argv), "pool_b_accuracy": float(scorer.correct.mean()), "results": results},
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ publish time and time per GB, the time the trainer was blocked in `publish`, and
 
   .venv/bin/python benchmarks/weight_publish.py [--layers 4] [--vision-depth 8] [--versions 4]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,20 +75,25 @@ def main() -> None:
     args = parser.parse_args()
 
     base = ModelConfig.preset("3b")
-    config = base.replace(num_hidden_layers=args.layers,
-                          vision=dataclasses.replace(base.vision, depth=args.vision_depth, fullatt_block_indexes=(3,)))
+    config = base.replace(
+        num_hidden_layers=args.layers,
+        vision=dataclasses.replace(base.vision, depth=args.vision_depth, fullatt_block_indexes=(3,)),
+    )
     params = random_params(config)
     jax.block_until_ready(params)
     trainable = {g: v for g, v in params.items() if g != "visual"}
-    print(f"model: {nbytes(params, 4) / GB:.2f} GB fp32; published: trainable {nbytes(trainable, 2) / GB:.2f} GB "
-          f"bf16 each version, vision tower {nbytes(params['visual'], 2) / GB:.2f} GB bf16 once")
+    print(
+        f"model: {nbytes(params, 4) / GB:.2f} GB fp32; published: trainable {nbytes(trainable, 2) / GB:.2f} GB "
+        f"bf16 each version, vision tower {nbytes(params['visual'], 2) / GB:.2f} GB bf16 once"
+    )
 
     step = jax.jit(lambda p: jax.tree.map(lambda x: x * (1.0 - 1e-7), p), donate_argnums=0)
     step(jax.tree.map(jnp.copy, params))  # compiled before timing
     with tempfile.TemporaryDirectory(prefix="weight_publish_") as tmp:
         publisher = TimedPublisher(Path(tmp) / "weights", config, frozen_groups=("visual",))
-        source = FleetSource(LocalTrajectoryQueue(), publisher, DeliveredGroups(None, "bench"), publish_every=1,
-                             wait_timeout_s=60)
+        source = FleetSource(
+            LocalTrajectoryQueue(), publisher, DeliveredGroups(None, "bench"), publish_every=1, wait_timeout_s=60
+        )
         rows = []
         for version in range(args.versions):
             start = time.perf_counter()
@@ -115,17 +121,25 @@ def main() -> None:
 
 
 def report(rows: list[tuple], reference: float, size: int) -> None:
-    print(f"{'version':>7} {'written GB':>10} {'publish s':>9} {'s per GB':>8} {'blocked ms':>10} "
-          f"{'blocked/publish':>15} {'steps meanwhile':>15}")
+    print(
+        f"{'version':>7} {'written GB':>10} {'publish s':>9} {'s per GB':>8} {'blocked ms':>10} "
+        f"{'blocked/publish':>15} {'steps meanwhile':>15}"
+    )
     for version, written, seconds, blocked, steps in rows:
-        print(f"{version:>7} {written / GB:>10.2f} {seconds:>9.2f} {seconds / (written / GB):>8.2f} "
-              f"{blocked * 1e3:>10.1f} {blocked / seconds:>15.2%} {steps:>15}")
+        print(
+            f"{version:>7} {written / GB:>10.2f} {seconds:>9.2f} {seconds / (written / GB):>8.2f} "
+            f"{blocked * 1e3:>10.1f} {blocked / seconds:>15.2%} {steps:>15}"
+        )
     stepping = [r for r in rows if r[0] > 0 and r[4] != "idle"] or rows
     mean_publish = sum(r[2] for r in stepping) / max(len(stepping), 1)
-    print(f"reference (synchronous): save_hf of the whole model in fp32, {size / GB:.2f} GB, {reference:.2f} s "
-          f"({reference / (size / GB):.2f} s per GB), all of it blocking the trainer")
-    print(f"trainer blocked per version: {1e3 * max(r[3] for r in stepping):.1f} ms at most (background) vs "
-          f"{reference:.2f} s (synchronous); a version is on disk {mean_publish:.2f} s after the step")
+    print(
+        f"reference (synchronous): save_hf of the whole model in fp32, {size / GB:.2f} GB, {reference:.2f} s "
+        f"({reference / (size / GB):.2f} s per GB), all of it blocking the trainer"
+    )
+    print(
+        f"trainer blocked per version: {1e3 * max(r[3] for r in stepping):.1f} ms at most (background) vs "
+        f"{reference:.2f} s (synchronous); a version is on disk {mean_publish:.2f} s after the step"
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Same recipe as configs/pyvision_image_7b.py; what changes is the hardware: 4 chi
 (`micro_batch=4`, so the batch takes twice as many micro-batches), and the Pallas splash
 attention kernel. benchmarks/memory_7b.py --devices 4 measures its per-chip memory.
 """
+
 import ml_collections
 
 from configs.pyvision_image_7b import get_config as image_7b_config
@@ -15,7 +16,7 @@ from configs.pyvision_image_7b import get_config as image_7b_config
 
 def get_config() -> ml_collections.ConfigDict:
     c = image_7b_config()
-    c.model.attention = "splash"     # Pallas TPU kernel; block sizes multiples of 128
+    c.model.attention = "splash"  # Pallas TPU kernel; block sizes multiples of 128
     c.model.attention_block_q = 512
     c.model.attention_block_kv = 512
     c.train.micro_batch = 4

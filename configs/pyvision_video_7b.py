@@ -9,6 +9,7 @@ the video lives only in the runtime; the model shows itself the frames it needs)
 Same optimisation recipe as configs/pyvision_image_7b.py (B = 16 from 32 prompts, G = 8,
 4 tool calls, lr 1e-6, 700 steps, vLLM fleet over Redis, 8-device mesh).
 """
+
 import ml_collections
 
 from configs.pyvision_image_7b import get_config as image_config
@@ -16,7 +17,7 @@ from configs.pyvision_image_7b import get_config as image_config
 
 def get_config() -> ml_collections.ConfigDict:
     c = image_config()
-    c.data.train_files = ()          # required: the video RL training set (rows with video_path)
-    c.episode.max_images = 32        # frames the model may show itself per trajectory
+    c.data.train_files = ()  # required: the video RL training set (rows with video_path)
+    c.episode.max_images = 32  # frames the model may show itself per trajectory
     c.episode.image_max_pixels = 2_000_000
     return c

@@ -6,6 +6,7 @@ export. The packaged checkpoint is made with (docs/learning.md, "The starting ch
     python launch/train.py --config configs/sft_tiny.py --workdir /tmp/sft_tiny \
         --config.sft.export_dir=pyvision_jax/assets/small_sft
 """
+
 import ml_collections
 
 from configs.base import get_config as base_config

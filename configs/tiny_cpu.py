@@ -8,6 +8,7 @@ Override any field: --config.rl.group_size=8 --config.train.steps=20. A random-i
 model instead: --config.model.preset=tiny --config.model.hf_dir= (nothing to learn from:
 every group has zero reward variance).
 """
+
 import ml_collections
 
 from configs.base import get_config as base_config

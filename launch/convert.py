@@ -6,6 +6,7 @@
 Tokenizer and other side files of the HF directory travel along (DIR/hf_files/) so that the
 exported directory is complete for transformers and vLLM.
 """
+
 from pyvision_jax.cli.convert import run
 
 if __name__ == "__main__":

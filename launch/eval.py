@@ -16,6 +16,7 @@ directory gets results.json, trajectories.jsonl and report.html; rerunning the s
 skips the tasks already finished there. Override any config field with --config.x=y, e.g.
 --config.rollout.max_batch=16 --config.eval.temperature=0.6.
 """
+
 from pyvision_jax.cli.eval import run
 
 if __name__ == "__main__":

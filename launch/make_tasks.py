@@ -6,6 +6,7 @@ One JSONL file per kind (`DIR/<kind>.jsonl`, media beside it) plus `DIR/tasks.js
 every task, ready for `launch/eval.py --data`. Seeds used in training: data.synthetic_seed
 (RL, default 0) and sft.synthetic_seed (SFT, default 1000); evaluate on another seed.
 """
+
 from pyvision_jax.cli.make_tasks import run
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ abandons them.
 Worker config keys: rollout.script_file, rollout.max_epochs (0: run until stopped),
 rollout.poll_s, rollout.queue_namespace (the trainer's), rollout.worker_stream.
 """
+
 from pyvision_jax.cli.rollout_worker import run
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ JAX_COMPILATION_CACHE_DIR names another place). Rerunning with the same workdir 
 the latest checkpoint. SIGTERM saves a checkpoint and exits. With `eval.heldout_per_kind` > 0 the model
 is evaluated on held-out synthetic tasks before and after training (WORKDIR/heldout/).
 """
+
 from pyvision_jax.cli.train import run
 
 if __name__ == "__main__":

@@ -81,56 +81,232 @@ QWEN2_5_VL_CHAT_TEMPLATE = (
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-COLOURS = ("red", "green", "blue", "yellow", "orange", "purple", "pink", "brown", "black",
-           "white", "gray", "grey", "cyan", "magenta", "teal", "navy", "olive", "maroon")
-SHAPES = ("circle", "square", "triangle", "rectangle", "star", "diamond", "hexagon",
-          "ellipse", "cross", "pentagon", "dot", "ball", "box", "arrow")
-POSITIONS = ("top-left", "top-right", "bottom-left", "bottom-right", "center", "left",
-             "right", "top", "bottom", "upper half", "lower half", "middle")
+COLOURS = (
+    "red",
+    "green",
+    "blue",
+    "yellow",
+    "orange",
+    "purple",
+    "pink",
+    "brown",
+    "black",
+    "white",
+    "gray",
+    "grey",
+    "cyan",
+    "magenta",
+    "teal",
+    "navy",
+    "olive",
+    "maroon",
+)
+SHAPES = (
+    "circle",
+    "square",
+    "triangle",
+    "rectangle",
+    "star",
+    "diamond",
+    "hexagon",
+    "ellipse",
+    "cross",
+    "pentagon",
+    "dot",
+    "ball",
+    "box",
+    "arrow",
+)
+POSITIONS = (
+    "top-left",
+    "top-right",
+    "bottom-left",
+    "bottom-right",
+    "center",
+    "left",
+    "right",
+    "top",
+    "bottom",
+    "upper half",
+    "lower half",
+    "middle",
+)
 SIZES = ("small", "tiny", "large", "big", "medium-sized", "little")
-OBJECTS = ("car", "person", "dog", "cat", "bird", "sign", "bottle", "cup", "chair", "table",
-           "tree", "window", "door", "phone", "book", "clock", "bag", "umbrella", "bicycle",
-           "flag", "lamp", "shoe", "hat", "boat", "truck", "bus", "light", "building")
-WORDS = tuple((
-    "the image shows object objects region area crop zoom zoomed enlarge closer look detail "
-    "details visible clearly first second third next then finally because therefore so "
-    "answer question options option choose choice correct wrong likely maybe appears seems "
-    "located location position coordinates pixel pixels width height size frame frames video "
-    "videos second seconds time moment appear appears appeared moving moves motion across "
-    "from into onto over under above below near far between inside outside around count "
-    "counting number total many several each every all none some only also still again "
-    "colour color colours colors shape shapes bright dark light background foreground edge "
-    "edges corner corners left right upper lower middle half quarter image_clue video_clue "
-    "let me check verify confirm inspect analyze analyse examine find locate detect identify "
-    "display show plot draw highlight mark box boxes bounding target distractor distractors "
-    "result results output print error errors traceback exception timeout failed success "
-    "reasoning think thinking step steps carefully based observation observed see saw "
-    "notice noticed found looks like similar different same larger smaller brighter darker "
-    "is are was were be been being have has had do does did will would should could can "
-    "a an and or not no yes with without for of on in at by to as it this that these those "
-    "there here which what where when who how why whose whom than more most less least "
-    "one two three four five six seven eight nine ten eleven twelve hundred thousand "
-    "red green blue channel channels mask masked threshold mean average sum max min median "
-    "array arrays shape dtype uint8 float32 int64 list tuple dict string integer value values "
-    "index indices range length rows columns row column axis axes figure figsize subplot "
-    "title label labels legend grid cell cells sample sampled sampling uniform uniformly "
-    "fps rate duration start end begin beginning finish last final during while until "
-    "user assistant system helpful you your my our we they he she it its their them us "
-    "solve solving task tasks problem problems tool tools python code runtime interpreter "
-    "environment variable variables loaded load loading preloaded available provided given"
-).split())
-PY_KEYWORDS = ("import", "from", "as", "def", "return", "for", "in", "if", "elif", "else",
-               "while", "print", "len", "range", "enumerate", "zip", "sorted", "sum", "max",
-               "min", "abs", "int", "float", "str", "round", "list", "dict", "set", "tuple",
-               "True", "False", "None", "and", "or", "not", "lambda", "with", "try", "except",
-               "break", "continue", "pass", "class", "self", "assert", "yield", "global")
-IDENTIFIERS = ("img", "image", "arr", "array", "crop", "cropped", "patch", "region", "mask",
-               "frame", "frames", "idx", "indices", "vr", "fps", "num_frames", "width",
-               "height", "w", "h", "x", "y", "x0", "y0", "x1", "y1", "cx", "cy", "left",
-               "top", "right", "bottom", "scale", "zoom", "result", "counts", "labels",
-               "colors", "pixels", "red", "green", "blue", "hsv", "gray", "edges", "fig",
-               "ax", "axes", "row", "col", "i", "j", "k", "n", "total", "count", "box",
-               "boxes", "timestamps", "times", "step", "values", "mean_color", "objects")
+OBJECTS = (
+    "car",
+    "person",
+    "dog",
+    "cat",
+    "bird",
+    "sign",
+    "bottle",
+    "cup",
+    "chair",
+    "table",
+    "tree",
+    "window",
+    "door",
+    "phone",
+    "book",
+    "clock",
+    "bag",
+    "umbrella",
+    "bicycle",
+    "flag",
+    "lamp",
+    "shoe",
+    "hat",
+    "boat",
+    "truck",
+    "bus",
+    "light",
+    "building",
+)
+WORDS = tuple(
+    (
+        "the image shows object objects region area crop zoom zoomed enlarge closer look detail "
+        "details visible clearly first second third next then finally because therefore so "
+        "answer question options option choose choice correct wrong likely maybe appears seems "
+        "located location position coordinates pixel pixels width height size frame frames video "
+        "videos second seconds time moment appear appears appeared moving moves motion across "
+        "from into onto over under above below near far between inside outside around count "
+        "counting number total many several each every all none some only also still again "
+        "colour color colours colors shape shapes bright dark light background foreground edge "
+        "edges corner corners left right upper lower middle half quarter image_clue video_clue "
+        "let me check verify confirm inspect analyze analyse examine find locate detect identify "
+        "display show plot draw highlight mark box boxes bounding target distractor distractors "
+        "result results output print error errors traceback exception timeout failed success "
+        "reasoning think thinking step steps carefully based observation observed see saw "
+        "notice noticed found looks like similar different same larger smaller brighter darker "
+        "is are was were be been being have has had do does did will would should could can "
+        "a an and or not no yes with without for of on in at by to as it this that these those "
+        "there here which what where when who how why whose whom than more most less least "
+        "one two three four five six seven eight nine ten eleven twelve hundred thousand "
+        "red green blue channel channels mask masked threshold mean average sum max min median "
+        "array arrays shape dtype uint8 float32 int64 list tuple dict string integer value values "
+        "index indices range length rows columns row column axis axes figure figsize subplot "
+        "title label labels legend grid cell cells sample sampled sampling uniform uniformly "
+        "fps rate duration start end begin beginning finish last final during while until "
+        "user assistant system helpful you your my our we they he she it its their them us "
+        "solve solving task tasks problem problems tool tools python code runtime interpreter "
+        "environment variable variables loaded load loading preloaded available provided given"
+    ).split()
+)
+PY_KEYWORDS = (
+    "import",
+    "from",
+    "as",
+    "def",
+    "return",
+    "for",
+    "in",
+    "if",
+    "elif",
+    "else",
+    "while",
+    "print",
+    "len",
+    "range",
+    "enumerate",
+    "zip",
+    "sorted",
+    "sum",
+    "max",
+    "min",
+    "abs",
+    "int",
+    "float",
+    "str",
+    "round",
+    "list",
+    "dict",
+    "set",
+    "tuple",
+    "True",
+    "False",
+    "None",
+    "and",
+    "or",
+    "not",
+    "lambda",
+    "with",
+    "try",
+    "except",
+    "break",
+    "continue",
+    "pass",
+    "class",
+    "self",
+    "assert",
+    "yield",
+    "global",
+)
+IDENTIFIERS = (
+    "img",
+    "image",
+    "arr",
+    "array",
+    "crop",
+    "cropped",
+    "patch",
+    "region",
+    "mask",
+    "frame",
+    "frames",
+    "idx",
+    "indices",
+    "vr",
+    "fps",
+    "num_frames",
+    "width",
+    "height",
+    "w",
+    "h",
+    "x",
+    "y",
+    "x0",
+    "y0",
+    "x1",
+    "y1",
+    "cx",
+    "cy",
+    "left",
+    "top",
+    "right",
+    "bottom",
+    "scale",
+    "zoom",
+    "result",
+    "counts",
+    "labels",
+    "colors",
+    "pixels",
+    "red",
+    "green",
+    "blue",
+    "hsv",
+    "gray",
+    "edges",
+    "fig",
+    "ax",
+    "axes",
+    "row",
+    "col",
+    "i",
+    "j",
+    "k",
+    "n",
+    "total",
+    "count",
+    "box",
+    "boxes",
+    "timestamps",
+    "times",
+    "step",
+    "values",
+    "mean_color",
+    "objects",
+)
 
 
 def _number(rng: random.Random, low: int = 0, high: int = 2000) -> str:
@@ -150,7 +326,7 @@ def _question(rng: random.Random) -> str:
         f"Is the {obj} on the left or the right side of the {rng.choice(OBJECTS)}?",
         f"Which object is in the {position} corner?",
         f"How many {colour} objects appear in the video?",
-        f"Which colour appears first in the video?",
+        "Which colour appears first in the video?",
         f"How many times does the {colour} {shape} cross the frame?",
         f"In which second does the {colour} {shape} first appear?",
         f"What is written on the {obj}?",
@@ -160,8 +336,7 @@ def _question(rng: random.Random) -> str:
     if rng.random() < 0.5:
         letters = "ABCD"
         choices = rng.sample(COLOURS + SHAPES + POSITIONS, 4)
-        question += "\nOptions:\n" + "\n".join(
-            f"({letters[i]}) {choice}" for i, choice in enumerate(choices))
+        question += "\nOptions:\n" + "\n".join(f"({letters[i]}) {choice}" for i, choice in enumerate(choices))
         question += "\nAnswer with the option's letter from the given choices directly."
     return question
 
@@ -237,39 +412,58 @@ def _reasoning(rng: random.Random) -> str:
     words = [rng.choice(WORDS) for _ in range(rng.randint(8, 40))]
     sentence = " ".join(words)
     sentence = sentence[0].upper() + sentence[1:] + rng.choice((".", "!", "?", ":", ","))
-    lead = rng.choice((
-        "I need to zoom into the {p} region to see the {s} {c} {o} more clearly.",
-        "The {s} {o} is near the {p} of the image, so I will crop that area.",
-        "Let me sample frames uniformly and look at where the {c} {o} appears.",
-        "The {c} {o} appears at about {n} seconds.",
-        "From the crop, the object is a {c} {o}.",
-    )).format(p=rng.choice(POSITIONS), s=rng.choice(SIZES), c=rng.choice(COLOURS),
-              o=rng.choice(SHAPES + OBJECTS), n=_number(rng, 0, 120))
+    lead = rng.choice(
+        (
+            "I need to zoom into the {p} region to see the {s} {c} {o} more clearly.",
+            "The {s} {o} is near the {p} of the image, so I will crop that area.",
+            "Let me sample frames uniformly and look at where the {c} {o} appears.",
+            "The {c} {o} appears at about {n} seconds.",
+            "From the crop, the object is a {c} {o}.",
+        )
+    ).format(
+        p=rng.choice(POSITIONS),
+        s=rng.choice(SIZES),
+        c=rng.choice(COLOURS),
+        o=rng.choice(SHAPES + OBJECTS),
+        n=_number(rng, 0, 120),
+    )
     return lead + " " + sentence
 
 
 def _observation(rng: random.Random, label: int) -> str:
-    stdout = rng.choice((
-        f"{_number(rng)} {_number(rng)}.{_number(rng, 0, 99)} {_number(rng)}.{_number(rng, 0, 99)}",
-        f"objects: {_number(rng, 0, 40)}",
-        f"({_number(rng, 1, 1080)}, {_number(rng, 1, 1920)}, 3) uint8",
-        f"{_number(rng, 1, 900)} {rng.choice(('30.0', '25.0', '29.97002997002997', '24.0'))}",
-        "Traceback (most recent call last):\n  File \"<string>\", line "
-        f"{_number(rng, 1, 30)}, in <module>\nNameError: name '{rng.choice(IDENTIFIERS)}' is not defined",
-        "Traceback (most recent call last):\n  File \"<string>\", line 3, in <module>\n"
-        "IndexError: index out of range",
-        "Error: execution timed out",
-        "",
-    ))
+    stdout = rng.choice(
+        (
+            f"{_number(rng)} {_number(rng)}.{_number(rng, 0, 99)} {_number(rng)}.{_number(rng, 0, 99)}",
+            f"objects: {_number(rng, 0, 40)}",
+            f"({_number(rng, 1, 1080)}, {_number(rng, 1, 1920)}, 3) uint8",
+            f"{_number(rng, 1, 900)} {rng.choice(('30.0', '25.0', '29.97002997002997', '24.0'))}",
+            'Traceback (most recent call last):\n  File "<string>", line '
+            f"{_number(rng, 1, 30)}, in <module>\nNameError: name '{rng.choice(IDENTIFIERS)}' is not defined",
+            'Traceback (most recent call last):\n  File "<string>", line 3, in <module>\n'
+            "IndexError: index out of range",
+            "Error: execution timed out",
+            "",
+        )
+    )
     text = f"<tool_response>\n<interpreter>\nText Result:\n{stdout}\nImage Result:\n"
     for offset in range(rng.choice((0, 1, 1, 2, 3))):
-        text += f"<image_clue_{label + offset}><|vision_start|><|image_pad|><|vision_end|></image_clue_{label + offset}>"
+        text += (
+            f"<image_clue_{label + offset}><|vision_start|><|image_pad|><|vision_end|></image_clue_{label + offset}>"
+        )
     return text + "</interpreter>\n\n</tool_response>"
 
 
 def _answer(rng: random.Random) -> str:
-    value = rng.choice((rng.choice("ABCD"), _number(rng, 0, 100), rng.choice(COLOURS),
-                        rng.choice(SHAPES), rng.choice(POSITIONS), f"{_number(rng, 0, 99)}.{_number(rng, 0, 9)}"))
+    value = rng.choice(
+        (
+            rng.choice("ABCD"),
+            _number(rng, 0, 100),
+            rng.choice(COLOURS),
+            rng.choice(SHAPES),
+            rng.choice(POSITIONS),
+            f"{_number(rng, 0, 99)}.{_number(rng, 0, 9)}",
+        )
+    )
     return "<answer>\n\\boxed{" + value + "}\n</answer>"
 
 
@@ -298,10 +492,12 @@ def corpus_documents(seed: int = CORPUS_SEED, count: int = CORPUS_DOCUMENTS) -> 
 def build_tokenizer() -> Tokenizer:
     """Trains the BPE model and appends the Qwen2.5-VL added tokens at ids 2000..2021."""
     tokenizer = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-    ])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     trainer = trainers.BpeTrainer(
         vocab_size=NUM_REGULAR_TOKENS,
@@ -314,12 +510,14 @@ def build_tokenizer() -> Tokenizer:
     if tokenizer.get_vocab_size() != NUM_REGULAR_TOKENS:
         raise RuntimeError(
             f"BPE training produced {tokenizer.get_vocab_size()} regular tokens, expected "
-            f"{NUM_REGULAR_TOKENS}: the generated corpus is too small")
-    tokenizer.add_tokens([
-        AddedToken(content, special=special, normalized=False, lstrip=False, rstrip=False,
-                   single_word=False)
-        for content, special in QWEN2_5_VL_ADDED_TOKENS
-    ])
+            f"{NUM_REGULAR_TOKENS}: the generated corpus is too small"
+        )
+    tokenizer.add_tokens(
+        [
+            AddedToken(content, special=special, normalized=False, lstrip=False, rstrip=False, single_word=False)
+            for content, special in QWEN2_5_VL_ADDED_TOKENS
+        ]
+    )
     return tokenizer
 
 
@@ -327,16 +525,18 @@ def tokenizer_config() -> dict:
     """The tokenizer_config.json of the tiny tokenizer (Qwen2.5-VL's settings)."""
     added = {
         str(NUM_REGULAR_TOKENS + index): {
-            "content": content, "lstrip": False, "normalized": False, "rstrip": False,
-            "single_word": False, "special": special,
+            "content": content,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": special,
         }
         for index, (content, special) in enumerate(QWEN2_5_VL_ADDED_TOKENS)
     }
     return {
         "added_tokens_decoder": added,
-        "additional_special_tokens": [
-            content for content, special in QWEN2_5_VL_ADDED_TOKENS[1:14] if special
-        ],
+        "additional_special_tokens": [content for content, special in QWEN2_5_VL_ADDED_TOKENS[1:14] if special],
         "bos_token": None,
         "clean_up_tokenization_spaces": False,
         "eos_token": "<|im_end|>",
@@ -367,8 +567,9 @@ def write_tokenizer_files(out_dir: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=TINY_TOKENIZER_DIR,
-                        help="output directory (default: the package's asset directory)")
+    parser.add_argument(
+        "--out", type=Path, default=TINY_TOKENIZER_DIR, help="output directory (default: the package's asset directory)"
+    )
     args = parser.parse_args(argv)
     for path in write_tokenizer_files(args.out):
         print(f"wrote {path} ({path.stat().st_size} bytes)")

@@ -1,5 +1,6 @@
 """The house rules, checked on the source: package layering (no upward imports, no circles),
 no function-local imports of the project's own modules, and no module over 500 lines."""
+
 from __future__ import annotations
 
 import ast
@@ -12,15 +13,34 @@ PACKAGE = ROOT / "pyvision_jax"
 MAX_LINES = 500
 
 # Lower layers first; a package may import only from packages listed before it (and itself).
-LAYERS = ("models", "processing", "convert", "data", "agent", "grading", "rl", "rollout", "train", "eval",
-          "wiring", "cli")
+LAYERS = (
+    "models",
+    "processing",
+    "convert",
+    "data",
+    "agent",
+    "grading",
+    "rl",
+    "rollout",
+    "train",
+    "eval",
+    "wiring",
+    "cli",
+)
 
 # Packages that take typed settings and built objects: the composition root (`wiring`) reads the config.
 CONFIG_FREE = ("train", "eval")
 
 # Heavy optional dependencies that are imported where used, with a clear error when missing.
-OPTIONAL_LOCAL_IMPORTS = ("vllm", "torch", "redis", "safetensors", "transformers", "math_verify",
-                          "pyvision_jax.rollout.vllm_engine")
+OPTIONAL_LOCAL_IMPORTS = (
+    "vllm",
+    "torch",
+    "redis",
+    "safetensors",
+    "transformers",
+    "math_verify",
+    "pyvision_jax.rollout.vllm_engine",
+)
 
 
 def _modules() -> dict[str, Path]:
@@ -106,7 +126,7 @@ def test_no_import_cycles():
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+                cycles.append(" -> ".join(stack[stack.index(nxt) :] + [nxt]))
             elif nxt not in state:
                 visit(nxt, stack)
         stack.pop()
@@ -116,16 +136,21 @@ def test_no_import_cycles():
         if node not in state:
             visit(node, [])
     # A package __init__ that re-exports its submodules is not a cycle of concern.
-    real = [c for c in cycles if not all(part == c.split(" -> ")[0] or part.startswith(c.split(" -> ")[0] + ".")
-                                         for part in c.split(" -> "))]
+    real = [
+        c
+        for c in cycles
+        if not all(part == c.split(" -> ")[0] or part.startswith(c.split(" -> ")[0] + ".") for part in c.split(" -> "))
+    ]
     assert not real, "import cycles:\n" + "\n".join(real)
 
 
 def test_no_function_local_project_imports():
-    local = [f"{path.relative_to(ROOT)}:{line}: {name}"
-             for module, path in MODULES.items()
-             for name, line, top in _imports(module, path)
-             if not top and name.startswith("pyvision_jax") and not name.startswith(OPTIONAL_LOCAL_IMPORTS)]
+    local = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for module, path in MODULES.items()
+        for name, line, top in _imports(module, path)
+        if not top and name.startswith("pyvision_jax") and not name.startswith(OPTIONAL_LOCAL_IMPORTS)
+    ]
     assert not local, "function-local imports of the project's own modules:\n" + "\n".join(sorted(set(local)))
 
 
@@ -157,8 +182,10 @@ def test_training_and_evaluation_never_read_a_config():
 
 def test_no_sys_path_insert_anywhere():
     """Every script imports the installed package; none edits sys.path."""
-    found = [str(path.relative_to(ROOT)) for folder in ("pyvision_jax", "launch", "benchmarks", "scripts", "tests",
-                                                          "configs")
-             for path in (ROOT / folder).rglob("*.py")
-             if "sys.path.insert" in path.read_text() and path.name != "test_architecture.py"]
+    found = [
+        str(path.relative_to(ROOT))
+        for folder in ("pyvision_jax", "launch", "benchmarks", "scripts", "tests", "configs")
+        for path in (ROOT / folder).rglob("*.py")
+        if "sys.path.insert" in path.read_text() and path.name != "test_architecture.py"
+    ]
     assert not found, f"sys.path.insert in {found}"

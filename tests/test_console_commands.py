@@ -1,6 +1,7 @@
 """`pip install -e .` gives the five console commands; each answers --help with its own
 flags, and each `launch/*.py` wrapper runs the same command. (absl's --help exits with
 status 1 after printing the usage; argparse's with 0.)"""
+
 from __future__ import annotations
 
 import subprocess
@@ -40,11 +41,18 @@ def test_bad_input_ends_each_command_with_one_line(tmp_path):
     missing = tmp_path / "nowhere.jsonl"
     line = _one_line([str(BIN / "pyvision-eval"), f"--data={missing}", f"--out={tmp_path / 'out'}"])
     assert line.startswith("pyvision-eval: error: ") and str(missing) in line
-    line = _one_line([str(BIN / "pyvision-eval"), f"--data={missing}", f"--out={tmp_path / 'out'}",
-                      f"--checkpoint={tmp_path / 'no_checkpoint'}"])
+    line = _one_line(
+        [
+            str(BIN / "pyvision-eval"),
+            f"--data={missing}",
+            f"--out={tmp_path / 'out'}",
+            f"--checkpoint={tmp_path / 'no_checkpoint'}",
+        ]
+    )
     assert "no_checkpoint" in line
-    line = _one_line([str(BIN / "pyvision-rollout-worker"), f"--workdir={tmp_path / 'fleet'}",
-                      "--config.rollout.engine=scripted"])
+    line = _one_line(
+        [str(BIN / "pyvision-rollout-worker"), f"--workdir={tmp_path / 'fleet'}", "--config.rollout.engine=scripted"]
+    )
     assert line.startswith("pyvision-rollout-worker: error: ") and "rollout.script_file" in line
     line = _one_line([str(BIN / "pyvision-make-tasks"), f"--out={tmp_path / 'tasks'}", "--seed=1", "--kinds=mazes"])
     assert line.startswith("pyvision-make-tasks: error: ") and "mazes" in line

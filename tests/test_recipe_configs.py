@@ -1,5 +1,6 @@
 """The 7B configs build objects in the released code's positions for every recipe switch
 (docs/recipe.md); the embedded default keeps ours."""
+
 import pytest
 
 from configs import pyvision_image_7b, pyvision_video_7b, tiny_cpu
@@ -18,8 +19,13 @@ from pyvision_jax.wiring.validation import startup_notices
 def test_the_7b_configs_use_the_released_positions(module):
     c = module.get_config()
     episode = episode_config(c, ModelConfig.preset("7b"))
-    assert (episode.max_response_tokens, episode.action_syntax, episode.turn_boundary, episode.image_cap_rule,
-            episode.stdout_strip) == (20_480, "released", "newline", "reach", "both")
+    assert (
+        episode.max_response_tokens,
+        episode.action_syntax,
+        episode.turn_boundary,
+        episode.image_cap_rule,
+        episode.stdout_strip,
+    ) == (20_480, "released", "newline", "reach", "both")
     assert episode_config(c, ModelConfig.preset("7b"), evaluation=True).max_response_tokens == 0
     selection = wiring.selection_config(c.rl)
     # group mode: splitting groups is a defect we do not copy
@@ -37,12 +43,20 @@ def test_the_7b_configs_use_the_released_positions(module):
 def test_the_embedded_default_keeps_our_positions():
     c = tiny_cpu.get_config()
     episode = episode_config(c, ModelConfig.preset("tiny"))
-    assert (episode.max_response_tokens, episode.action_syntax, episode.turn_boundary, episode.image_cap_rule,
-            episode.stdout_strip) == (0, "tagged", "im_end", "exceed", "right")
+    assert (
+        episode.max_response_tokens,
+        episode.action_syntax,
+        episode.turn_boundary,
+        episode.image_cap_rule,
+        episode.stdout_strip,
+    ) == (0, "tagged", "im_end", "exceed", "right")
     assert episode.prompts == default_prompt_templates()
     selection = wiring.selection_config(c.rl)
     assert (selection.stats_include_broken, selection.require_code_image, selection.train_end_reasons) == (
-        False, False, ())
+        False,
+        False,
+        (),
+    )
     assert wiring.loss_config(c.rl).aggregation == "token-mean"
     routes = scorer_routes(c)
     assert routes.routes == ANSWER_TYPE_ROUTES and routes.judge is None
@@ -54,7 +68,8 @@ def test_prompt_files_and_bad_routes_come_from_the_config(tmp_path):
     path.write_text("<image_clue_0>{image}</image_clue_0>\n{question}\n")
     c.episode.image_prompt_file = str(path)
     assert episode_config(c, ModelConfig.preset("tiny")).prompts.image.text == (
-        "<image_clue_0>{image}</image_clue_0>\n{question}")
+        "<image_clue_0>{image}</image_clue_0>\n{question}"
+    )
     c.grading.routes = ("*", "judge")
     with pytest.raises(ValueError, match="grading.routes entry"):
         scorer_routes(c)
@@ -71,13 +86,20 @@ RELEASED_KEYS = {
     ("grading", "judge_system_prompt"): "You are a helpful assistant.",
     ("grading", "judge_verdict_pattern"): RELEASED_VERDICT_PATTERN,
 }
-OUR_KEYS = {("episode", "observation_format"): "full", ("rl", "batch_unit"): "groups", ("rl", "loss_micro_batch"): 0,
-            ("train", "ppo_mini_batch_groups"): 0, ("grading", "judge_temperature"): 0.0,
-            ("grading", "judge_system_prompt"): "", ("grading", "judge_verdict_pattern"): ""}
+OUR_KEYS = {
+    ("episode", "observation_format"): "full",
+    ("rl", "batch_unit"): "groups",
+    ("rl", "loss_micro_batch"): 0,
+    ("train", "ppo_mini_batch_groups"): 0,
+    ("grading", "judge_temperature"): 0.0,
+    ("grading", "judge_system_prompt"): "",
+    ("grading", "judge_verdict_pattern"): "",
+}
 
 
-@pytest.mark.parametrize("module, expected", [(pyvision_image_7b, RELEASED_KEYS), (pyvision_video_7b, RELEASED_KEYS),
-                                              (tiny_cpu, OUR_KEYS)])
+@pytest.mark.parametrize(
+    "module, expected", [(pyvision_image_7b, RELEASED_KEYS), (pyvision_video_7b, RELEASED_KEYS), (tiny_cpu, OUR_KEYS)]
+)
 def test_the_switch_keys_hold_the_released_and_our_positions(module, expected):
     c = module.get_config()
     assert {key: c[key[0]][key[1]] for key in expected} == expected

@@ -1,5 +1,6 @@
 """Config -> objects: every config section maps onto its dataclass in `wiring`, with clear
 errors naming the field, and the trainer's source follows `rollout.mode`."""
+
 import os
 import subprocess
 import sys
@@ -9,13 +10,13 @@ import pytest
 
 from configs.base import get_config as base_config
 from configs.pyvision_image_7b import get_config as image_7b_config
-from tests.tiny_random_cpu import get_config as tiny_config
 from pyvision_jax import wiring
 from pyvision_jax.agent.trajectory import EndReason
 from pyvision_jax.models import ModelConfig
 from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR
 from pyvision_jax.rollout.sources import BackgroundSource, SyncSource
 from tests.agent.fake_sandbox import FakePool
+from tests.tiny_random_cpu import get_config as tiny_config
 
 
 def test_lists_in_configs_are_tuples_and_strings_are_refused_naming_the_field():
@@ -99,14 +100,14 @@ def test_a_run_keeps_compiled_executables_in_its_workdir_unless_a_cache_is_set(t
     env.update(PYTHONPATH=str(Path(__file__).resolve().parents[1]), JAX_PLATFORMS="cpu")
     if preset:
         env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "mine")
-    out = subprocess.run([sys.executable, "-c", CACHE_PROBE, str(tmp_path / "run")], env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", CACHE_PROBE, str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     used = tmp_path / ("mine" if preset else "run/jax_cache")
     assert out.stdout.strip() == str(used)
     assert any(used.iterdir())
     assert not (tmp_path / "run").exists() if preset else not (tmp_path / "mine").exists()
-
 
 
 @pytest.mark.parametrize("control", ["", "random", "entropy_min"])

@@ -1,12 +1,13 @@
 """`wiring.load_model` with shardings: HF tensors and a random init land on the given
 shardings, with the values an unsharded load gives."""
+
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from tests.tiny_random_cpu import get_config
 from pyvision_jax import wiring
 from pyvision_jax.convert import save_hf
+from tests.tiny_random_cpu import get_config
 
 
 def test_random_init_and_hf_load_go_straight_to_their_shardings(tmp_path):

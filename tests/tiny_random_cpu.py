@@ -1,5 +1,6 @@
 """A config file for tests: the tiny random-init model on CPU (the embedded default before it
 started from the packaged SFT checkpoint). Seconds per step; nothing to learn."""
+
 import ml_collections
 
 from configs.base import get_config as base_config

@@ -7,6 +7,7 @@ packed like the train step's (packed_rows.py). Memory: the compiled program's te
 (`memory_analysis()`) and the allocator's high-water mark while it ran, where the backend
 keeps one. TFLOP/s use the causal pairs within the segments (flops.py).
 """
+
 from __future__ import annotations
 
 import time
@@ -61,9 +62,16 @@ def measure(implementation: str, sizes: AttentionSizes, arrays: tuple[jax.Array,
     memory = compiled_memory(compiled)
     length = arrays[0].shape[1]
     flops = attention_flops(sizes.heads, sizes.head_dim, causal_pairs(segment_lengths(length)))
-    result = {"implementation": implementation, "length": length, "compile_s": compile_s, "times_s": times,
-              "time_s": median(times), "tflops_per_s": flops / median(times) / 1e12,
-              "temp_bytes": memory and memory["temps"], "peak_bytes": grown}
+    result = {
+        "implementation": implementation,
+        "length": length,
+        "compile_s": compile_s,
+        "times_s": times,
+        "time_s": median(times),
+        "tflops_per_s": flops / median(times) / 1e12,
+        "temp_bytes": memory and memory["temps"],
+        "peak_bytes": grown,
+    }
     return result, (out, *grads)
 
 
@@ -82,11 +90,17 @@ def run(sizes: SuiteSizes, log: SectionLog) -> None:
             if reference is None:
                 reference = values
             errors = {name: relative_error(a, b) for name, a, b in zip(("out", "dq", "dk", "dv"), values, reference)}
-            result |= {"relative_error": errors, "matches_reference": max(errors.values()) < BF16_TOLERANCE,
-                       "reference": att.implementations[0]}
+            result |= {
+                "relative_error": errors,
+                "matches_reference": max(errors.values()) < BF16_TOLERANCE,
+                "reference": att.implementations[0],
+            }
             temp = "n/a" if result["temp_bytes"] is None else f"{result['temp_bytes'] / GIB:.3f} GiB"
-            log.record(f"{implementation} T={length}", result,
-                       f"fwd+bwd {result['time_s'] * 1e3:.2f} ms ({result['tflops_per_s']:.3g} TFLOP/s), "
-                       f"temps {temp}, max rel err vs {att.implementations[0]} {max(errors.values()):.1e} "
-                       f"(matches: {result['matches_reference']})")
+            log.record(
+                f"{implementation} T={length}",
+                result,
+                f"fwd+bwd {result['time_s'] * 1e3:.2f} ms ({result['tflops_per_s']:.3g} TFLOP/s), "
+                f"temps {temp}, max rel err vs {att.implementations[0]} {max(errors.values()):.1e} "
+                f"(matches: {result['matches_reference']})",
+            )
         del arrays, reference

@@ -8,6 +8,7 @@ is lowered and compiled by XLA:CPU; printed: lower and compile seconds and the p
 memory_analysis(). Kernels that exist only on accelerators (cuDNN, splash) compile as the
 blockwise kernel here.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,20 +52,25 @@ def step_programs(sizes: SuiteSizes) -> None:
     attention = CPU_STAND_INS.get(sizes.step.attention, sizes.step.attention)
     for length in sizes.step.lengths:
         for depth in sizes.step.depths:
-            config = width_model(sizes.step, recipe, depth).replace(
-                attention=recipe.attention(attention))
-            params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.dtype(recipe.param_dtype)),
-                                  param_shapes(config))
+            config = width_model(sizes.step, recipe, depth).replace(attention=recipe.attention(attention))
+            params = jax.tree.map(
+                lambda s: jax.ShapeDtypeStruct(s.shape, jnp.dtype(recipe.param_dtype)), param_shapes(config)
+            )
             state = jax.eval_shape(lambda p: init_train_state(p, optimizer, 0, frozen), params)
             shardings = state_shardings(state, param_logical_axes(config), mesh)
-            batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                                 packed_text_batch(config, sizes.step.rows, length))
+            batch = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), packed_text_batch(config, sizes.step.rows, length)
+            )
             step = make_train_step(config, recipe.step_config(), optimizer, mesh, shardings, donate=True)
             lowered_s, compile_s, memory = timed_compile(
-                step.lower, with_shardings(state, shardings), with_shardings(batch, batch_shardings(batch, mesh)))
+                step.lower, with_shardings(state, shardings), with_shardings(batch, batch_shardings(batch, mesh))
+            )
             total = "n/a" if memory is None else f"{memory['total'] / GIB:.2f} GiB"
-            print(f"step L={depth} T={length} ({attention}): lower {lowered_s:.1f} s, compile {compile_s:.1f} s, "
-                  f"memory_analysis total {total}", flush=True)
+            print(
+                f"step L={depth} T={length} ({attention}): lower {lowered_s:.1f} s, compile {compile_s:.1f} s, "
+                f"memory_analysis total {total}",
+                flush=True,
+            )
 
 
 def attention_programs(sizes: SuiteSizes) -> None:
@@ -78,8 +84,11 @@ def attention_programs(sizes: SuiteSizes) -> None:
             step = forward_backward(stand_in, att.head_dim**-0.5)
             lowered_s, compile_s, memory = timed_compile(step.lower, *arrays)
             temps = "n/a" if memory is None else f"{memory['temps'] / GIB:.3f} GiB"
-            print(f"attention {implementation} T={length} (as {stand_in}): lower {lowered_s:.1f} s, "
-                  f"compile {compile_s:.1f} s, temps {temps}", flush=True)
+            print(
+                f"attention {implementation} T={length} (as {stand_in}): lower {lowered_s:.1f} s, "
+                f"compile {compile_s:.1f} s, temps {temps}",
+                flush=True,
+            )
 
 
 def main() -> None:

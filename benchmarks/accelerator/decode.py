@@ -6,6 +6,7 @@ One call generates `new_tokens` per request, prefill included; a call with one n
 the prefill alone, so decode tokens/s = batch x (new_tokens - 1) / (generate - prefill).
 Each figure is the best of `repeats` calls after two warm-up calls (compilation).
 """
+
 from __future__ import annotations
 
 import time
@@ -23,8 +24,9 @@ from pyvision_jax.models import ModelConfig
 from pyvision_jax.rollout.jax_engine import JaxEngine
 
 
-def best_call(engine: JaxEngine, requests: list[GenerationRequest], sampling: SamplingParams,
-              repeats: int) -> tuple[float, float]:
+def best_call(
+    engine: JaxEngine, requests: list[GenerationRequest], sampling: SamplingParams, repeats: int
+) -> tuple[float, float]:
     """(seconds of the first call, best seconds of `repeats` calls after a second one: the
     first compiles prefill and decode, the second the cache moves a call starts with)."""
     start = time.perf_counter()
@@ -43,35 +45,58 @@ def best_call(engine: JaxEngine, requests: list[GenerationRequest], sampling: Sa
 
 def decode_rates(config: ModelConfig, params: Any, sizes: DecodeSizes) -> dict[str, Any]:
     rng = np.random.default_rng(0)
-    engine = JaxEngine(config, params, None, max_batch=sizes.batch,
-                       length_buckets=(sizes.prompt, sizes.prompt + sizes.new_tokens),
-                       decode_chunk=sizes.decode_chunk, min_cache_length=sizes.prompt + sizes.new_tokens,
-                       compute_dtype=sizes.dtype, cache_dtype=sizes.dtype, eos_token_ids=())
-    requests = [GenerationRequest(f"r{i}", tuple(int(t) for t in rng.integers(0, config.vision_start_token_id,
-                                                                               sizes.prompt)))
-                for i in range(sizes.batch)]
-    first, generate_s = best_call(engine, requests, SamplingParams(temperature=0.0, max_new_tokens=sizes.new_tokens),
-                                  sizes.repeats)
+    engine = JaxEngine(
+        config,
+        params,
+        None,
+        max_batch=sizes.batch,
+        length_buckets=(sizes.prompt, sizes.prompt + sizes.new_tokens),
+        decode_chunk=sizes.decode_chunk,
+        min_cache_length=sizes.prompt + sizes.new_tokens,
+        compute_dtype=sizes.dtype,
+        cache_dtype=sizes.dtype,
+        eos_token_ids=(),
+    )
+    requests = [
+        GenerationRequest(f"r{i}", tuple(int(t) for t in rng.integers(0, config.vision_start_token_id, sizes.prompt)))
+        for i in range(sizes.batch)
+    ]
+    first, generate_s = best_call(
+        engine, requests, SamplingParams(temperature=0.0, max_new_tokens=sizes.new_tokens), sizes.repeats
+    )
     _, prefill_s = best_call(engine, requests, SamplingParams(temperature=0.0, max_new_tokens=1), sizes.repeats)
     decoded = sizes.batch * (sizes.new_tokens - 1)
-    return {"layers": config.num_hidden_layers, "hidden": config.hidden_size, "batch": sizes.batch,
-            "prompt": sizes.prompt, "new_tokens": sizes.new_tokens, "dtype": sizes.dtype, "first_call_s": first,
-            "generate_s": generate_s, "prefill_s": prefill_s,
-            "tokens_per_s": sizes.batch * sizes.new_tokens / generate_s,
-            "decode_tokens_per_s": decoded / max(generate_s - prefill_s, 1e-9),
-            "compiles": dict(engine.compile_counts)}
+    return {
+        "layers": config.num_hidden_layers,
+        "hidden": config.hidden_size,
+        "batch": sizes.batch,
+        "prompt": sizes.prompt,
+        "new_tokens": sizes.new_tokens,
+        "dtype": sizes.dtype,
+        "first_call_s": first,
+        "generate_s": generate_s,
+        "prefill_s": prefill_s,
+        "tokens_per_s": sizes.batch * sizes.new_tokens / generate_s,
+        "decode_tokens_per_s": decoded / max(generate_s - prefill_s, 1e-9),
+        "compiles": dict(engine.compile_counts),
+    }
 
 
 def run(sizes: SuiteSizes, log: SectionLog) -> None:
     dec = sizes.decode
     wide = ModelConfig.preset(dec.slice_preset).replace(num_hidden_layers=dec.slice_depth)
-    models = (("small", lambda: load_hf(SMALL_SFT, dtype=dec.dtype, progress=False)),
-              (f"{dec.slice_preset} width, {dec.slice_depth} layers",
-               lambda: (wide, random_params(wide, dec.dtype))))
+    models = (
+        ("small", lambda: load_hf(SMALL_SFT, dtype=dec.dtype, progress=False)),
+        (f"{dec.slice_preset} width, {dec.slice_depth} layers", lambda: (wide, random_params(wide, dec.dtype))),
+    )
     for name, load in models:
         config, params = load()
         result = decode_rates(config, params, dec)
         del params
-        log.record(name, result, f"batch {dec.batch}, prompt {dec.prompt} + {dec.new_tokens} new: "
-                   f"{result['tokens_per_s']:,.0f} tok/s with prefill, {result['decode_tokens_per_s']:,.0f} decode "
-                   f"tok/s (first call {result['first_call_s']:.1f} s)")
+        log.record(
+            name,
+            result,
+            f"batch {dec.batch}, prompt {dec.prompt} + {dec.new_tokens} new: "
+            f"{result['tokens_per_s']:,.0f} tok/s with prefill, {result['decode_tokens_per_s']:,.0f} decode "
+            f"tok/s (first call {result['first_call_s']:.1f} s)",
+        )

@@ -6,6 +6,7 @@ the figure is model FLOPs, not hardware FLOPs. Attention is counted on the (quer
 pairs a causal query really sees within its segment, L (L + 1) / 2 per segment of L tokens,
 not on the padded T x T square.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -13,8 +14,15 @@ from typing import Sequence
 from pyvision_jax.models import ModelConfig
 
 PEAK_BF16_FLOPS = (
-    ("H200", 989.4e12), ("H100", 989.4e12), ("GH200", 989.4e12), ("A100", 312e12), ("L40S", 362e12),
-    ("TPU v6", 918e12), ("TPU v5p", 459e12), ("TPU v5", 197e12), ("TPU v4", 275e12),
+    ("H200", 989.4e12),
+    ("H100", 989.4e12),
+    ("GH200", 989.4e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("TPU v6", 918e12),
+    ("TPU v5p", 459e12),
+    ("TPU v5", 197e12),
+    ("TPU v4", 275e12),
 )
 """Dense bf16 peak by device kind (datasheet figures, the first matching name wins): NVIDIA
 SXM parts and Google's TPU generations."""
@@ -53,5 +61,4 @@ def train_step_flops(config: ModelConfig, layers: int, segment_lengths: Sequence
     lm_head."""
     tokens = sum(segment_lengths)
     dense = 6.0 * tokens * (layers * layer_matmul_params(config) + config.hidden_size * config.vocab_size)
-    return dense + layers * attention_flops(config.num_attention_heads, config.head_dim,
-                                            causal_pairs(segment_lengths))
+    return dense + layers * attention_flops(config.num_attention_heads, config.head_dim, causal_pairs(segment_lengths))

@@ -1,5 +1,6 @@
 """Timing and memory readings that work on every backend (CPU devices report no memory
 statistics: their readings are None)."""
+
 from __future__ import annotations
 
 import statistics
@@ -34,8 +35,12 @@ def compiled_memory(compiled: Any) -> dict[str, int] | None:
         return None
     if analysis is None:
         return None
-    out = {"arguments": analysis.argument_size_in_bytes, "outputs": analysis.output_size_in_bytes,
-           "temps": analysis.temp_size_in_bytes, "aliased": analysis.alias_size_in_bytes}
+    out = {
+        "arguments": analysis.argument_size_in_bytes,
+        "outputs": analysis.output_size_in_bytes,
+        "temps": analysis.temp_size_in_bytes,
+        "aliased": analysis.alias_size_in_bytes,
+    }
     out["total"] = out["arguments"] + out["outputs"] + out["temps"] - out["aliased"]
     return {key: int(value) for key, value in out.items()}
 

@@ -1,6 +1,7 @@
 """Synthetic packed text rows shaped like the trainer's (`train.batching.pack_batch` output):
 trajectories as segments 1..K of a row, right padding, loss on each trajectory's generated
 tail, one advantage per segment."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,7 +25,7 @@ def segment_ids(length: int) -> np.ndarray:
     ids = np.zeros(length, np.int32)
     start = 0
     for k, n in enumerate(segment_lengths(length)):
-        ids[start:start + n] = k + 1
+        ids[start : start + n] = k + 1
         start += n
     return ids
 
@@ -39,12 +40,18 @@ def packed_text_batch(config: ModelConfig, rows: int, length: int, seed: int = 0
     for r in range(rows):
         start = 0
         for n in segment_lengths(length):
-            ids[r, start:start + n] = rng.integers(0, config.vision_start_token_id, n)
-            positions[:, r, start:start + n] = np.arange(n)
-            loss_mask[r, start + n - int(GENERATED_SHARE * n):start + n] = True
+            ids[r, start : start + n] = rng.integers(0, config.vision_start_token_id, n)
+            positions[:, r, start : start + n] = np.arange(n)
+            loss_mask[r, start + n - int(GENERATED_SHARE * n) : start + n] = True
             start += n
     advantages = np.tile(np.array([1.0, -1.0, 0.5, -0.5], np.float32), (rows, 1))
     behaviour = np.where(loss_mask, -2.0, 0.0).astype(np.float32)
-    return TrainBatch(input_ids=ids[None], attention_mask=(segments > 0)[None], positions=positions[None],
-                      loss_mask=loss_mask[None], behaviour_logprobs=behaviour[None], advantages=advantages[None],
-                      segment_ids=segments[None])
+    return TrainBatch(
+        input_ids=ids[None],
+        attention_mask=(segments > 0)[None],
+        positions=positions[None],
+        loss_mask=loss_mask[None],
+        behaviour_logprobs=behaviour[None],
+        advantages=advantages[None],
+        segment_ids=segments[None],
+    )

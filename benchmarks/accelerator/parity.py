@@ -5,6 +5,7 @@ The fp32 run uses the "highest" matmul precision (GPUs would otherwise multiply 
 TF32); torch runs with TF32 off too. Each row is text around one image, so the vision tower
 and its window/full attention take part.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,16 +40,27 @@ def parity_inputs(config: ModelConfig, sizes: ParitySizes, seed: int = 0) -> dic
     image = [config.vision_start_token_id] + [config.image_token_id] * (t * h * w // config.vision.merge_unit)
     image += [config.vision_end_token_id]
     half = sizes.text_tokens // 2
-    ids = [list(rng.integers(0, config.vision_start_token_id, half)) + image
-           + list(rng.integers(0, config.vision_start_token_id, sizes.text_tokens - half)) for _ in range(sizes.rows)]
+    ids = [
+        list(rng.integers(0, config.vision_start_token_id, half))
+        + image
+        + list(rng.integers(0, config.vision_start_token_id, sizes.text_tokens - half))
+        for _ in range(sizes.rows)
+    ]
     pixels = rng.standard_normal((sizes.rows * t * h * w, config.vision.patch_dim)).astype(np.float32)
-    return {"input_ids": np.asarray(ids, np.int64), "attention_mask": np.ones((sizes.rows, len(ids[0])), np.int64),
-            "pixel_values": pixels, "image_grid_thw": np.asarray([sizes.image_grid] * sizes.rows, np.int64)}
+    return {
+        "input_ids": np.asarray(ids, np.int64),
+        "attention_mask": np.ones((sizes.rows, len(ids[0])), np.int64),
+        "pixel_values": pixels,
+        "image_grid_thw": np.asarray([sizes.image_grid] * sizes.rows, np.int64),
+    }
 
 
 def compare(actual: np.ndarray, expected: np.ndarray) -> dict[str, float]:
-    return {"relative_error": relative_error(actual, expected), "max_abs": float(np.abs(actual - expected).max()),
-            "argmax_agreement": float(np.mean(actual.argmax(-1) == expected.argmax(-1)))}
+    return {
+        "relative_error": relative_error(actual, expected),
+        "max_abs": float(np.abs(actual - expected).max()),
+        "argmax_agreement": float(np.mean(actual.argmax(-1) == expected.argmax(-1))),
+    }
 
 
 def torch_device() -> tuple[Any, str | None]:
@@ -63,12 +75,16 @@ def torch_device() -> tuple[Any, str | None]:
     return None, f"torch does not see this {backend} device"
 
 
-def transformers_logits(inputs: dict[str, np.ndarray], positions: np.ndarray, config: ModelConfig,
-                        device: Any) -> np.ndarray:
+def transformers_logits(
+    inputs: dict[str, np.ndarray], positions: np.ndarray, config: ModelConfig, device: Any
+) -> np.ndarray:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(SMALL_SFT, dtype=torch.float32,
-                                                               attn_implementation="eager").to(device).eval()
+    model = (
+        Qwen2_5_VLForConditionalGeneration.from_pretrained(SMALL_SFT, dtype=torch.float32, attn_implementation="eager")
+        .to(device)
+        .eval()
+    )
     kwargs = {key: torch.as_tensor(value).to(device) for key, value in inputs.items()}
     kwargs["position_ids"] = torch.as_tensor(positions.astype(np.int64)).to(device)
     ids = inputs["input_ids"]
@@ -91,8 +107,12 @@ def run(sizes: SuiteSizes, log: SectionLog) -> None:
     shape = f"{sizes.parity.rows} rows x {inputs['input_ids'].shape[1]} tokens, image grid {sizes.parity.image_grid}"
     result = compare(bf16, reference) | {"tolerance": BF16_TOLERANCE, "logits_abs_max": float(np.abs(reference).max())}
     result["ok"] = result["relative_error"] < BF16_TOLERANCE
-    log.record("bf16 vs fp32", result, f"{shape}: rel err {result['relative_error']:.2e}, max abs "
-               f"{result['max_abs']:.3f}, argmax agree {result['argmax_agreement']:.3f} (ok: {result['ok']})")
+    log.record(
+        "bf16 vs fp32",
+        result,
+        f"{shape}: rel err {result['relative_error']:.2e}, max abs "
+        f"{result['max_abs']:.3f}, argmax agree {result['argmax_agreement']:.3f} (ok: {result['ok']})",
+    )
     device, reason = torch_device()
     if device is None:
         log.record("fp32 vs transformers", {"skipped": reason}, f"skipped: {reason}")
@@ -100,5 +120,9 @@ def run(sizes: SuiteSizes, log: SectionLog) -> None:
     expected = transformers_logits(inputs, np.asarray(model_inputs.positions), config, device)
     result = compare(reference, expected) | {"tolerance": FP32_TOLERANCE, "torch_device": str(device)}
     result["ok"] = result["relative_error"] < FP32_TOLERANCE
-    log.record("fp32 vs transformers", result, f"torch on {device}: rel err {result['relative_error']:.2e}, "
-               f"max abs {result['max_abs']:.2e}, argmax agree {result['argmax_agreement']:.3f} (ok: {result['ok']})")
+    log.record(
+        "fp32 vs transformers",
+        result,
+        f"torch on {device}: rel err {result['relative_error']:.2e}, "
+        f"max abs {result['max_abs']:.2e}, argmax agree {result['argmax_agreement']:.3f} (ok: {result['ok']})",
+    )

@@ -6,6 +6,7 @@ events that carry an `hlo_op` stat are the executed ops. Each op is put in a cat
 its names (the op, its `hlo_category` / `long_name` stats when present): matmul, attention,
 collective, copy (copies, transposes, slices, updates), other fusion.
 """
+
 from __future__ import annotations
 
 import collections
@@ -66,8 +67,12 @@ def summarize(events: list[tuple[str, str, float]], top: int = 8) -> dict[str, A
         by_category[categorize(text)] += seconds
         by_op[name] += seconds
     share = {category: seconds / total for category, seconds in by_category.most_common()} if total else {}
-    return {"op_seconds": total, "ops": len(events), "category_share": share,
-            "top_ops": [(name, seconds) for name, seconds in by_op.most_common(top)]}
+    return {
+        "op_seconds": total,
+        "ops": len(events),
+        "category_share": share,
+        "top_ops": [(name, seconds) for name, seconds in by_op.most_common(top)],
+    }
 
 
 def profile_call(run: Callable[[], Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
 """The 7B recipe's train-step settings, read from configs/pyvision_image_7b.py (ml_collections)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,10 +28,15 @@ class StepRecipe:
     optimizer: OptimizerConfig
 
     def step_config(self) -> StepConfig:
-        return StepConfig(loss=self.loss, temperature=self.temperature, logprob_chunk=self.logprob_chunk,
-                          old_logprobs="current", compute_dtype=self.compute_dtype,
-                          frozen_prefixes=self.optimizer.frozen_prefixes,
-                          remat=self.remat)
+        return StepConfig(
+            loss=self.loss,
+            temperature=self.temperature,
+            logprob_chunk=self.logprob_chunk,
+            old_logprobs="current",
+            compute_dtype=self.compute_dtype,
+            frozen_prefixes=self.optimizer.frozen_prefixes,
+            remat=self.remat,
+        )
 
     def attention(self, implementation: str) -> AttentionConfig:
         return AttentionConfig(implementation, self.block_q, self.block_kv)
@@ -44,11 +50,28 @@ def load_config(path: Path = CONFIG_7B):
 
 def step_recipe(path: Path = CONFIG_7B) -> StepRecipe:
     c = load_config(path)
-    loss = PPOLossConfig(eps_low=c.rl.eps_low, eps_high=c.rl.eps_high, dual_clip=c.rl.dual_clip or None,
-                         aggregation=c.rl.loss_agg, kl_coef=c.rl.kl_coef, entropy_coef=c.rl.entropy_coef)
-    optimizer = OptimizerConfig(lr=c.train.lr, weight_decay=c.train.weight_decay, grad_clip=c.train.grad_clip,
-                                frozen_prefixes=("visual",) if c.train.freeze_vision else ())
-    return StepRecipe(param_dtype=c.model.param_dtype, compute_dtype=c.model.compute_dtype, remat=c.model.remat,
-                      block_q=c.model.attention_block_q, block_kv=c.model.attention_block_kv,
-                      logprob_chunk=c.train.logprob_chunk, temperature=c.rollout.temperature, loss=loss,
-                      optimizer=optimizer)
+    loss = PPOLossConfig(
+        eps_low=c.rl.eps_low,
+        eps_high=c.rl.eps_high,
+        dual_clip=c.rl.dual_clip or None,
+        aggregation=c.rl.loss_agg,
+        kl_coef=c.rl.kl_coef,
+        entropy_coef=c.rl.entropy_coef,
+    )
+    optimizer = OptimizerConfig(
+        lr=c.train.lr,
+        weight_decay=c.train.weight_decay,
+        grad_clip=c.train.grad_clip,
+        frozen_prefixes=("visual",) if c.train.freeze_vision else (),
+    )
+    return StepRecipe(
+        param_dtype=c.model.param_dtype,
+        compute_dtype=c.model.compute_dtype,
+        remat=c.model.remat,
+        block_q=c.model.attention_block_q,
+        block_kv=c.model.attention_block_kv,
+        logprob_chunk=c.train.logprob_chunk,
+        temperature=c.rollout.temperature,
+        loss=loss,
+        optimizer=optimizer,
+    )

@@ -1,5 +1,6 @@
 """Results of one section, written to its JSON file after every measurement, so that a
 section stopped at its time limit still leaves what it had measured."""
+
 from __future__ import annotations
 
 import json

@@ -4,6 +4,7 @@
 sized for one H200 and "tpu" mirrors it with splash attention. docs/accelerator_suite.md
 derives the "gpu" budgets (compile times, steps, timings) that sum to at most 8 minutes.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -79,12 +80,22 @@ ENVIRONMENT_S = 45.0
 _CPU = SuiteSizes(
     kind="cpu",
     parity=ParitySizes(rows=2, text_tokens=48, image_grid=(1, 8, 8)),
-    step=StepSizes(preset="tiny", depths=(1, 2), lengths=(256,), rows=1, attention="blockwise",
-                   warmup=1, timed=2, matmul=512),
-    attention=AttentionSizes(lengths=(256, 512), heads=4, kv_heads=2, head_dim=32,
-                             implementations=("blockwise", "dense"), timed=3),
-    decode=DecodeSizes(batch=8, prompt=16, new_tokens=16, slice_preset="tiny", slice_depth=1, dtype="float32",
-                       decode_chunk=8, repeats=1),
+    step=StepSizes(
+        preset="tiny", depths=(1, 2), lengths=(256,), rows=1, attention="blockwise", warmup=1, timed=2, matmul=512
+    ),
+    attention=AttentionSizes(
+        lengths=(256, 512), heads=4, kv_heads=2, head_dim=32, implementations=("blockwise", "dense"), timed=3
+    ),
+    decode=DecodeSizes(
+        batch=8,
+        prompt=16,
+        new_tokens=16,
+        slice_preset="tiny",
+        slice_depth=1,
+        dtype="float32",
+        decode_chunk=8,
+        repeats=1,
+    ),
     budgets_s=(("parity", 90.0), ("step", 150.0), ("attention", 90.0), ("decode", 90.0)),
     xla_flags="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
 )
@@ -92,12 +103,22 @@ _CPU = SuiteSizes(
 _GPU = SuiteSizes(
     kind="gpu",
     parity=ParitySizes(rows=4, text_tokens=480, image_grid=(1, 16, 16)),
-    step=StepSizes(preset="7b", depths=(2, 4), lengths=(8192, 32768), rows=1, attention="cudnn",
-                   warmup=1, timed=3, matmul=8192),
-    attention=AttentionSizes(lengths=(8192, 32768), heads=28, kv_heads=4, head_dim=128,
-                             implementations=("blockwise", "cudnn"), timed=5),
-    decode=DecodeSizes(batch=64, prompt=512, new_tokens=128, slice_preset="7b", slice_depth=4, dtype="bfloat16",
-                       decode_chunk=16, repeats=2),
+    step=StepSizes(
+        preset="7b", depths=(2, 4), lengths=(8192, 32768), rows=1, attention="cudnn", warmup=1, timed=3, matmul=8192
+    ),
+    attention=AttentionSizes(
+        lengths=(8192, 32768), heads=28, kv_heads=4, head_dim=128, implementations=("blockwise", "cudnn"), timed=5
+    ),
+    decode=DecodeSizes(
+        batch=64,
+        prompt=512,
+        new_tokens=128,
+        slice_preset="7b",
+        slice_depth=4,
+        dtype="bfloat16",
+        decode_chunk=16,
+        repeats=2,
+    ),
     budgets_s=(("parity", 45.0), ("step", 255.0), ("attention", 60.0), ("decode", 70.0)),
 )
 
@@ -105,8 +126,11 @@ SIZES = {
     "cpu": _CPU,
     "gpu": _GPU,
     "tpu": dataclasses.replace(
-        _GPU, kind="tpu", step=dataclasses.replace(_GPU.step, attention="splash"),
-        attention=dataclasses.replace(_GPU.attention, implementations=("blockwise", "splash"))),
+        _GPU,
+        kind="tpu",
+        step=dataclasses.replace(_GPU.step, attention="splash"),
+        attention=dataclasses.replace(_GPU.attention, implementations=("blockwise", "splash")),
+    ),
 }
 
 

@@ -9,6 +9,7 @@ allocator's high-water mark over its steps the measurement; every program runs i
 of its own, so that mark is its alone. Per-layer figures are the difference between the two
 depths; the preset's full depth is extrapolated from them.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -35,16 +36,18 @@ EXTRAPOLATED = ("step_s", "peak_bytes", "predicted_bytes", "state_bytes")
 
 
 def width_model(sizes: StepSizes, recipe: StepRecipe, depth: int) -> ModelConfig:
-    return ModelConfig.preset(sizes.preset).replace(num_hidden_layers=depth,
-                                                    attention=recipe.attention(sizes.attention))
+    return ModelConfig.preset(sizes.preset).replace(
+        num_hidden_layers=depth, attention=recipe.attention(sizes.attention)
+    )
 
 
 def _gib(value: float | None) -> str:
     return "n/a" if value is None else f"{value / GIB:.2f} GiB"
 
 
-def measure_step(config: ModelConfig, recipe: StepRecipe, sizes: StepSizes, length: int,
-                 profile: bool) -> dict[str, Any]:
+def measure_step(
+    config: ModelConfig, recipe: StepRecipe, sizes: StepSizes, length: int, profile: bool
+) -> dict[str, Any]:
     """Compiles and runs the step of `config` on packed rows of `length` tokens."""
     mesh = make_mesh(1, -1, 1)
     rows = sizes.rows * mesh.size
@@ -78,11 +81,23 @@ def measure_step(config: ModelConfig, recipe: StepRecipe, sizes: StepSizes, leng
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(holder["state"]))
     peak = after and after.get("peak_bytes_in_use")
     own_peak = peak if peak and (before is None or peak > before.get("peak_bytes_in_use", 0)) else None
-    return {"layers": config.num_hidden_layers, "length": length, "rows": rows, "init_s": init_s,
-            "compile_s": compile_s, "step_times_s": times, "step_s": median(times),
-            "loss": float(out["loss"]), "updated": bool(out["updated"] > 0),
-            "peak_bytes": own_peak, "peak_bytes_in_use": peak, "predicted": predicted,
-            "predicted_bytes": predicted and predicted["total"], "state_bytes": state_bytes, "profile": summary}
+    return {
+        "layers": config.num_hidden_layers,
+        "length": length,
+        "rows": rows,
+        "init_s": init_s,
+        "compile_s": compile_s,
+        "step_times_s": times,
+        "step_s": median(times),
+        "loss": float(out["loss"]),
+        "updated": bool(out["updated"] > 0),
+        "peak_bytes": own_peak,
+        "peak_bytes_in_use": peak,
+        "predicted": predicted,
+        "predicted_bytes": predicted and predicted["total"],
+        "state_bytes": state_bytes,
+        "profile": summary,
+    }
 
 
 def rates(config: ModelConfig, run: dict[str, Any], peak: float | None, matmul: float) -> dict[str, Any]:
@@ -90,10 +105,16 @@ def rates(config: ModelConfig, run: dict[str, Any], peak: float | None, matmul: 
     lengths = segment_lengths(run["length"]) * run["rows"]
     flops = train_step_flops(config, run["layers"], lengths)
     achieved = flops / run["step_s"]
-    return {"real_tokens": sum(lengths), "tokens_per_s": sum(lengths) / run["step_s"], "model_flops": flops,
-            "flops_per_s": achieved, "mfu": achieved / peak if peak else None,
-            "fraction_of_matmul_rate": achieved / matmul, "mfu_target": MFU_TARGET,
-            "meets_target": achieved / peak >= MFU_TARGET if peak else None}
+    return {
+        "real_tokens": sum(lengths),
+        "tokens_per_s": sum(lengths) / run["step_s"],
+        "model_flops": flops,
+        "flops_per_s": achieved,
+        "mfu": achieved / peak if peak else None,
+        "fraction_of_matmul_rate": achieved / matmul,
+        "mfu_target": MFU_TARGET,
+        "meets_target": achieved / peak >= MFU_TARGET if peak else None,
+    }
 
 
 def profile_line(summary: dict[str, Any]) -> str:
@@ -154,25 +175,36 @@ def run(sizes: SuiteSizes, log: SectionLog) -> None:
                 chip = result.pop("chip")
                 datasheet = chip["datasheet_bf16_flops"]
                 datasheet = "n/a" if datasheet is None else f"{datasheet / 1e12:.0f}"
-                log.record("chip", chip, f"{chip['device_kind']}: datasheet bf16 {datasheet} TFLOP/s, "
-                           f"measured matmul {chip['matmul_flops'] / 1e12:.3g} TFLOP/s")
+                log.record(
+                    "chip",
+                    chip,
+                    f"{chip['device_kind']}: datasheet bf16 {datasheet} TFLOP/s, "
+                    f"measured matmul {chip['matmul_flops'] / 1e12:.3g} TFLOP/s",
+                )
             config = width_model(step_sizes, recipe, depth)
             result |= rates(config, result, chip["datasheet_bf16_flops"], chip["matmul_flops"])
             runs.append(result)
             mfu = "n/a" if result["mfu"] is None else f"{result['mfu']:.1%} (target {MFU_TARGET:.0%})"
-            log.record(f"L={depth} T={length}", result,
-                       f"compile {result['compile_s']:.1f} s, step {result['step_s'] * 1e3:.0f} ms, "
-                       f"{result['tokens_per_s']:,.0f} tok/s, MFU {mfu}; peak {_gib(result['peak_bytes'])} vs "
-                       f"predicted {_gib(result['predicted_bytes'])}")
+            log.record(
+                f"L={depth} T={length}",
+                result,
+                f"compile {result['compile_s']:.1f} s, step {result['step_s'] * 1e3:.0f} ms, "
+                f"{result['tokens_per_s']:,.0f} tok/s, MFU {mfu}; peak {_gib(result['peak_bytes'])} vs "
+                f"predicted {_gib(result['predicted_bytes'])}",
+            )
             if result["profile"] is not None:
                 log.record(f"profile L={depth} T={length}", result["profile"], profile_line(result["profile"]))
         full = extrapolate(*runs, full_depth) | {"length": length}
         config = width_model(step_sizes, recipe, full_depth)
         if full["step_s"]:
-            full |= rates(config, {**full, "rows": runs[-1]["rows"]}, chip["datasheet_bf16_flops"],
-                          chip["matmul_flops"])
+            full |= rates(
+                config, {**full, "rows": runs[-1]["rows"]}, chip["datasheet_bf16_flops"], chip["matmul_flops"]
+            )
         mfu = "n/a" if full.get("mfu") is None else f"{full['mfu']:.1%} (target {MFU_TARGET:.0%})"
-        log.record(f"L={full_depth} T={length} (extrapolated)", full,
-                   f"per layer {(full['step_s_per_layer'] or 0) * 1e3:.1f} ms, {_gib(full['peak_bytes_per_layer'])};"
-                   f" {full_depth} layers: step {(full['step_s'] or 0) * 1e3:.0f} ms, MFU {mfu}, peak "
-                   f"{_gib(full['peak_bytes'])} vs predicted {_gib(full['predicted_bytes'])} (one device, unsharded)")
+        log.record(
+            f"L={full_depth} T={length} (extrapolated)",
+            full,
+            f"per layer {(full['step_s_per_layer'] or 0) * 1e3:.1f} ms, {_gib(full['peak_bytes_per_layer'])};"
+            f" {full_depth} layers: step {(full['step_s'] or 0) * 1e3:.0f} ms, MFU {mfu}, peak "
+            f"{_gib(full['peak_bytes'])} vs predicted {_gib(full['predicted_bytes'])} (one device, unsharded)",
+        )

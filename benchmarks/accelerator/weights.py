@@ -6,6 +6,7 @@ an elementwise kernel that compiles in well under a second at any size. The valu
 uniform with a fixed standard deviation: they set the timing and memory of a step, not
 anything it learns.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,9 +37,12 @@ def random_params(config: ModelConfig, dtype: str, shardings: Any = None) -> dic
     flat, treedef = jax.tree_util.tree_flatten_with_path(param_shapes(config))
 
     def make() -> dict:
-        leaves = [jnp.ones(shape.shape, dtype) if jax.tree_util.keystr(path).endswith("['scale']")
-                  else hashed_uniform(shape.shape, salt, dtype, WEIGHT_STD)
-                  for salt, (path, shape) in enumerate(flat)]
+        leaves = [
+            jnp.ones(shape.shape, dtype)
+            if jax.tree_util.keystr(path).endswith("['scale']")
+            else hashed_uniform(shape.shape, salt, dtype, WEIGHT_STD)
+            for salt, (path, shape) in enumerate(flat)
+        ]
         return jax.tree_util.tree_unflatten(treedef, leaves)
 
     return jax.jit(make, out_shardings=shardings)()

@@ -59,8 +59,7 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
-            raise ValueError(
-                f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if isinstance(self.stop, str):
             raise TypeError("SamplingParams.stop must be a tuple of strings, not one string")
 
@@ -92,12 +91,10 @@ class GenerationRequest:
         object.__setattr__(self, "image_grid_thw", grids)
         if len(grids) != len(self.images):
             raise ValueError(
-                f"request {self.request_id}: {len(self.images)} images but "
-                f"{len(grids)} rows in image_grid_thw")
+                f"request {self.request_id}: {len(self.images)} images but {len(grids)} rows in image_grid_thw"
+            )
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(
-                f"request {self.request_id}: max_new_tokens must be >= 1, "
-                f"got {self.max_new_tokens}")
+            raise ValueError(f"request {self.request_id}: max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
     def token_limit(self, params: SamplingParams) -> int:
         """The number of new tokens this request may produce under ``params``."""
@@ -118,9 +115,7 @@ class GenerationResult:
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
-            raise ValueError(
-                f"GenerationResult: {len(self.token_ids)} tokens but "
-                f"{len(self.logprobs)} logprobs")
+            raise ValueError(f"GenerationResult: {len(self.token_ids)} tokens but {len(self.logprobs)} logprobs")
         if self.finish_reason not in ("stop", "length", "eos"):
             raise ValueError(f"GenerationResult: unknown finish_reason {self.finish_reason!r}")
 
@@ -134,8 +129,7 @@ class Engine(Protocol):
         """The policy version (trainer step) of the weights currently loaded."""
         ...
 
-    def generate(self, requests: Sequence[GenerationRequest],
-                 params: SamplingParams) -> list[GenerationResult]:
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
         """Continues every request; results are in request order."""
         ...
 

@@ -118,32 +118,36 @@ class EpisodeConfig:
 
     def __post_init__(self) -> None:
         if self.on_error not in ("terminate", "feedback"):
-            raise ValueError(f"EpisodeConfig.on_error must be 'terminate' or 'feedback', "
-                             f"got {self.on_error!r}")
-        for name in ("max_images", "max_new_tokens_per_turn", "max_total_tokens",
-                     "max_concurrent"):
+            raise ValueError(f"EpisodeConfig.on_error must be 'terminate' or 'feedback', got {self.on_error!r}")
+        for name in ("max_images", "max_new_tokens_per_turn", "max_total_tokens", "max_concurrent"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EpisodeConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name, allowed in (("action_syntax", ACTION_SYNTAXES), ("turn_boundary", TURN_BOUNDARIES),
-                              ("image_cap_rule", IMAGE_CAP_RULES), ("stdout_strip", STDOUT_STRIPS),
-                              ("observation_format", OBSERVATION_FORMATS)):
+        for name, allowed in (
+            ("action_syntax", ACTION_SYNTAXES),
+            ("turn_boundary", TURN_BOUNDARIES),
+            ("image_cap_rule", IMAGE_CAP_RULES),
+            ("stdout_strip", STDOUT_STRIPS),
+            ("observation_format", OBSERVATION_FORMATS),
+        ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"EpisodeConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.max_response_tokens < 0:
-            raise ValueError(f"EpisodeConfig.max_response_tokens must be >= 0 (0: no limit), "
-                             f"got {self.max_response_tokens}")
+            raise ValueError(
+                f"EpisodeConfig.max_response_tokens must be >= 0 (0: no limit), got {self.max_response_tokens}"
+            )
         if self.max_tool_calls < 0:
-            raise ValueError(f"EpisodeConfig.max_tool_calls must be >= 0, "
-                             f"got {self.max_tool_calls}")
+            raise ValueError(f"EpisodeConfig.max_tool_calls must be >= 0, got {self.max_tool_calls}")
         reasons = self.broken_end_reasons
         if isinstance(reasons, str):
-            raise ValueError(f"EpisodeConfig.broken_end_reasons must be a sequence of end reason names, "
-                             f"got the string {reasons!r}")
+            raise ValueError(
+                f"EpisodeConfig.broken_end_reasons must be a sequence of end reason names, got the string {reasons!r}"
+            )
         try:
             reasons = frozenset(EndReason(r) for r in reasons)
         except ValueError as err:
-            raise ValueError(f"EpisodeConfig.broken_end_reasons: {err}; expected names from "
-                             f"{[r.value for r in EndReason]}") from None
+            raise ValueError(
+                f"EpisodeConfig.broken_end_reasons: {err}; expected names from {[r.value for r in EndReason]}"
+            ) from None
         object.__setattr__(self, "broken_end_reasons", reasons)
 
     @classmethod
@@ -155,15 +159,16 @@ class EpisodeConfig:
         return cls(**({"max_tool_calls": 30} | overrides))
 
 
-def context_image(image: Image.Image, label: int, source: str,
-                  config: EpisodeConfig) -> tuple[ContextImage, Image.Image]:
+def context_image(
+    image: Image.Image, label: int, source: str, config: EpisodeConfig
+) -> tuple[ContextImage, Image.Image]:
     """Resizes an image to its Qwen2.5-VL context size; returns the record and the resized
     image (what the engine sees)."""
     rgb = to_rgb(image)
     factor = config.patch_size * config.merge_size
-    height, width = smart_resize(rgb.height, rgb.width, factor=factor,
-                                 min_pixels=config.image_min_pixels,
-                                 max_pixels=config.image_max_pixels)
+    height, width = smart_resize(
+        rgb.height, rgb.width, factor=factor, min_pixels=config.image_min_pixels, max_pixels=config.image_max_pixels
+    )
     resized = Image.fromarray(resize_rgb(rgb, height, width))
     buffer = io.BytesIO()
     resized.save(buffer, format="PNG")
@@ -257,8 +262,12 @@ class EpisodeMachine:
             as_is = opened.mode == "RGB" and opened.info.get("transparency") is None
         record, resized = context_image(original, 0, "task", self.config)
         messages = image_prompt_messages(task, original.width, original.height, self.config.prompts.image)
-        return TaskPrompt(tuple(self.renderer.prompt_ids(messages, [record.grid_thw])),
-                          (record,), (resized,), {"image_clue_0": str(task.image_path) if as_is else original})
+        return TaskPrompt(
+            tuple(self.renderer.prompt_ids(messages, [record.grid_thw])),
+            (record,),
+            (resized,),
+            {"image_clue_0": str(task.image_path) if as_is else original},
+        )
 
     def begin(self, episode: EpisodeState, prompt: TaskPrompt) -> None:
         """START: puts the prompt in the context (OVER_LENGTH when it leaves no room)."""
@@ -283,20 +292,27 @@ class EpisodeMachine:
         """The generation request continuing the episode's context."""
         room = self.room(episode)
         return GenerationRequest(
-            request_id=episode.request_id, prompt_token_ids=tuple(episode.token_ids),
+            request_id=episode.request_id,
+            prompt_token_ids=tuple(episode.token_ids),
             images=tuple(episode.engine_images),
             image_grid_thw=[im.grid_thw for im in episode.images],
-            max_new_tokens=min(room, self.config.max_new_tokens_per_turn))
+            max_new_tokens=min(room, self.config.max_new_tokens_per_turn),
+        )
 
-    def after_generation(self, episode: EpisodeState,
-                         output: GenerationResult) -> PendingAction | None:
+    def after_generation(self, episode: EpisodeState, output: GenerationResult) -> PendingAction | None:
         """Appends the generated ids and decides the next step; returns the pending action,
         or None after setting the end reason."""
         start = len(episode.token_ids)
         episode.append(output.token_ids, output.logprobs)
         action = parse_action(self.renderer.decode(output.token_ids), self.config.action_syntax)
-        record = TurnRecord(start, len(episode.token_ids), len(episode.token_ids),
-                            output.finish_reason, action.kind.value, output.policy_version)
+        record = TurnRecord(
+            start,
+            len(episode.token_ids),
+            len(episode.token_ids),
+            output.finish_reason,
+            action.kind.value,
+            output.policy_version,
+        )
         if action.kind is ActionKind.ANSWER:
             episode.final_answer = action.answer
             episode.end(record, EndReason.DONE)
@@ -317,12 +333,12 @@ class EpisodeMachine:
 
     def fail_run(self, episode: EpisodeState, pending: PendingAction, err: Exception) -> None:
         """TOOL when the sandbox's infrastructure (not the model's code) raised."""
-        episode.end(TurnRecord(**_turn_fields(episode, pending),
-                               tool_error=f"sandbox failure: {err!r}"),
-                    EndReason.SANDBOX_FAILURE)
+        episode.end(
+            TurnRecord(**_turn_fields(episode, pending), tool_error=f"sandbox failure: {err!r}"),
+            EndReason.SANDBOX_FAILURE,
+        )
 
-    def after_run(self, episode: EpisodeState, pending: PendingAction,
-                  result: Any) -> list[tuple[str, Image.Image]]:
+    def after_run(self, episode: EpisodeState, pending: PendingAction, result: Any) -> list[tuple[str, Image.Image]]:
         """TOOL with the sandbox's ``RunResult`` of the action's code: appends the
         observation or sets an end reason. Returns the (runtime name, image) bindings of the
         new images, which the driver preloads into the sandbox."""
@@ -330,8 +346,7 @@ class EpisodeMachine:
         turn = _turn_fields(episode, pending) | {"tool_wall_s": result.wall_time_s}
         error = _run_error(result)
         if error is None:
-            return self._observe(episode, turn, self._text_result(result.stdout, None),
-                                 list(result.images), error=None)
+            return self._observe(episode, turn, self._text_result(result.stdout, None), list(result.images), error=None)
         if self.config.on_error == "terminate":
             episode.end(TurnRecord(**turn, tool_error=error), EndReason.ERROR_IN_ACTION)
             return []
@@ -347,40 +362,44 @@ class EpisodeMachine:
     def fail_preload(episode: EpisodeState, err: Exception) -> None:
         """Ends the episode when a new image could not be preloaded into the sandbox."""
         episode.end_reason = EndReason.SANDBOX_FAILURE
-        episode.turns[-1] = dataclasses.replace(episode.turns[-1],
-                                                tool_error=f"sandbox failure: {err!r}")
+        episode.turns[-1] = dataclasses.replace(episode.turns[-1], tool_error=f"sandbox failure: {err!r}")
 
-    def trajectory(self, episode: EpisodeState, default_version: int,
-                   wall_s: float) -> Trajectory:
+    def trajectory(self, episode: EpisodeState, default_version: int, wall_s: float) -> Trajectory:
         """The finished episode as a Trajectory; ``default_version`` is its policy version
         when it has no generated turn."""
         reason = episode.end_reason
         versions = [t.policy_version for t in episode.turns]
         return Trajectory(
-            task_id=episode.task.id, rollout_index=episode.rollout_index,
-            token_ids=episode.token_ids, loss_mask=episode.loss_mask,
-            logprobs=episode.logprobs, prompt_length=episode.prompt_length,
-            images=tuple(episode.images), turns=tuple(episode.turns),
+            task_id=episode.task.id,
+            rollout_index=episode.rollout_index,
+            token_ids=episode.token_ids,
+            loss_mask=episode.loss_mask,
+            logprobs=episode.logprobs,
+            prompt_length=episode.prompt_length,
+            images=tuple(episode.images),
+            turns=tuple(episode.turns),
             num_tool_calls=episode.num_tool_calls,
             num_successful_tool_calls=episode.num_successful_tool_calls,
-            end_reason=reason, broken=reason in self.config.broken_end_reasons,
+            end_reason=reason,
+            broken=reason in self.config.broken_end_reasons,
             final_answer=episode.final_answer,
             policy_version=min(versions) if versions else default_version,
-            timings={"generate_s": episode.generate_s, "tool_s": episode.tool_s,
-                     "wall_s": wall_s})
+            timings={"generate_s": episode.generate_s, "tool_s": episode.tool_s, "wall_s": wall_s},
+        )
 
-    def _observe(self, episode: EpisodeState, turn: dict[str, Any], text: str,
-                 images: list[Image.Image], error: str | None) -> list[tuple[str, Image.Image]]:
+    def _observe(
+        self, episode: EpisodeState, turn: dict[str, Any], text: str, images: list[Image.Image], error: str | None
+    ) -> list[tuple[str, Image.Image]]:
         """Checks the budgets, then appends turn end + observation + assistant header and
         binds the new images in the runtime; returns those bindings."""
         count = len(episode.images) + len(images)
-        if count > self.config.max_images or (self.config.image_cap_rule == "reach"
-                                              and count >= self.config.max_images):
+        if count > self.config.max_images or (
+            self.config.image_cap_rule == "reach" and count >= self.config.max_images
+        ):
             episode.end(TurnRecord(**turn, tool_error=error), EndReason.EXCEED_MAX_IMAGES)
             return []
         try:
-            rendered = [context_image(im, episode.next_label + i, "code", self.config)
-                        for i, im in enumerate(images)]
+            rendered = [context_image(im, episode.next_label + i, "code", self.config) for i, im in enumerate(images)]
         except ValueError as err:  # e.g. an aspect ratio Qwen2.5-VL cannot take
             if self.config.on_error == "terminate":
                 episode.end(TurnRecord(**turn, tool_error=str(err)), EndReason.ERROR_IN_ACTION)
@@ -390,7 +409,8 @@ class EpisodeMachine:
         records = [r for r, _ in rendered]
         labels = [r.label for r in records]
         observation = self._turn_end(episode, turn) + self.renderer.observation_ids(
-            observation_content(text, labels, self.config.observation_format), [r.grid_thw for r in records])
+            observation_content(text, labels, self.config.observation_format), [r.grid_thw for r in records]
+        )
         if self.room(episode, len(observation)) < 1:
             episode.end(TurnRecord(**turn, tool_error=error), EndReason.OVER_LENGTH)
             return []
@@ -401,8 +421,11 @@ class EpisodeMachine:
         episode.num_tool_calls += 1
         if error is None:
             episode.num_successful_tool_calls += 1
-        episode.turns.append(TurnRecord(**(turn | {"observation_end": len(episode.token_ids)}),
-                                        tool_error=error, num_new_images=len(records)))
+        episode.turns.append(
+            TurnRecord(
+                **(turn | {"observation_end": len(episode.token_ids)}), tool_error=error, num_new_images=len(records)
+            )
+        )
         bindings = [(f"image_clue_{r.label}", image) for r, image in zip(records, images)]
         episode.runtime_images.update(bindings)
         return bindings
@@ -427,9 +450,14 @@ def _turn_fields(episode: EpisodeState, pending: PendingAction) -> dict[str, Any
     """The TurnRecord fields of the pending action's turn, before its observation."""
     end = len(episode.token_ids)
     output = pending.result
-    return dict(generated_start=pending.generated_start, generated_end=end,
-                observation_end=end, finish_reason=output.finish_reason,
-                action=pending.action.kind.value, policy_version=output.policy_version)
+    return dict(
+        generated_start=pending.generated_start,
+        generated_end=end,
+        observation_end=end,
+        finish_reason=output.finish_reason,
+        action=pending.action.kind.value,
+        policy_version=output.policy_version,
+    )
 
 
 def _run_error(result: Any) -> str | None:

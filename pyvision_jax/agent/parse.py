@@ -43,10 +43,8 @@ class ActionKind(enum.Enum):
 
 
 _FEEDBACK = {
-    ActionKind.NO_CODE_NOR_ANSWER:
-        "Format error: the reply has neither a <code> block nor an <answer> block.",
-    ActionKind.UNTERMINATED_BLOCK:
-        "Format error: a <code> or <answer> block (or its ```python fence) is not closed.",
+    ActionKind.NO_CODE_NOR_ANSWER: "Format error: the reply has neither a <code> block nor an <answer> block.",
+    ActionKind.UNTERMINATED_BLOCK: "Format error: a <code> or <answer> block (or its ```python fence) is not closed.",
     ActionKind.EMPTY_CODE: "Format error: the <code> block contains no code.",
     ActionKind.UNFENCED_CODE: "Format error: the code is not in a ```python fence.",
 }
@@ -106,4 +104,3 @@ def _parse_tagged(text: str) -> Action:
     if not code.strip():
         return Action(ActionKind.EMPTY_CODE)
     return Action(ActionKind.CODE, code=code)
-

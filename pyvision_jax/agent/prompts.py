@@ -46,8 +46,10 @@ class PromptTemplates:
     @classmethod
     def from_files(cls, image_file: str = "", video_file: str = "") -> "PromptTemplates":
         """From template files ("": the project's ``configs/prompts/image.txt`` / ``video.txt``)."""
-        return cls(load_template(image_file or PROMPTS_DIR / "image.txt", IMAGE_NAMES, ("image", "question")),
-                   load_template(video_file or PROMPTS_DIR / "video.txt", VIDEO_NAMES, ("question",)))
+        return cls(
+            load_template(image_file or PROMPTS_DIR / "image.txt", IMAGE_NAMES, ("image", "question")),
+            load_template(video_file or PROMPTS_DIR / "video.txt", VIDEO_NAMES, ("question",)),
+        )
 
 
 @functools.cache
@@ -62,37 +64,44 @@ def format_question(task: Task) -> str:
         return task.question
     letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
     lines = [f"({letters[i]}) {option}" for i, option in enumerate(task.options)]
-    return (task.question + "\nOptions:\n" + "\n".join(lines)
-            + "\nAnswer with the letter of the correct option.")
+    return task.question + "\nOptions:\n" + "\n".join(lines) + "\nAnswer with the letter of the correct option."
 
 
-def image_prompt_messages(task: Task, width: int, height: int,
-                          template: PromptTemplate | None = None) -> list[dict[str, Any]]:
+def image_prompt_messages(
+    task: Task, width: int, height: int, template: PromptTemplate | None = None
+) -> list[dict[str, Any]]:
     """The chat messages of an image task; ``width``/``height`` are the original image's."""
     template = template or default_prompt_templates().image
-    text = template.render({"image": IMAGE_SLOT, "width": str(width), "height": str(height),
-                            "question": format_question(task)})
+    text = template.render(
+        {"image": IMAGE_SLOT, "width": str(width), "height": str(height), "question": format_question(task)}
+    )
     before, after = text.split(IMAGE_SLOT, 1)
     parts = [{"type": "text", "text": before}, {"type": "image"}, {"type": "text", "text": after}]
     return [{"role": "user", "content": [p for p in parts if p.get("text") != ""]}]
 
 
-def video_prompt_messages(task: Task, info: VideoInfo,
-                          template: PromptTemplate | None = None) -> list[dict[str, Any]]:
+def video_prompt_messages(task: Task, info: VideoInfo, template: PromptTemplate | None = None) -> list[dict[str, Any]]:
     """The chat messages of a video task (the video itself stays in the runtime)."""
     template = template or default_prompt_templates().video
-    text = template.render({
-        "num_frames": str(info.num_frames), "width": str(info.width), "height": str(info.height),
-        "fps": f"{info.fps:.2f}", "duration": f"{info.num_frames / max(info.fps, 1e-6):.1f}",
-        "question": format_question(task)})
+    text = template.render(
+        {
+            "num_frames": str(info.num_frames),
+            "width": str(info.width),
+            "height": str(info.height),
+            "fps": f"{info.fps:.2f}",
+            "duration": f"{info.num_frames / max(info.fps, 1e-6):.1f}",
+            "question": format_question(task),
+        }
+    )
     return [{"role": "user", "content": [{"type": "text", "text": text}]}]
 
 
 OBSERVATION_FORMATS = ("full", "released")
 
 
-def observation_content(text_result: str, image_labels: Sequence[int],
-                        observation_format: str = "full") -> list[dict[str, Any]]:
+def observation_content(
+    text_result: str, image_labels: Sequence[int], observation_format: str = "full"
+) -> list[dict[str, Any]]:
     """The user-turn content of one runtime result inside ``<tool_response>\\n`` ...
     ``\\n</tool_response>``. "full" (ours, DESIGN.md's format) always has both sections:
     ``<interpreter>\\nText Result:\\n{text}\\nImage Result:\\n<image_clue_k>{image}</image_clue_k>...``
@@ -107,8 +116,11 @@ def observation_content(text_result: str, image_labels: Sequence[int],
         head = f"<interpreter>Text Result:\n{text_result}" + ("\nImage Result:\n" if image_labels else "")
     content: list[dict[str, Any]] = [{"type": "text", "text": "<tool_response>\n" + head}]
     for label in image_labels:
-        content += [{"type": "text", "text": f"<image_clue_{label}>"}, {"type": "image"},
-                    {"type": "text", "text": f"</image_clue_{label}>"}]
+        content += [
+            {"type": "text", "text": f"<image_clue_{label}>"},
+            {"type": "image"},
+            {"type": "text", "text": f"</image_clue_{label}>"},
+        ]
     content.append({"type": "text", "text": "</interpreter>\n\n</tool_response>"})
     return content
 
@@ -131,8 +143,7 @@ class ChatRenderer:
         with self._lock:
             self._turn_closing_ids = self._encode(self._turn_closing_text())
             self._newline_ids = self._encode("\n")
-            self._history = [{"role": "user", "content": "x"},
-                             {"role": "assistant", "content": "y"}]
+            self._history = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
             self._history_text = self._render(self._history, add_generation_prompt=False)
 
     @property
@@ -145,23 +156,24 @@ class ChatRenderer:
         """The tokens of "\\n" (the released rollout's turn boundary after ``</code>``)."""
         return list(self._newline_ids)
 
-    def prompt_ids(self, messages: list[dict[str, Any]],
-                   image_grid_thw: Sequence[Sequence[int]] | np.ndarray = ()) -> list[int]:
+    def prompt_ids(
+        self, messages: list[dict[str, Any]], image_grid_thw: Sequence[Sequence[int]] | np.ndarray = ()
+    ) -> list[int]:
         """The first prompt, ending with the assistant turn header; the k-th image's pad is
         expanded to the token count of the k-th (t, h, w) grid."""
         with self._lock:
             ids = self._encode(self._render(messages, add_generation_prompt=True))
         return self._expand(ids, image_grid_thw)
 
-    def observation_ids(self, content: list[dict[str, Any]],
-                        image_grid_thw: Sequence[Sequence[int]] | np.ndarray = ()) -> list[int]:
+    def observation_ids(
+        self, content: list[dict[str, Any]], image_grid_thw: Sequence[Sequence[int]] | np.ndarray = ()
+    ) -> list[int]:
         """A user turn holding ``content`` followed by the next assistant turn header."""
         with self._lock:
-            full = self._render(self._history + [{"role": "user", "content": content}],
-                                add_generation_prompt=True)
+            full = self._render(self._history + [{"role": "user", "content": content}], add_generation_prompt=True)
             if not full.startswith(self._history_text):
                 raise ValueError("the chat template does not render conversations incrementally")
-            ids = self._encode(full[len(self._history_text):])
+            ids = self._encode(full[len(self._history_text) :])
         return self._expand(ids, image_grid_thw)
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -174,13 +186,15 @@ class ChatRenderer:
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         return self._tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
 
     def _encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     def _turn_closing_text(self) -> str:
-        text = self._render([{"role": "user", "content": "x"},
-                             {"role": "assistant", "content": self._SENTINEL}],
-                            add_generation_prompt=False)
-        return text[text.index(self._SENTINEL) + len(self._SENTINEL):]
+        text = self._render(
+            [{"role": "user", "content": "x"}, {"role": "assistant", "content": self._SENTINEL}],
+            add_generation_prompt=False,
+        )
+        return text[text.index(self._SENTINEL) + len(self._SENTINEL) :]

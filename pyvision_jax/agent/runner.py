@@ -127,29 +127,38 @@ class _PromptCache:
 class EpisodeRunner:
     """Runs episodes of tasks with one engine, one tokenizer and a sandbox pool."""
 
-    def __init__(self, engine: Engine, tokenizer: Any, sandboxes: SandboxSource,
-                 config: EpisodeConfig = EpisodeConfig(),
-                 sampling: SamplingParams = SamplingParams()):
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        sandboxes: SandboxSource,
+        config: EpisodeConfig = EpisodeConfig(),
+        sampling: SamplingParams = SamplingParams(),
+    ):
         self.engine = engine
         self.sandboxes = sandboxes
         self.config = config
         self.machine = EpisodeMachine(config, ChatRenderer(tokenizer, merge_size=config.merge_size))
         self.sampling = dataclasses.replace(
-            sampling, stop=tuple(dict.fromkeys((*sampling.stop, CODE_STOP))),
-            max_new_tokens=config.max_new_tokens_per_turn)
+            sampling,
+            stop=tuple(dict.fromkeys((*sampling.stop, CODE_STOP))),
+            max_new_tokens=config.max_new_tokens_per_turn,
+        )
 
-    def run(self, tasks: Sequence[Task], group_size: int = 1,
-            progress: bool = False) -> list[TrajectoryGroup]:
+    def run(self, tasks: Sequence[Task], group_size: int = 1, progress: bool = False) -> list[TrajectoryGroup]:
         """``group_size`` rollouts of every task, grouped per task in task order."""
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         jobs = [(task, k) for task in tasks for k in range(group_size)]
         trajectories = self.run_trajectories(jobs, progress=progress)
-        return [TrajectoryGroup(task, tuple(trajectories[i * group_size:(i + 1) * group_size]))
-                for i, task in enumerate(tasks)]
+        return [
+            TrajectoryGroup(task, tuple(trajectories[i * group_size : (i + 1) * group_size]))
+            for i, task in enumerate(tasks)
+        ]
 
-    def run_trajectories(self, jobs: Sequence[tuple[Task, int]], progress: bool = False,
-                         stop: threading.Event | None = None) -> list[Trajectory]:
+    def run_trajectories(
+        self, jobs: Sequence[tuple[Task, int]], progress: bool = False, stop: threading.Event | None = None
+    ) -> list[Trajectory]:
         """One trajectory per (task, rollout index), in input order; raises `Abandoned` when
         `stop` is set first."""
         results: list[Trajectory | None] = [None] * len(jobs)
@@ -159,8 +168,9 @@ class EpisodeRunner:
                 bar.update(1)
         return [t for t in results if t is not None]
 
-    def stream(self, feed: "JobFeed", poll_s: float = 0.5,
-               stop: threading.Event | None = None) -> Iterator[tuple[int, Trajectory]]:
+    def stream(
+        self, feed: "JobFeed", poll_s: float = 0.5, stop: threading.Event | None = None
+    ) -> Iterator[tuple[int, Trajectory]]:
         """(admission position, trajectory) of every job `feed` hands out, as each finishes.
         Setting `stop` abandons the episodes in flight (`Abandoned`) at the next turn
         boundary: no turn starts after it, and tool runs in progress end with their pool.
@@ -206,8 +216,7 @@ class EpisodeRunner:
                         yield episode.position, outcome
                     elif stage == "generate":
                         episode.generate_s += time.perf_counter() - submitted.pop(id(episode))
-                        self._after_generation(episode, self.machine.after_generation(episode, outcome),
-                                               running, pool)
+                        self._after_generation(episode, self.machine.after_generation(episode, outcome), running, pool)
                     elif episode.end_reason is None:
                         ready.append(episode)
                     else:
@@ -233,19 +242,25 @@ class EpisodeRunner:
 
     # -- driver-thread steps -------------------------------------------------------------
 
-    def _wait_for_work(self, running: dict[futures.Future, Any], timeout_s: float | None = None,
-                       gather: bool = True) -> None:
+    def _wait_for_work(
+        self, running: dict[futures.Future, Any], timeout_s: float | None = None, gather: bool = True
+    ) -> None:
         """Blocks until a job is done (or `timeout_s`), then, with `gather`, briefly lets
         near-simultaneous ones finish too (at most ``gather_s``) so they share one generation
         batch (a streaming engine batches by itself: no gathering)."""
         done, _ = futures.wait(list(running), timeout=timeout_s, return_when=futures.FIRST_COMPLETED)
         if gather and done and self.config.gather_s > 0:
-            futures.wait([f for f in running if not f.done()], timeout=self.config.gather_s,
-                         return_when=futures.ALL_COMPLETED)
+            futures.wait(
+                [f for f in running if not f.done()], timeout=self.config.gather_s, return_when=futures.ALL_COMPLETED
+            )
 
-    def _after_generation(self, episode: _SandboxedEpisode, step: PendingAction | None,
-                          running: dict[futures.Future, tuple[str, _SandboxedEpisode]],
-                          pool: futures.ThreadPoolExecutor) -> None:
+    def _after_generation(
+        self,
+        episode: _SandboxedEpisode,
+        step: PendingAction | None,
+        running: dict[futures.Future, tuple[str, _SandboxedEpisode]],
+        pool: futures.ThreadPoolExecutor,
+    ) -> None:
         """Hands the episode's next step (its tool run, or its end) to the pool."""
         if step is None:
             running[pool.submit(self._finish, episode)] = ("finish", episode)
@@ -258,8 +273,7 @@ class EpisodeRunner:
         outputs = self.engine.generate(requests, self.sampling)
         elapsed = time.perf_counter() - start
         if len(outputs) != len(batch):
-            raise RuntimeError(f"engine returned {len(outputs)} results for "
-                               f"{len(batch)} requests")
+            raise RuntimeError(f"engine returned {len(outputs)} results for {len(batch)} requests")
         steps = []
         for episode, output in zip(batch, outputs):
             episode.generate_s += elapsed
@@ -273,8 +287,12 @@ class EpisodeRunner:
         try:
             prompt = prompts.get(episode.task, self.machine.render_prompt)
         except Exception as err:  # noqa: BLE001 - unreadable media end this episode, not the run
-            logger.warning("task %s: its media could not be read (%s: %s); the episode ends broken",
-                           episode.task.id, type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+            logger.warning(
+                "task %s: its media could not be read (%s: %s); the episode ends broken",
+                episode.task.id,
+                type(err).__name__,
+                str(err).splitlines()[0] if str(err) else "",
+            )
             self.machine.fail_start(episode)
             return
         self.machine.begin(episode, prompt)
@@ -312,5 +330,4 @@ class EpisodeRunner:
         if episode.sandbox is not None:
             sandbox, episode.sandbox = episode.sandbox, None
             self.sandboxes.release(sandbox)
-        return self.machine.trajectory(episode, self.engine.version,
-                                       time.perf_counter() - episode.started_at)
+        return self.machine.trajectory(episode, self.engine.version, time.perf_counter() - episode.started_at)

@@ -5,6 +5,7 @@ a template may hold `\\boxed{...}`, Python dict literals or a released prompt pa
 A template must use its kind's required names (the question, the image slot); a missing
 one is an error naming the file. The project's own templates live in `configs/prompts/`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,9 +29,11 @@ class PromptTemplate:
     def __post_init__(self) -> None:
         missing = [name for name in self.required if "{" + name + "}" not in self.text]
         if missing:
-            raise ValueError(f"prompt template {self.source}: placeholders "
-                             f"{['{' + n + '}' for n in missing]} are missing (it may use "
-                             f"{['{' + n + '}' for n in self.names]})")
+            raise ValueError(
+                f"prompt template {self.source}: placeholders "
+                f"{['{' + n + '}' for n in missing]} are missing (it may use "
+                f"{['{' + n + '}' for n in self.names]})"
+            )
 
     def render(self, values: Mapping[str, str]) -> str:
         """The text with each `{name}` of `names` replaced by `values[name]`."""

@@ -86,9 +86,11 @@ class Trajectory:
         object.__setattr__(self, "end_reason", EndReason(self.end_reason))
         n = len(self.token_ids)
         if len(self.loss_mask) != n or len(self.logprobs) != n:
-            raise ValueError(f"trajectory {self.task_id}/{self.rollout_index}: token_ids "
-                             f"({n}), loss_mask ({len(self.loss_mask)}) and logprobs "
-                             f"({len(self.logprobs)}) must have one length")
+            raise ValueError(
+                f"trajectory {self.task_id}/{self.rollout_index}: token_ids "
+                f"({n}), loss_mask ({len(self.loss_mask)}) and logprobs "
+                f"({len(self.logprobs)}) must have one length"
+            )
 
     @property
     def image_grid_thw(self) -> np.ndarray:
@@ -119,8 +121,7 @@ class Trajectory:
         d = dict(d)
         for name in ("token_ids", "loss_mask", "logprobs"):
             d[name] = np.frombuffer(d[name]["data"], dtype=np.dtype(d[name]["dtype"])).copy()
-        d["images"] = tuple(ContextImage(**(im | {"grid_thw": tuple(im["grid_thw"])}))
-                            for im in d["images"])
+        d["images"] = tuple(ContextImage(**(im | {"grid_thw": tuple(im["grid_thw"])})) for im in d["images"])
         d["turns"] = tuple(TurnRecord(**t) for t in d["turns"])
         return cls(**d)
 
@@ -143,8 +144,7 @@ class Trajectory:
     @classmethod
     def from_json(cls, text: str) -> "Trajectory":
         d = json.loads(text)
-        for name, dtype in (("token_ids", np.int32), ("loss_mask", np.int8),
-                            ("logprobs", np.float32)):
+        for name, dtype in (("token_ids", np.int32), ("loss_mask", np.int8), ("logprobs", np.float32)):
             d[name] = np.asarray(d[name], dtype)
             d[name] = {"dtype": d[name].dtype.str, "data": d[name].tobytes()}
         for im in d["images"]:
@@ -159,8 +159,7 @@ class Trajectory:
         i = 0
         while i < len(ids):
             j = i
-            while j < len(ids) and mask[j] == mask[i] and (ids[j] == image_pad_id) == (
-                    ids[i] == image_pad_id):
+            while j < len(ids) and mask[j] == mask[i] and (ids[j] == image_pad_id) == (ids[i] == image_pad_id):
                 j += 1
             if ids[i] == image_pad_id:
                 pieces.append(f"<|image_pad|>×{j - i}")
@@ -192,14 +191,23 @@ class GroupScores:
             raise ValueError(f"group scores of unequal lengths {sorted(sizes)}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"scores": list(self.scores), "correct": list(self.correct),
-                "tool_calls": list(self.tool_calls), "rewards": list(self.rewards), "broken": list(self.broken)}
+        return {
+            "scores": list(self.scores),
+            "correct": list(self.correct),
+            "tool_calls": list(self.tool_calls),
+            "rewards": list(self.rewards),
+            "broken": list(self.broken),
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "GroupScores":
-        return cls(tuple(float(x) for x in d["scores"]), tuple(bool(x) for x in d["correct"]),
-                   tuple(int(x) for x in d["tool_calls"]), tuple(float(x) for x in d["rewards"]),
-                   tuple(bool(x) for x in d.get("broken", ())))
+        return cls(
+            tuple(float(x) for x in d["scores"]),
+            tuple(bool(x) for x in d["correct"]),
+            tuple(int(x) for x in d["tool_calls"]),
+            tuple(float(x) for x in d["rewards"]),
+            tuple(bool(x) for x in d.get("broken", ())),
+        )
 
 
 @dataclass(frozen=True)
@@ -213,11 +221,11 @@ class TrajectoryGroup:
     def __post_init__(self) -> None:
         for t in self.trajectories:
             if t.task_id != self.task.id:
-                raise ValueError(f"group of task {self.task.id} holds a trajectory of "
-                                 f"task {t.task_id}")
+                raise ValueError(f"group of task {self.task.id} holds a trajectory of task {t.task_id}")
         if self.scores is not None and len(self.scores.scores) != len(self.trajectories):
-            raise ValueError(f"group of task {self.task.id}: {len(self.scores.scores)} scores for "
-                             f"{len(self.trajectories)} rollouts")
+            raise ValueError(
+                f"group of task {self.task.id}: {len(self.scores.scores)} scores for {len(self.trajectories)} rollouts"
+            )
 
     def __len__(self) -> int:
         return len(self.trajectories)
@@ -238,8 +246,11 @@ class TrajectoryGroup:
         return TrajectoryGroup(self.task, self.trajectories, scores)
 
     def _record(self, trajectories: list[Any]) -> dict[str, Any]:
-        return {"task": self.task.to_row(), "trajectories": trajectories,
-                "scores": None if self.scores is None else self.scores.to_dict()}
+        return {
+            "task": self.task.to_row(),
+            "trajectories": trajectories,
+            "scores": None if self.scores is None else self.scores.to_dict(),
+        }
 
     def to_bytes(self) -> bytes:
         return msgpack.packb({"v": _FORMAT_VERSION, **self._record([t.to_dict() for t in self.trajectories])})
@@ -250,8 +261,11 @@ class TrajectoryGroup:
         row = dict(d["task"])
         row["options"] = tuple(row["options"])
         scores = d.get("scores")
-        return cls(Task(**row), tuple(Trajectory.from_dict(t) for t in d["trajectories"]),
-                   None if scores is None else GroupScores.from_dict(scores))
+        return cls(
+            Task(**row),
+            tuple(Trajectory.from_dict(t) for t in d["trajectories"]),
+            None if scores is None else GroupScores.from_dict(scores),
+        )
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self._record([json.loads(t.to_json(None)) for t in self.trajectories]), indent=indent)

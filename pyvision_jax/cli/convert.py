@@ -38,20 +38,30 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default=None,
-                        help="cast every tensor to this dtype (default: keep the stored dtypes)")
+    common.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float32", "float16"],
+        default=None,
+        help="cast every tensor to this dtype (default: keep the stored dtypes)",
+    )
     common.add_argument("--overwrite", action="store_true", help="replace --dst if it already exists")
     common.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    to_flax = commands.add_parser("hf2flax", parents=[common], help="HF safetensors directory -> Flax params checkpoint")
+    to_flax = commands.add_parser(
+        "hf2flax", parents=[common], help="HF safetensors directory -> Flax params checkpoint"
+    )
     to_flax.add_argument("--src", required=True, help="HF directory: config.json + model*.safetensors (+ index)")
     to_flax.add_argument("--dst", required=True, help="output directory: params/ (orbax) + config.json")
 
     to_hf = commands.add_parser("flax2hf", parents=[common], help="Flax params checkpoint -> HF safetensors directory")
     to_hf.add_argument("--src", required=True, help="directory written by hf2flax or the trainer's params export")
     to_hf.add_argument("--dst", required=True, help="output HF directory")
-    to_hf.add_argument("--max-shard-size", type=_byte_size, default="5GB",
-                       help="largest safetensors shard, e.g. 5GB, 500MiB (default 5GB)")
+    to_hf.add_argument(
+        "--max-shard-size",
+        type=_byte_size,
+        default="5GB",
+        help="largest safetensors shard, e.g. 5GB, 500MiB (default 5GB)",
+    )
     return parser
 
 
@@ -61,7 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"convert {args.command}: error: {args.src}: no such directory", file=sys.stderr)
         return 2
     if Path(args.dst).exists() and not args.overwrite:
-        print(f"convert {args.command}: error: {args.dst} already exists (pass --overwrite to replace it)", file=sys.stderr)
+        print(
+            f"convert {args.command}: error: {args.dst} already exists (pass --overwrite to replace it)",
+            file=sys.stderr,
+        )
         return 2
 
     try:
@@ -70,8 +83,15 @@ def main(argv: list[str] | None = None) -> int:
             out = save_params(config, params, args.dst, extra_files=side_files(args.src), overwrite=args.overwrite)
         else:
             config, params = load_params(args.src, dtype=args.dtype)
-            out = save_hf(config, params, args.dst, max_shard_bytes=args.max_shard_size,
-                          extra_files=hf_side_files(args.src), overwrite=args.overwrite, progress=not args.quiet)
+            out = save_hf(
+                config,
+                params,
+                args.dst,
+                max_shard_bytes=args.max_shard_size,
+                extra_files=hf_side_files(args.src),
+                overwrite=args.overwrite,
+                progress=not args.quiet,
+            )
     except (CheckpointMismatchError, FileNotFoundError, FileExistsError, ValueError) as err:
         print(f"convert {args.command}: error: {err}", file=sys.stderr)
         return 2

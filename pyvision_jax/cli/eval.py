@@ -16,6 +16,7 @@ directory gets results.json, trajectories.jsonl and report.html; rerunning the s
 skips the tasks already finished there. Override any config field with --config.x=y, e.g.
 --config.rollout.max_batch=16 --config.eval.temperature=0.6.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,22 +31,34 @@ from pyvision_jax.cli.user_errors import bad_input_exits, exits_at_once, failed_
 from pyvision_jax.wiring import evaluation, validation
 
 _CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Config file.", lock_config=True)
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None,
-                                  "HF directory, params checkpoint or training checkpoint (default: "
-                                  "the config's own model, e.g. the packaged SFT checkpoint of "
-                                  "configs/tiny_cpu.py).")
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint",
+    None,
+    "HF directory, params checkpoint or training checkpoint (default: "
+    "the config's own model, e.g. the packaged SFT checkpoint of "
+    "configs/tiny_cpu.py).",
+)
 _DATA = flags.DEFINE_string("data", None, "Task file (.jsonl or .json).")
-_OUT = flags.DEFINE_string("out", None, "Output directory (results.json, trajectories.jsonl, "
-                                        "report.html); reused to resume.")
+_OUT = flags.DEFINE_string(
+    "out", None, "Output directory (results.json, trajectories.jsonl, report.html); reused to resume."
+)
 _K = flags.DEFINE_integer("k", None, "Rollouts per task (default: config eval.k).")
-_MAX_TOOL_CALLS = flags.DEFINE_integer("max-tool-calls", None,
-                                       "Tool-call budget per episode (default: config "
-                                       "eval.max_tool_calls).")
+_MAX_TOOL_CALLS = flags.DEFINE_integer(
+    "max-tool-calls", None, "Tool-call budget per episode (default: config eval.max_tool_calls)."
+)
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show progress bars.")
 
 PROGRAM = "pyvision-eval"
-_HEADLINE = ("accuracy", "avg_at_k", "pass_at_k", "num_tasks", "num_rollouts",
-             "mean_visual_tokens_per_task", "mean_response_tokens", "wall_time_s")
+_HEADLINE = (
+    "accuracy",
+    "avg_at_k",
+    "pass_at_k",
+    "num_tasks",
+    "num_rollouts",
+    "mean_visual_tokens_per_task",
+    "mean_response_tokens",
+    "wall_time_s",
+)
 
 
 def main(argv: list[str]) -> None:
@@ -57,14 +70,22 @@ def main(argv: list[str]) -> None:
     with bad_input_exits(PROGRAM):
         validation.validate_evaluation(_CONFIG.value, _DATA.value, _CHECKPOINT.value)
     with failed_writes_exit(PROGRAM):
-        results = evaluation.evaluate_checkpoint(_CONFIG.value, _CHECKPOINT.value, _DATA.value, _OUT.value,
-                                                 k=_K.value, max_tool_calls=_MAX_TOOL_CALLS.value,
-                                                 progress=_PROGRESS.value)
+        results = evaluation.evaluate_checkpoint(
+            _CONFIG.value,
+            _CHECKPOINT.value,
+            _DATA.value,
+            _OUT.value,
+            k=_K.value,
+            max_tool_calls=_MAX_TOOL_CALLS.value,
+            progress=_PROGRESS.value,
+        )
     print(json.dumps({key: results[key] for key in _HEADLINE}, indent=1))
     video = results["video_token_efficiency"]
     if video["num_video_tasks"]:
-        print(f"video: {video['mean_agent_visual_tokens']:.0f} visual tokens per task in "
-              f"context vs {video['mean_uniform_1fps_tokens']:.0f} for uniform 1-fps sampling")
+        print(
+            f"video: {video['mean_agent_visual_tokens']:.0f} visual tokens per task in "
+            f"context vs {video['mean_uniform_1fps_tokens']:.0f} for uniform 1-fps sampling"
+        )
     print(f"results: {Path(_OUT.value) / 'results.json'}")
     print(f"report:  {Path(_OUT.value) / 'report.html'}")
 

@@ -1,5 +1,6 @@
 """absl's --help lists the flags of the module named by sys.argv[0]; a console command's
 sys.argv[0] is its entry-point shim, so each command lists its own module's flags there."""
+
 from __future__ import annotations
 
 import sys

@@ -6,6 +6,7 @@ One JSONL file per kind (`DIR/<kind>.jsonl`, media beside it) plus `DIR/tasks.js
 every task, ready for `pyvision-eval --data`. Seeds used in training: data.synthetic_seed
 (RL, default 0) and sft.synthetic_seed (SFT, default 1000); evaluate on another seed.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,8 +36,9 @@ def main(argv: list[str]) -> None:
         unknown = sorted(set(_KINDS.value) - set(synthetic.GENERATORS))
         if unknown:
             raise ValueError(f"--kinds: unknown kinds {unknown}; known: {sorted(synthetic.GENERATORS)}")
-    path = synthetic.write_synthetic_task_file(_OUT.value, _PER_KIND.value, _SEED.value, tuple(_KINDS.value),
-                                               progress=True)
+    path = synthetic.write_synthetic_task_file(
+        _OUT.value, _PER_KIND.value, _SEED.value, tuple(_KINDS.value), progress=True
+    )
     for kind in _KINDS.value:
         print(f"{kind}: {Path(_OUT.value) / (kind + '.jsonl')}")
     print(f"all {len(load_tasks(path).tasks)} tasks: {path}")

@@ -20,6 +20,7 @@ abandons them.
 Worker config keys: rollout.script_file, rollout.max_epochs (0: run until stopped),
 rollout.poll_s, rollout.queue_namespace (the trainer's), rollout.worker_stream.
 """
+
 from __future__ import annotations
 
 import signal
@@ -70,8 +71,15 @@ def main(argv: list[str]) -> None:
     sandboxes = wiring.sandbox_pool(config)
     try:
         with bad_input_exits(PROGRAM):  # building reads the model, the script and the task files
-            worker = wiring.fleet_worker(config, workdir, _INDEX.value, _COUNT.value, sandboxes=sandboxes,
-                                         queue=queue, log=lambda line: logging.info("%s", line))
+            worker = wiring.fleet_worker(
+                config,
+                workdir,
+                _INDEX.value,
+                _COUNT.value,
+                sandboxes=sandboxes,
+                queue=queue,
+                log=lambda line: logging.info("%s", line),
+            )
         worker_holder["worker"] = worker
         if terms:
             worker.request_stop()
@@ -80,9 +88,12 @@ def main(argv: list[str]) -> None:
         sandboxes.close()
         queue.close()
     state = "stopped" if summary.stopped else "finished"
-    print(f"rollout worker {_INDEX.value}/{_COUNT.value} {state}: {len(summary.produced)} groups "
-          f"put, cursor {summary.cursor}, weights loaded {list(summary.versions_loaded)}, "
-          f"{summary.pauses} pauses", flush=True)
+    print(
+        f"rollout worker {_INDEX.value}/{_COUNT.value} {state}: {len(summary.produced)} groups "
+        f"put, cursor {summary.cursor}, weights loaded {list(summary.versions_loaded)}, "
+        f"{summary.pauses} pauses",
+        flush=True,
+    )
 
 
 def run() -> None:

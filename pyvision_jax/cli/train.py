@@ -52,8 +52,9 @@ def main(argv: list[str]) -> None:
             lock.acquire()
         try:
             wiring.use_compilation_cache(workdir)
-            summary, _ = wiring.train_with_heldout(config, workdir, ALGORITHMS[config.algorithm],
-                                                   progress=_PROGRESS.value)
+            summary, _ = wiring.train_with_heldout(
+                config, workdir, ALGORITHMS[config.algorithm], progress=_PROGRESS.value
+            )
         finally:
             if lock is not None:
                 lock.release()

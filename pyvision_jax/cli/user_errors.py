@@ -6,6 +6,7 @@ Input errors are caught only around the checks that run before any work (config 
 and input files: `wiring.validation`), so a ValueError raised by a bug later is never
 mistaken for one.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,8 +25,13 @@ from pyvision_jax.train.workdir_lock import WorkdirLockedError
 INPUT_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, UnicodeError, KeyError)
 """What the pre-run checks raise for bad input (files that are missing, unreadable or malformed;
 config values out of range)."""
-RUN_ERRORS: tuple[type[BaseException], ...] = (CheckpointWriteError, MetricsWriteError, OutputWriteError,
-                                                SpoolWriteError, NoIntactCheckpointError)
+RUN_ERRORS: tuple[type[BaseException], ...] = (
+    CheckpointWriteError,
+    MetricsWriteError,
+    OutputWriteError,
+    SpoolWriteError,
+    NoIntactCheckpointError,
+)
 """Writes that failed (disk full, read-only) and a workdir with no readable checkpoint."""
 BAD_INPUT_STATUS, FAILED_WRITE_STATUS = 2, 1
 

@@ -86,7 +86,9 @@ def side_files(hf_dir: str | os.PathLike) -> list[Path]:
     """Files of an HF directory other than weights, index and config.json (tokenizer, chat
     template, generation and preprocessor configs), to carry along through a conversion."""
     skip = {INDEX_FILE, CONFIG_FILE}
-    return sorted(p for p in Path(hf_dir).iterdir() if p.is_file() and p.suffix != ".safetensors" and p.name not in skip)
+    return sorted(
+        p for p in Path(hf_dir).iterdir() if p.is_file() and p.suffix != ".safetensors" and p.name not in skip
+    )
 
 
 def _weight_files(hf_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
@@ -110,8 +112,12 @@ def _weight_files(hf_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
     return files, None
 
 
-def _checkpoint_entries(hf_dir: Path, hf_config: Mapping[str, Any], files: Sequence[Path] | None = None,
-                        include: Callable[[ParamPath], bool] | None = None) -> dict[str, TensorEntry]:
+def _checkpoint_entries(
+    hf_dir: Path,
+    hf_config: Mapping[str, Any],
+    files: Sequence[Path] | None = None,
+    include: Callable[[ParamPath], bool] | None = None,
+) -> dict[str, TensorEntry]:
     """Header entries of every stored tensor, keyed by Hub name, after checking them all
     against the shapes the config implies; raises one error listing every problem. `files`
     replace the directory's own weight files; tensors whose Flax path `include` rejects are
@@ -143,7 +149,9 @@ def _checkpoint_entries(hf_dir: Path, hf_config: Mapping[str, Any], files: Seque
                 entries[name] = entry
             seen.setdefault(name, where)
     listed = {names.hub_name(n): f for n, f in (weight_map or {}).items()}
-    missing = [n + (f" ({INDEX_FILE} places it in {listed[n]})" if n in listed else "") for n in expected if n not in seen]
+    missing = [
+        n + (f" ({INDEX_FILE} places it in {listed[n]})" if n in listed else "") for n in expected if n not in seen
+    ]
     mismatch = CheckpointMismatchError(str(hf_dir), missing, unexpected, mis_shaped, duplicated)
     if mismatch.problems:
         raise mismatch
@@ -176,13 +184,16 @@ def load_hf(
     config = ModelConfig.from_hf_dict(hf_config, source=str(hf_dir / CONFIG_FILE))
     entries = _checkpoint_entries(hf_dir, hf_config, weight_files, include)
     target = None if dtype is None else np.dtype(jnp.dtype(dtype))
-    leaves = sorted(((path, spec) for path, spec in names.param_leaves(hf_config).items()
-                     if include is None or include(path)),
-                    key=lambda item: (str(entries[item[1].tensors[0]].file), entries[item[1].tensors[0]].start))
+    leaves = sorted(
+        ((path, spec) for path, spec in names.param_leaves(hf_config).items() if include is None or include(path)),
+        key=lambda item: (str(entries[item[1].tensors[0]].file), entries[item[1].tensors[0]].start),
+    )
     params: Params = {}
     total = sum(e.nbytes for e in entries.values())
-    with tqdm(total=total, unit="B", unit_scale=True, desc=f"loading {hf_dir.name}", disable=not progress) as bar, \
-            contextlib.ExitStack() as files:
+    with (
+        tqdm(total=total, unit="B", unit_scale=True, desc=f"loading {hf_dir.name}", disable=not progress) as bar,
+        contextlib.ExitStack() as files,
+    ):
         handles: dict[Path, BinaryIO] = {}
 
         def read(name: str) -> np.ndarray:
@@ -222,12 +233,17 @@ def checked_tensors(config: ModelConfig, params: Mapping, complete: bool = True)
         if spec is None:
             unexpected.append(where)
         elif tuple(leaf.shape) != spec.shape:
-            mis_shaped.append(f"{where} ({spec.tensors[0]}{', ...' if spec.stacked else ''}): "
-                              f"shape {list(leaf.shape)}, expected {list(spec.shape)}")
+            mis_shaped.append(
+                f"{where} ({spec.tensors[0]}{', ...' if spec.stacked else ''}): "
+                f"shape {list(leaf.shape)}, expected {list(spec.shape)}"
+            )
         else:
             found |= {name: (leaf, layer if spec.stacked else None) for layer, name in enumerate(spec.tensors)}
-    missing = ["/".join(map(str, path)) + f" ({spec.tensors[0]}{', ...' if spec.stacked else ''})"
-               for path, spec in expected.items() if path not in flat and complete]
+    missing = [
+        "/".join(map(str, path)) + f" ({spec.tensors[0]}{', ...' if spec.stacked else ''})"
+        for path, spec in expected.items()
+        if path not in flat and complete
+    ]
     mismatch = CheckpointMismatchError("params tree", missing, unexpected, mis_shaped)
     if mismatch.problems:
         raise mismatch
@@ -247,8 +263,9 @@ def _export_specs(
     hf_config = config.to_hf_dict()
     shapes = names.checkpoint_shapes(hf_config)
     tensors = checked_tensors(config, params)
-    specs = [(TensorSpec(n, np.dtype(dtype or leaf.dtype), shapes[n]), (leaf, layer))
-             for n, (leaf, layer) in tensors.items()]
+    specs = [
+        (TensorSpec(n, np.dtype(dtype or leaf.dtype), shapes[n]), (leaf, layer)) for n, (leaf, layer) in tensors.items()
+    ]
     return hf_config, specs
 
 
@@ -276,8 +293,9 @@ def _config_dtype(specs: list[tuple[TensorSpec, Any]]) -> str:
     return max(bytes_by_dtype, key=bytes_by_dtype.__getitem__)
 
 
-def check_destination(out_dir: str | os.PathLike, extra_files: Iterable[str | os.PathLike],
-                      overwrite: bool) -> tuple[Path, list[Path]]:
+def check_destination(
+    out_dir: str | os.PathLike, extra_files: Iterable[str | os.PathLike], overwrite: bool
+) -> tuple[Path, list[Path]]:
     """The absolute output directory and the extra files to copy, after checking that the
     directory may be written and that every extra file exists."""
     out_dir = Path(out_dir).absolute()
@@ -314,7 +332,8 @@ def save_hf(
     hf_config["torch_dtype"] = _config_dtype(specs)
     shards = _plan_shards(specs, max_shard_bytes)
     file_names = (
-        [SINGLE_FILE] if len(shards) == 1
+        [SINGLE_FILE]
+        if len(shards) == 1
         else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
     )
     out_dir.parent.mkdir(parents=True, exist_ok=True)

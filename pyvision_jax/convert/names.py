@@ -43,7 +43,7 @@ def hub_name(name: str) -> str:
     to its Hub checkpoint name; Hub names pass through unchanged."""
     for v5_prefix, hub_prefix in _V5_PREFIXES:
         if name.startswith(v5_prefix):
-            return hub_prefix + name[len(v5_prefix):]
+            return hub_prefix + name[len(v5_prefix) :]
     return name
 
 
@@ -98,8 +98,10 @@ def hf_name(path: ParamPath, layer: int | None = None) -> str:
         raise ValueError(f"params path {path!r} does not end in one of {sorted(_HF_LEAF)}")
     stacked = tuple(modules[:2]) in STACKED_MODULES
     if stacked != (layer is not None):
-        raise ValueError(f"params path {path!r} needs a layer index exactly when it is under "
-                         f"one of {STACKED_MODULES} (got layer={layer})")
+        raise ValueError(
+            f"params path {path!r} needs a layer index exactly when it is under "
+            f"one of {STACKED_MODULES} (got layer={layer})"
+        )
     if stacked:
         modules = [*modules[:2], layer, *modules[2:]]
     return ".".join(str(m) for m in modules) + "." + _HF_LEAF[leaf]

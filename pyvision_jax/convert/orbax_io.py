@@ -114,8 +114,10 @@ def load_params(
         leaf_dtype = jnp.dtype(dtype) if dtype is not None else stored[path][0]
         set_leaf(target, path, jax.ShapeDtypeStruct(shape, leaf_dtype, sharding=leaf_sharding(sharding, path, shape)))
     if problems:
-        raise ValueError(f"{params_dir} lacks leaves that {config_path} requires, or holds them "
-                         f"with other shapes: {', '.join(problems)}")
+        raise ValueError(
+            f"{params_dir} lacks leaves that {config_path} requires, or holds them "
+            f"with other shapes: {', '.join(problems)}"
+        )
     try:
         params = ocp.StandardCheckpointer().restore(params_dir, target)
     except ValueError as err:

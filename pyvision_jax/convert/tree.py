@@ -99,7 +99,6 @@ def stack_tensors(tensors: Mapping[str, Any], hf_config: Mapping[str, Any]) -> P
         raise ValueError(f"tensors do not match the checkpoint: missing {missing[:5]}, unknown {unknown[:5]}")
     params: Params = {}
     for path, spec in leaves.items():
-        value = (np.stack([np.asarray(by_name[n]) for n in spec.tensors]) if spec.stacked
-                 else by_name[spec.tensors[0]])
+        value = np.stack([np.asarray(by_name[n]) for n in spec.tensors]) if spec.stacked else by_name[spec.tensors[0]]
         set_leaf(params, path, value)
     return params

@@ -7,6 +7,7 @@ turns holding ``<image_clue_k><image></image_clue_k>``); ``images`` lists one pa
 placeholder in order of appearance, relative to the file. Errors name the file, the row
 (1-based line for JSONL, 0-based index for JSON) and the field.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,9 +40,11 @@ class SftRow:
 
     def to_json_row(self, root: str | Path) -> dict[str, Any]:
         """The row in the released schema, image paths relative to `root`."""
-        return {"conversations": [{"role": m.role, "content": m.content} for m in self.messages],
-                "images": [str(Path(p).relative_to(root)) for p in self.image_paths],
-                "source_dataset": self.source_dataset}
+        return {
+            "conversations": [{"role": m.role, "content": m.content} for m in self.messages],
+            "images": [str(Path(p).relative_to(root)) for p in self.image_paths],
+            "source_dataset": self.source_dataset,
+        }
 
 
 def _rows(path: Path) -> list[tuple[str, Any]]:
@@ -87,8 +90,10 @@ def parse_row(row: Any, root: Path, where: str, check_images: bool = True) -> Sf
         raise SftFormatError(f"{where}: field images: expected a list of paths, got {images!r:.120}")
     placeholders = sum(m.content.count(IMAGE_PLACEHOLDER) for m in messages)
     if placeholders != len(images):
-        raise SftFormatError(f"{where}: field images: {len(images)} images for {placeholders} "
-                             f"{IMAGE_PLACEHOLDER} placeholders in conversations")
+        raise SftFormatError(
+            f"{where}: field images: {len(images)} images for {placeholders} "
+            f"{IMAGE_PLACEHOLDER} placeholders in conversations"
+        )
     paths = tuple(str((root / p).resolve()) for p in images)
     for i, path in enumerate(paths):
         if check_images and not Path(path).is_file():

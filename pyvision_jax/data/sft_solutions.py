@@ -12,6 +12,7 @@ a model fine-tuned on them is decent, not perfect, and its guesses are a habit R
 every task at once (tool use is what makes it accurate). The code only uses what the sandbox
 provides (numpy as np, PIL, matplotlib as plt, scipy, decord's `video_clue_0`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,18 +33,26 @@ _COLOUR_TABLE = "{" + ",".join(f"{rgb}:'{name}'" for name, rgb in COLOURS.items(
 _NAME_TABLE = "{" + ",".join(f"'{name}':{rgb}" for name, rgb in COLOURS.items()) + "}"
 
 _THOUGHTS = {
-    "counting": ("I will count the {colour} {shape}s with code.",
-                 "Let me find the {colour} {shape}s by their pixels and count them.",
-                 "Counting by eye is error-prone; I will measure the {colour} {shape}s."),
-    "visual_search": ("The target is the smallest object; I will locate it with code.",
-                      "Let me find the small object among the large ones.",
-                      "I will search the image for its smallest shape."),
-    "video_count": ("I will scan the frames for {colour} objects.",
-                    "Let me count how often a {colour} object enters the video.",
-                    "I will track the {colour} objects frame by frame."),
-    "video_order": ("I will find the first frame with an object.",
-                    "Let me scan the frames until something appears.",
-                    "I will look for the earliest object in the video."),
+    "counting": (
+        "I will count the {colour} {shape}s with code.",
+        "Let me find the {colour} {shape}s by their pixels and count them.",
+        "Counting by eye is error-prone; I will measure the {colour} {shape}s.",
+    ),
+    "visual_search": (
+        "The target is the smallest object; I will locate it with code.",
+        "Let me find the small object among the large ones.",
+        "I will search the image for its smallest shape.",
+    ),
+    "video_count": (
+        "I will scan the frames for {colour} objects.",
+        "Let me count how often a {colour} object enters the video.",
+        "I will track the {colour} objects frame by frame.",
+    ),
+    "video_order": (
+        "I will find the first frame with an object.",
+        "Let me scan the frames until something appears.",
+        "I will look for the earliest object in the video.",
+    ),
 }
 _LOOK_FIRST = ("First, a look at the {what}.", "Let me view the {what} before measuring.")
 _GUESSES = ("I can answer this directly.", "This looks clear enough without code.")
@@ -62,8 +71,10 @@ def task_kind(task: Task) -> str:
     """The solution kind of a synthetic task (its `data_source`), with a clear error."""
     kind = task.data_source.removeprefix("synthetic_")
     if kind not in KINDS:
-        raise ValueError(f"task {task.id}: data_source {task.data_source!r} is not a synthetic "
-                         f"kind with scripted solutions ({', '.join('synthetic_' + k for k in KINDS)})")
+        raise ValueError(
+            f"task {task.id}: data_source {task.data_source!r} is not a synthetic "
+            f"kind with scripted solutions ({', '.join('synthetic_' + k for k in KINDS)})"
+        )
     return kind
 
 
@@ -120,14 +131,20 @@ def _visual_search_code(question: str, wrong: bool) -> str:
         return _smallest_code() + f"\nprint({_COLOUR_TABLE}[tuple(a[l==k][0])])"
     if question == "shape":
         cut = 0.5 if wrong else 0.37
-        return _smallest_code() + f"""
+        return (
+            _smallest_code()
+            + f"""
 b=l[ndimage.find_objects(l)[k-1]]==k
 f=b[:len(b)//2].mean()
 print('triangle' if f<{cut} else 'diamond' if f<.65 else 'circle' if f<.9 else 'square')"""
+        )
     flip = ("bottom-", "top-") if wrong else ("top-", "bottom-")
-    return _smallest_code() + f"""
+    return (
+        _smallest_code()
+        + f"""
 y,x=ndimage.center_of_mass(l==k)
 print(('{flip[0]}' if y<a.shape[0]/2 else '{flip[1]}')+('left' if x<a.shape[1]/2 else 'right'))"""
+    )
 
 
 def _video_count_code(colour: str, strategy: int, wrong: bool) -> str:
@@ -202,16 +219,21 @@ def _measuring_code(task: Task, kind: str, strategy: int, wrong: bool) -> str:
     return _video_order_code(strategy, wrong)
 
 
-def solution_plan(task: Task, rng: np.random.Generator, *, guess_share: float = 0.1, wrong_share: float = 0.1,
-                  look_first_share: float = 0.25) -> SolutionPlan:
+def solution_plan(
+    task: Task,
+    rng: np.random.Generator,
+    *,
+    guess_share: float = 0.1,
+    wrong_share: float = 0.1,
+    look_first_share: float = 0.25,
+) -> SolutionPlan:
     """One scripted trajectory for a synthetic `task`, drawn with `rng`: a guess without a tool
     call with probability `guess_share`, code whose measure is wrong with probability
     `wrong_share`, else right code (a look at the image first with probability
     `look_first_share`). One draw decides "imperfect", a second which kind, so the default
     shares draw exactly what the packaged checkpoint's data drew."""
     if min(guess_share, wrong_share) < 0 or guess_share + wrong_share > 1:
-        raise ValueError(f"guess_share {guess_share} and wrong_share {wrong_share} must be >= 0 "
-                         "with a sum <= 1")
+        raise ValueError(f"guess_share {guess_share} and wrong_share {wrong_share} must be >= 0 with a sum <= 1")
     kind = task_kind(task)
     colour, shape = _question_words(task)
     thought = str(rng.choice(_THOUGHTS[kind])).format(colour=colour, shape=shape)
@@ -231,5 +253,4 @@ def solution_plan(task: Task, rng: np.random.Generator, *, guess_share: float = 
     return SolutionPlan(tuple(turns), name, imperfect)
 
 
-__all__ = ["KINDS", "RESULT_SLOT", "SolutionPlan", "answer_turn", "code_turn", "solution_plan",
-           "task_kind"]
+__all__ = ["KINDS", "RESULT_SLOT", "SolutionPlan", "answer_turn", "code_turn", "solution_plan", "task_kind"]

@@ -25,8 +25,12 @@ from tqdm import tqdm
 from pyvision_jax.data.tasks import Task, load_tasks, write_tasks_jsonl
 
 COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (220, 30, 30), "green": (30, 170, 50), "blue": (30, 70, 220),
-    "yellow": (235, 200, 20), "purple": (140, 40, 180), "orange": (245, 130, 20),
+    "red": (220, 30, 30),
+    "green": (30, 170, 50),
+    "blue": (30, 70, 220),
+    "yellow": (235, 200, 20),
+    "purple": (140, 40, 180),
+    "orange": (245, 130, 20),
 }
 SHAPES = ("circle", "square", "triangle", "diamond")
 QUADRANTS = ("top-left", "top-right", "bottom-left", "bottom-right")
@@ -35,8 +39,9 @@ _LETTERS = "ABCD"
 _BACKGROUND = (236, 236, 230)
 
 
-def draw_shape(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, size: float,
-               colour: tuple[int, int, int]) -> None:
+def draw_shape(
+    draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, size: float, colour: tuple[int, int, int]
+) -> None:
     """Draws a filled shape of bounding-box side ``size`` centred at (cx, cy)."""
     r = size / 2
     if shape == "circle":
@@ -60,8 +65,7 @@ def _choice(rng: np.random.Generator, items: list | tuple, exclude: tuple = ()) 
     return pool[int(rng.integers(len(pool)))]
 
 
-def _multiple_choice(rng: np.random.Generator, correct: str,
-                     pool: list | tuple) -> tuple[tuple[str, ...], str]:
+def _multiple_choice(rng: np.random.Generator, correct: str, pool: list | tuple) -> tuple[tuple[str, ...], str]:
     """Four options containing ``correct`` in random order, and the correct letter."""
     others = [x for x in pool if x != correct]
     picks = [others[int(i)] for i in rng.permutation(len(others))[:3]] + [correct]
@@ -69,22 +73,26 @@ def _multiple_choice(rng: np.random.Generator, correct: str,
     return options, _LETTERS[options.index(correct)]
 
 
-def _place(rng: np.random.Generator, size: float, width: int, height: int,
-           taken: list[tuple[float, float, float]], margin: float = 4.0,
-           attempts: int = 200) -> tuple[float, float] | None:
+def _place(
+    rng: np.random.Generator,
+    size: float,
+    width: int,
+    height: int,
+    taken: list[tuple[float, float, float]],
+    margin: float = 4.0,
+    attempts: int = 200,
+) -> tuple[float, float] | None:
     """A centre for a shape of ``size`` that overlaps nothing in ``taken``."""
     for _ in range(attempts):
         cx = rng.uniform(size / 2 + margin, width - size / 2 - margin)
         cy = rng.uniform(size / 2 + margin, height - size / 2 - margin)
-        if all(math.hypot(cx - x, cy - y) > (size + s) / 2 * 1.15 + margin
-               for x, y, s in taken):
+        if all(math.hypot(cx - x, cy - y) > (size + s) / 2 * 1.15 + margin for x, y, s in taken):
             taken.append((cx, cy, size))
             return cx, cy
     return None
 
 
-def _visual_search_task(out_dir: Path, seed: int, index: int, canvas: tuple[int, int],
-                        num_distractors: int) -> Task:
+def _visual_search_task(out_dir: Path, seed: int, index: int, canvas: tuple[int, int], num_distractors: int) -> Task:
     rng = _rng(seed, "visual_search", index)
     width, height = canvas
     image = Image.new("RGB", canvas, _BACKGROUND)
@@ -116,15 +124,21 @@ def _visual_search_task(out_dir: Path, seed: int, index: int, canvas: tuple[int,
         question = f"What shape is the small {colour} object?"
         options, answer = _multiple_choice(rng, shape, SHAPES)
     else:
-        quadrant = ("top-" if cy < height / 2 else "bottom-") + (
-            "left" if cx < width / 2 else "right")
+        quadrant = ("top-" if cy < height / 2 else "bottom-") + ("left" if cx < width / 2 else "right")
         question = f"In which part of the image is the small {colour} {shape}?"
         options, answer = _multiple_choice(rng, quadrant, QUADRANTS)
     path = out_dir / f"visual_search_{index:04d}.png"
     image.save(path)
-    return Task(id=f"visual_search-{seed}-{index:04d}", question=question, answer=answer,
-                answer_type="multiple_choice", data_source="synthetic_visual_search",
-                image_path=str(path), options=options, ability=f"visual_search_{question_kind}")
+    return Task(
+        id=f"visual_search-{seed}-{index:04d}",
+        question=question,
+        answer=answer,
+        answer_type="multiple_choice",
+        data_source="synthetic_visual_search",
+        image_path=str(path),
+        options=options,
+        ability=f"visual_search_{question_kind}",
+    )
 
 
 def _counting_task(out_dir: Path, seed: int, index: int, canvas: tuple[int, int]) -> Task:
@@ -155,10 +169,15 @@ def _counting_task(out_dir: Path, seed: int, index: int, canvas: tuple[int, int]
         draw_shape(draw, d_shape, *where, size, COLOURS[d_colour])
     path = out_dir / f"counting_{index:04d}.png"
     image.save(path)
-    return Task(id=f"counting-{seed}-{index:04d}",
-                question=f"How many {colour} {shape}s are there in the image?",
-                answer=str(count), answer_type="numeric", data_source="synthetic_counting",
-                image_path=str(path), ability="counting")
+    return Task(
+        id=f"counting-{seed}-{index:04d}",
+        question=f"How many {colour} {shape}s are there in the image?",
+        answer=str(count),
+        answer_type="numeric",
+        data_source="synthetic_counting",
+        image_path=str(path),
+        ability="counting",
+    )
 
 
 def write_mp4(path: str | Path, frames: np.ndarray, fps: float) -> None:
@@ -166,8 +185,10 @@ def write_mp4(path: str | Path, frames: np.ndarray, fps: float) -> None:
     try:
         import imageio_ffmpeg
     except ImportError as err:
-        raise ImportError("writing mp4 needs the imageio-ffmpeg package (it ships an ffmpeg "
-                          "binary): pip install imageio-ffmpeg==0.6.0") from err
+        raise ImportError(
+            "writing mp4 needs the imageio-ffmpeg package (it ships an ffmpeg "
+            "binary): pip install imageio-ffmpeg==0.6.0"
+        ) from err
 
     frames = np.ascontiguousarray(frames, dtype=np.uint8)
     if frames.ndim != 4 or frames.shape[-1] != 3:
@@ -176,18 +197,35 @@ def write_mp4(path: str | Path, frames: np.ndarray, fps: float) -> None:
     if height % 16 or width % 16:
         raise ValueError(f"frame size {width}x{height} must be a multiple of 16")
     writer = imageio_ffmpeg.write_frames(
-        str(path), (width, height), fps=fps, codec="libx264", pix_fmt_in="rgb24",
-        pix_fmt_out="yuv420p", quality=None, macro_block_size=16, ffmpeg_log_level="error",
-        output_params=["-crf", "16", "-threads", "1", "-fflags", "+bitexact",
-                       "-flags:v", "+bitexact", "-map_metadata", "-1"])
+        str(path),
+        (width, height),
+        fps=fps,
+        codec="libx264",
+        pix_fmt_in="rgb24",
+        pix_fmt_out="yuv420p",
+        quality=None,
+        macro_block_size=16,
+        ffmpeg_log_level="error",
+        output_params=[
+            "-crf",
+            "16",
+            "-threads",
+            "1",
+            "-fflags",
+            "+bitexact",
+            "-flags:v",
+            "+bitexact",
+            "-map_metadata",
+            "-1",
+        ],
+    )
     writer.send(None)
     for frame in frames:
         writer.send(frame)
     writer.close()
 
 
-def _video_task(out_dir: Path, seed: int, index: int, size: tuple[int, int], fps: float,
-                num_frames: int) -> Task:
+def _video_task(out_dir: Path, seed: int, index: int, size: tuple[int, int], fps: float, num_frames: int) -> Task:
     rng = _rng(seed, "video", index)
     width, height = size
     colours = list(COLOURS)
@@ -205,8 +243,7 @@ def _video_task(out_dir: Path, seed: int, index: int, size: tuple[int, int], fps
     tracks = []
     for entry in entries:
         y0, y1 = rng.uniform(radius + 2, height - radius - 2, size=2)
-        x0, x1 = ((radius + 2, width - radius - 2) if rng.random() < 0.5
-                  else (width - radius - 2, radius + 2))
+        x0, x1 = (radius + 2, width - radius - 2) if rng.random() < 0.5 else (width - radius - 2, radius + 2)
         tracks.append((entry, min(num_frames, entry + duration), x0, x1, y0, y1))
     for t in range(num_frames):
         image = Image.new("RGB", size, _BACKGROUND)
@@ -214,27 +251,36 @@ def _video_task(out_dir: Path, seed: int, index: int, size: tuple[int, int], fps
         for colour, (start, stop, x0, x1, y0, y1) in zip(objects, tracks):
             if start <= t < stop:
                 a = (t - start) / max(1, stop - start - 1)
-                draw_shape(draw, "circle", x0 + a * (x1 - x0), y0 + a * (y1 - y0), 2 * radius,
-                           COLOURS[colour])
+                draw_shape(draw, "circle", x0 + a * (x1 - x0), y0 + a * (y1 - y0), 2 * radius, COLOURS[colour])
         frames[t] = np.asarray(image)
     path = out_dir / f"video_{index:04d}.mp4"
     write_mp4(path, frames, fps)
     if index % 2 == 0:
-        return Task(id=f"video-{seed}-{index:04d}",
-                    question=f"How many {question_colour} objects appear in the video?",
-                    answer=str(num_target), answer_type="numeric",
-                    data_source="synthetic_video_count", video_path=str(path),
-                    ability="video_counting")
+        return Task(
+            id=f"video-{seed}-{index:04d}",
+            question=f"How many {question_colour} objects appear in the video?",
+            answer=str(num_target),
+            answer_type="numeric",
+            data_source="synthetic_video_count",
+            video_path=str(path),
+            ability="video_counting",
+        )
     options, answer = _multiple_choice(rng, objects[0], colours)
-    return Task(id=f"video-{seed}-{index:04d}",
-                question="What colour is the first object to appear in the video?",
-                answer=answer, answer_type="multiple_choice",
-                data_source="synthetic_video_order", video_path=str(path), options=options,
-                ability="video_order")
+    return Task(
+        id=f"video-{seed}-{index:04d}",
+        question="What colour is the first object to appear in the video?",
+        answer=answer,
+        answer_type="multiple_choice",
+        data_source="synthetic_video_order",
+        video_path=str(path),
+        options=options,
+        ability="video_order",
+    )
 
 
-def _generate(kind: str, out_dir: str | Path, num_tasks: int, progress: bool,
-              make: Callable[[Path, int], Task]) -> Path:
+def _generate(
+    kind: str, out_dir: str | Path, num_tasks: int, progress: bool, make: Callable[[Path, int], Task]
+) -> Path:
     out_dir = Path(out_dir)
     media_dir = out_dir / kind
     media_dir.mkdir(parents=True, exist_ok=True)
@@ -244,29 +290,47 @@ def _generate(kind: str, out_dir: str | Path, num_tasks: int, progress: bool,
     return jsonl
 
 
-def generate_visual_search(out_dir: str | Path, num_tasks: int, seed: int, *,
-                           canvas_size: tuple[int, int] = (1280, 960),
-                           num_distractors: int = 40, progress: bool = False) -> Path:
+def generate_visual_search(
+    out_dir: str | Path,
+    num_tasks: int,
+    seed: int,
+    *,
+    canvas_size: tuple[int, int] = (1280, 960),
+    num_distractors: int = 40,
+    progress: bool = False,
+) -> Path:
     """Writes ``num_tasks`` visual-search images and ``visual_search.jsonl``; returns its path."""
-    return _generate("visual_search", out_dir, num_tasks, progress,
-                     lambda d, i: _visual_search_task(d, seed, i, canvas_size, num_distractors))
+    return _generate(
+        "visual_search",
+        out_dir,
+        num_tasks,
+        progress,
+        lambda d, i: _visual_search_task(d, seed, i, canvas_size, num_distractors),
+    )
 
 
-def generate_counting(out_dir: str | Path, num_tasks: int, seed: int, *,
-                      canvas_size: tuple[int, int] = (640, 480),
-                      progress: bool = False) -> Path:
+def generate_counting(
+    out_dir: str | Path, num_tasks: int, seed: int, *, canvas_size: tuple[int, int] = (640, 480), progress: bool = False
+) -> Path:
     """Writes ``num_tasks`` counting images and ``counting.jsonl``; returns its path."""
-    return _generate("counting", out_dir, num_tasks, progress,
-                     lambda d, i: _counting_task(d, seed, i, canvas_size))
+    return _generate("counting", out_dir, num_tasks, progress, lambda d, i: _counting_task(d, seed, i, canvas_size))
 
 
-def generate_videos(out_dir: str | Path, num_tasks: int, seed: int, *,
-                    frame_size: tuple[int, int] = (192, 144), fps: float = 8.0,
-                    num_frames: int = 32, progress: bool = False) -> Path:
+def generate_videos(
+    out_dir: str | Path,
+    num_tasks: int,
+    seed: int,
+    *,
+    frame_size: tuple[int, int] = (192, 144),
+    fps: float = 8.0,
+    num_frames: int = 32,
+    progress: bool = False,
+) -> Path:
     """Writes ``num_tasks`` mp4 clips and ``video.jsonl`` (even indices count, odd indices
     ask which colour came first); returns its path."""
-    return _generate("video", out_dir, num_tasks, progress,
-                     lambda d, i: _video_task(d, seed, i, frame_size, fps, num_frames))
+    return _generate(
+        "video", out_dir, num_tasks, progress, lambda d, i: _video_task(d, seed, i, frame_size, fps, num_frames)
+    )
 
 
 GENERATORS: dict[str, Callable[..., Path]] = {
@@ -276,24 +340,32 @@ GENERATORS: dict[str, Callable[..., Path]] = {
 }
 
 
-def generate_synthetic_suite(out_dir: str | Path, num_per_kind: int, seed: int,
-                             kinds: tuple[str, ...] = tuple(GENERATORS),
-                             progress: bool = False) -> dict[str, Path]:
+def generate_synthetic_suite(
+    out_dir: str | Path,
+    num_per_kind: int,
+    seed: int,
+    kinds: tuple[str, ...] = tuple(GENERATORS),
+    progress: bool = False,
+) -> dict[str, Path]:
     """The chosen kinds under ``out_dir``; returns {kind: jsonl path}."""
     if isinstance(kinds, str):
         raise TypeError(f"kinds must be a tuple of kind names, got the string {kinds!r}")
     unknown = [k for k in kinds if k not in GENERATORS]
     if unknown:
         raise ValueError(f"unknown synthetic task kinds {unknown}; expected {list(GENERATORS)}")
-    return {kind: GENERATORS[kind](out_dir, num_per_kind, seed, progress=progress)
-            for kind in kinds}
+    return {kind: GENERATORS[kind](out_dir, num_per_kind, seed, progress=progress) for kind in kinds}
 
 
 ALL_TASKS_FILE = "tasks.jsonl"
 
 
-def write_synthetic_task_file(out_dir: str | Path, num_per_kind: int, seed: int,
-                              kinds: tuple[str, ...] = tuple(GENERATORS), progress: bool = False) -> Path:
+def write_synthetic_task_file(
+    out_dir: str | Path,
+    num_per_kind: int,
+    seed: int,
+    kinds: tuple[str, ...] = tuple(GENERATORS),
+    progress: bool = False,
+) -> Path:
     """`generate_synthetic_suite` plus ``out_dir/tasks.jsonl`` holding every task of every
     kind (what `launch/eval.py --data` takes); returns that file."""
     files = generate_synthetic_suite(out_dir, num_per_kind, seed, kinds, progress=progress)

@@ -10,6 +10,7 @@ that resumes from a saved cursor draws exactly what the uninterrupted run would 
 Rollout `k` of a task in epoch `e` gets the rollout index `e * G + k`: every group has a
 stable key `"{task_id}#{epoch}"`, the same when it is generated again after a crash.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,8 +39,9 @@ class TaskShard:
 
     def __init__(self, tasks: Sequence[Task], seed: int, worker_index: int = 0, num_workers: int = 1):
         if not tasks:
-            raise ValueError("no tasks to draw from (data.train_files is empty and data.synthetic_kinds "
-                             "names no kind?)")
+            raise ValueError(
+                "no tasks to draw from (data.train_files is empty and data.synthetic_kinds names no kind?)"
+            )
         if num_workers < 1 or not 0 <= worker_index < num_workers:
             raise ValueError(f"worker_index must be in [0, num_workers={num_workers}), got {worker_index}")
         if len(tasks) < num_workers:

@@ -101,12 +101,12 @@ def read_video_info(path: str | Path, *, decode_all: bool = False) -> VideoInfo:
         reader.seek(0)
         for _ in range(num_frames):
             reader.next()
-    return VideoInfo(width=int(width), height=int(height), num_frames=num_frames,
-                     fps=float(reader.get_avg_fps()))
+    return VideoInfo(width=int(width), height=int(height), num_frames=num_frames, fps=float(reader.get_avg_fps()))
 
 
-def load_tasks(path: str | Path, *, skip_bad_rows: bool = False, check_media: bool = True,
-               extra_fields: tuple[str, ...] = ()) -> LoadedTasks:
+def load_tasks(
+    path: str | Path, *, skip_bad_rows: bool = False, check_media: bool = True, extra_fields: tuple[str, ...] = ()
+) -> LoadedTasks:
     """Loads a ``.json`` (a list of rows) or ``.jsonl`` (a row per line) task file.
 
     With ``skip_bad_rows`` malformed rows and rows with missing or corrupt media are counted
@@ -156,8 +156,17 @@ def write_tasks_jsonl(path: str | Path, tasks: list[Task] | tuple[Task, ...]) ->
             f.write(json.dumps(row) + "\n")
 
 
-ROW_FIELDS = ("id", "question", "answer", "answer_type", "data_source", "image_path", "video_path", "options",
-              "ability")
+ROW_FIELDS = (
+    "id",
+    "question",
+    "answer",
+    "answer_type",
+    "data_source",
+    "image_path",
+    "video_path",
+    "options",
+    "ability",
+)
 
 
 class _FieldError(Exception):
@@ -260,17 +269,25 @@ def _task_from_row(row: Any, root: Path, known: frozenset[str]) -> Task:
         raise _FieldError("answer_type", f"{answer_type!r} is not one of {ANSWER_TYPES}")
     media = {key: row.get(key) for key in ("image_path", "video_path") if row.get(key)}
     if len(media) != 1:
-        raise _FieldError("image_path", "exactly one of image_path and video_path is required"
-                          f" (found {sorted(media) or 'neither'})")
-    (media_key, media_value), = media.items()
+        raise _FieldError(
+            "image_path", f"exactly one of image_path and video_path is required (found {sorted(media) or 'neither'})"
+        )
+    ((media_key, media_value),) = media.items()
     if not isinstance(media_value, str):
         raise _FieldError(media_key, f"expected a path string, got {type(media_value).__name__}")
     media_path = Path(media_value)
     if not media_path.is_absolute():
         media_path = root / media_path
-    return Task(id=task_id, question=question, answer=answer, answer_type=answer_type,
-                data_source=data_source, options=options, ability=str(row.get("ability") or ""),
-                **{media_key: str(media_path)})
+    return Task(
+        id=task_id,
+        question=question,
+        answer=answer,
+        answer_type=answer_type,
+        data_source=data_source,
+        options=options,
+        ability=str(row.get("ability") or ""),
+        **{media_key: str(media_path)},
+    )
 
 
 def _check_media(task: Task) -> None:

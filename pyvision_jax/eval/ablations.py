@@ -3,6 +3,7 @@ variants (`VARIANTS`), the curves their figures show, the steps at which the hel
 evaluated, and reading a run's TensorBoard curves back. `pyvision_jax.wiring.dynamics_runs`
 trains and evaluates them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,17 +31,29 @@ class Variant:
     paper: str
 
 
-VARIANTS: dict[str, Variant] = {v.name: v for v in (
-    Variant("full", {}, "accuracy, response length and tool calls rise together (Fig. 3)"),
-    Variant("no_tool_reward", {"rl.tool_reward_coef": 0.0},
-            "tool calls fall quickly and stay low: interaction collapse (Fig. 7)"),
-    Variant("std_norm", {"rl.normalize_std": True}, "removing the std normalisation helps (Fig. 5)"),
-    Variant("arrival_order", {"rl.rank_by": "arrival"}, "ranking by std helps (Fig. 5)"),
-    Variant("turns_2", {"episode.max_tool_calls": 2}, "a budget of 4 turns beats 2 later in training (Fig. 5)"),
-)}
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("full", {}, "accuracy, response length and tool calls rise together (Fig. 3)"),
+        Variant(
+            "no_tool_reward",
+            {"rl.tool_reward_coef": 0.0},
+            "tool calls fall quickly and stay low: interaction collapse (Fig. 7)",
+        ),
+        Variant("std_norm", {"rl.normalize_std": True}, "removing the std normalisation helps (Fig. 5)"),
+        Variant("arrival_order", {"rl.rank_by": "arrival"}, "ranking by std helps (Fig. 5)"),
+        Variant("turns_2", {"episode.max_tool_calls": 2}, "a budget of 4 turns beats 2 later in training (Fig. 5)"),
+    )
+}
 
-CURVES: tuple[str, ...] = (tags.REWARD_ACCURACY, HELDOUT_ACCURACY, tags.TOOLS_CALLS_PER_TRAJ, tags.RESPONSE_LENGTH,
-                           tags.ACTOR_ENTROPY, tags.ACTOR_GRAD_NORM)
+CURVES: tuple[str, ...] = (
+    tags.REWARD_ACCURACY,
+    HELDOUT_ACCURACY,
+    tags.TOOLS_CALLS_PER_TRAJ,
+    tags.RESPONSE_LENGTH,
+    tags.ACTOR_ENTROPY,
+    tags.ACTOR_GRAD_NORM,
+)
 """The curves the figures show, in panel order."""
 
 
@@ -58,8 +71,9 @@ def read_curves(tb_dir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]
     accumulator.Reload()
     curves = {}
     for tag in accumulator.Tags()["tensors"]:
-        by_step = {event.step: float(tensor_util.make_ndarray(event.tensor_proto))
-                   for event in accumulator.Tensors(tag)}
+        by_step = {
+            event.step: float(tensor_util.make_ndarray(event.tensor_proto)) for event in accumulator.Tensors(tag)
+        }
         curves[tag] = sorted(by_step.items())
     return curves
 

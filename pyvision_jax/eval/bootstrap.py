@@ -7,6 +7,7 @@ statistic is the benchmark's accuracy, the mean over tasks of each task's fracti
 rollouts (`eval.metrics`). Intervals are percentile intervals of `resamples` replicates from a
 seeded generator, so the same inputs always give the same interval.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -73,24 +74,35 @@ def _interval(estimate: float, replicates: np.ndarray, level: float) -> Interval
     return Interval(float(estimate), float(low), float(high), level, int(replicates.size))
 
 
-def accuracy_interval(per_task_accuracy: Sequence[float], *, resamples: int = DEFAULT_RESAMPLES,
-                      level: float = DEFAULT_LEVEL, seed: int = 0) -> Interval:
+def accuracy_interval(
+    per_task_accuracy: Sequence[float],
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    level: float = DEFAULT_LEVEL,
+    seed: int = 0,
+) -> Interval:
     """Accuracy (mean of the per-task accuracies [N]) and its bootstrap interval over tasks."""
     values = np.asarray(per_task_accuracy, np.float64)
     _check(values, resamples, level)
     return _interval(values.mean(), _replicate_means(values, resamples, seed), level)
 
 
-def paired_difference_interval(baseline: Mapping[str, float], candidate: Mapping[str, float], *,
-                               resamples: int = DEFAULT_RESAMPLES, level: float = DEFAULT_LEVEL,
-                               seed: int = 0) -> Interval:
+def paired_difference_interval(
+    baseline: Mapping[str, float],
+    candidate: Mapping[str, float],
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    level: float = DEFAULT_LEVEL,
+    seed: int = 0,
+) -> Interval:
     """Accuracy of `candidate` minus that of `baseline` on the same tasks (per-task accuracies
     keyed by task id) and its bootstrap interval: each replicate draws one set of tasks for
     both, so what the two share (the tasks' difficulty) cancels."""
     if set(baseline) != set(candidate):
         only = sorted(set(baseline) ^ set(candidate))
-        raise ValueError(f"paired bootstrap: the two evaluations cover different tasks ({len(only)} differ, "
-                         f"e.g. {only[0]!r})")
+        raise ValueError(
+            f"paired bootstrap: the two evaluations cover different tasks ({len(only)} differ, e.g. {only[0]!r})"
+        )
     tasks = sorted(baseline)
     differences = np.asarray([candidate[t] - baseline[t] for t in tasks], np.float64)
     _check(differences, resamples, level)

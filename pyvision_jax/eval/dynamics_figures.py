@@ -1,5 +1,6 @@
 """Figures of the ablation runs (eval/ablations.py): one panel per curve, the variants side
 by side as in the paper's Fig. 3/5/7, and a markdown table of the held-out results."""
+
 from __future__ import annotations
 
 import os
@@ -25,7 +26,7 @@ TITLES: dict[str, str] = {
 
 def _title(tag: str) -> str:
     if tag.startswith(tags.PARAMS_PREFIX):
-        return f"mean of {tag[len(tags.PARAMS_PREFIX):].removesuffix('/mean')}"
+        return f"mean of {tag[len(tags.PARAMS_PREFIX) :].removesuffix('/mean')}"
     return TITLES[tag]
 
 
@@ -37,15 +38,16 @@ def plot_dynamics(runs: list[dict[str, Any]], out_png: str | os.PathLike, title:
     panels = [*CURVES, *params]
     columns = -(-len(panels) // 2)
     figure, axes = plt.subplots(2, columns, figsize=(5 * columns, 8))
-    for axis in axes.flat[len(panels):]:
+    for axis in axes.flat[len(panels) :]:
         axis.set_visible(False)
     for axis, tag in zip(axes.flat, panels):
         for run in runs:
             points = run["curves"].get(tag, [])
             if points:
                 steps, values = zip(*points)
-                axis.plot(steps, values, marker="o" if tag == HELDOUT_ACCURACY else None, markersize=3,
-                          label=run["name"])
+                axis.plot(
+                    steps, values, marker="o" if tag == HELDOUT_ACCURACY else None, markersize=3, label=run["name"]
+                )
         axis.set_title(_title(tag))
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)
@@ -60,8 +62,11 @@ def plot_dynamics(runs: list[dict[str, Any]], out_png: str | os.PathLike, title:
 def results_table(runs: list[dict[str, Any]]) -> str:
     """Markdown: per variant, held-out accuracy at the start and the end, the change, and
     mean tool calls per training trajectory over the first and last quarter of steps."""
-    lines = ["| variant | held-out acc start | held-out acc end | change (points) | tool calls early | "
-             "tool calls late | paper |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| variant | held-out acc start | held-out acc end | change (points) | tool calls early | "
+        "tool calls late | paper |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for run in runs:
         held = sorted(run["heldout"].items(), key=lambda kv: int(kv[0]))
         start, end = held[0][1]["accuracy"], held[-1][1]["accuracy"]
@@ -69,6 +74,8 @@ def results_table(runs: list[dict[str, Any]]) -> str:
         quarter = max(1, len(calls) // 4)
         early = sum(calls[:quarter]) / quarter if calls else float("nan")
         late = sum(calls[-quarter:]) / quarter if calls else float("nan")
-        lines.append(f"| {run['name']} | {start:.3f} | {end:.3f} | {100 * (end - start):+.1f} | {early:.2f} | "
-                     f"{late:.2f} | {run['paper']} |")
+        lines.append(
+            f"| {run['name']} | {start:.3f} | {end:.3f} | {100 * (end - start):+.1f} | {early:.2f} | "
+            f"{late:.2f} | {run['paper']} |"
+        )
     return "\n".join(lines)

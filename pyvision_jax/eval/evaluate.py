@@ -85,8 +85,7 @@ class EvalSettings:
                 raise ValueError(f"EvalSettings.{name} must be >= 0, got {getattr(self, name)}")
 
     def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              seed=self.seed)
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed)
 
 
 def check_ground_truths(tasks: Sequence[Task]) -> None:
@@ -100,26 +99,40 @@ def check_ground_truths(tasks: Sequence[Task]) -> None:
             raise ValueError(f"task {task.id} ({task.data_source}): {err}") from None
 
 
-def uniform_video_tokens(task: Task, patch_size: int = 14, merge_size: int = 2,
-                         temporal_patch_size: int = 2, sample_fps: float = 1.0) -> int | None:
+def uniform_video_tokens(
+    task: Task, patch_size: int = 14, merge_size: int = 2, temporal_patch_size: int = 2, sample_fps: float = 1.0
+) -> int | None:
     """Visual tokens of the task's whole video sampled uniformly at ``sample_fps`` through the
     Qwen2.5-VL video processor (None for image tasks)."""
     if not task.is_video:
         return None
     info = read_video_info(task.video_path)
-    return video_token_count(info.num_frames, info.width, info.height, info.fps,
-                             sample_fps=sample_fps, patch_size=patch_size, merge_size=merge_size,
-                             temporal_patch_size=temporal_patch_size)
+    return video_token_count(
+        info.num_frames,
+        info.width,
+        info.height,
+        info.fps,
+        sample_fps=sample_fps,
+        patch_size=patch_size,
+        merge_size=merge_size,
+        temporal_patch_size=temporal_patch_size,
+    )
 
 
 class Evaluator:
     """Runs, scores and records an evaluation with an injected engine and sandbox source."""
 
-    def __init__(self, engine: Engine, tokenizer: Any, sandboxes: SandboxSource,
-                 episode: EpisodeConfig = EpisodeConfig.evaluation(),
-                 settings: EvalSettings = EvalSettings(),
-                 run_info: Mapping[str, Any] | None = None,
-                 temporal_patch_size: int = 2, routes: ScorerRoutes = ScorerRoutes()) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        sandboxes: SandboxSource,
+        episode: EpisodeConfig = EpisodeConfig.evaluation(),
+        settings: EvalSettings = EvalSettings(),
+        run_info: Mapping[str, Any] | None = None,
+        temporal_patch_size: int = 2,
+        routes: ScorerRoutes = ScorerRoutes(),
+    ) -> None:
         self.engine = engine
         self.routes = routes
         self.tokenizer = tokenizer
@@ -133,14 +146,20 @@ class Evaluator:
         """What a resumed run must agree with (sampling, budgets, seeds)."""
         e = self.episode
         return {
-            **{key: value for key, value in dataclasses.asdict(self.settings).items()
-               if key not in _PRESENTATION_SETTINGS},
+            **{
+                key: value
+                for key, value in dataclasses.asdict(self.settings).items()
+                if key not in _PRESENTATION_SETTINGS
+            },
             "request_seed": "SamplingParams.seed=seed for every call; per-request streams "
-                            "from (seed, request id '{task_id}/{rollout_index}')",
-            "max_tool_calls": e.max_tool_calls, "max_images": e.max_images,
+            "from (seed, request id '{task_id}/{rollout_index}')",
+            "max_tool_calls": e.max_tool_calls,
+            "max_images": e.max_images,
             "max_new_tokens_per_turn": e.max_new_tokens_per_turn,
-            "max_total_tokens": e.max_total_tokens, "on_error": e.on_error,
-            "image_min_pixels": e.image_min_pixels, "image_max_pixels": e.image_max_pixels,
+            "max_total_tokens": e.max_total_tokens,
+            "on_error": e.on_error,
+            "image_min_pixels": e.image_min_pixels,
+            "image_max_pixels": e.image_max_pixels,
         }
 
     def _check_settings(self, out_dir: Path) -> None:
@@ -148,13 +167,17 @@ class Evaluator:
         path = out_dir / SETTINGS_FILE
         if path.is_file():
             stored = json.loads(path.read_text())
-            changed = sorted(key for key in set(stored) | set(wanted)
-                             if stored.get(key) != wanted.get(key) and key != "tasks_per_batch")
+            changed = sorted(
+                key
+                for key in set(stored) | set(wanted)
+                if stored.get(key) != wanted.get(key) and key != "tasks_per_batch"
+            )
             if changed:
                 raise ValueError(
                     f"{out_dir} holds an evaluation with other settings ({', '.join(changed)}: "
                     f"{ {k: stored.get(k) for k in changed} } there, "
-                    f"{ {k: wanted.get(k) for k in changed} } now); use another --out")
+                    f"{ {k: wanted.get(k) for k in changed} } now); use another --out"
+                )
         else:
             write_json_atomic(path, wanted)
 
@@ -181,11 +204,13 @@ class Evaluator:
             rewrite_jsonl(jsonl, [r for records in finished.values() for r in records])
         previous_wall = 0.0
         if (out_dir / RESULTS_FILE).is_file():
-            previous_wall = float(json.loads((out_dir / RESULTS_FILE).read_text())
-                                  .get("wall_time_s_all_runs", 0.0))
+            previous_wall = float(json.loads((out_dir / RESULTS_FILE).read_text()).get("wall_time_s_all_runs", 0.0))
         known = set(ids)
-        outcomes = {task_id: [metrics.RolloutOutcome.from_record(r) for r in task_records]
-                    for task_id, task_records in finished.items() if task_id in known}
+        outcomes = {
+            task_id: [metrics.RolloutOutcome.from_record(r) for r in task_records]
+            for task_id, task_records in finished.items()
+            if task_id in known
+        }
         del finished  # records carry images; only the outcomes stay in memory
         todo = [t for t in tasks if t.id not in outcomes]
         skipped = len(tasks) - len(todo)
@@ -193,32 +218,34 @@ class Evaluator:
         def results(complete: bool) -> dict[str, Any]:
             wall = time.perf_counter() - start
             return {
-                "complete": complete, "num_tasks_total": len(tasks),
+                "complete": complete,
+                "num_tasks_total": len(tasks),
                 "num_tasks_done": sum(t.id in outcomes for t in tasks),
                 "num_tasks_skipped_as_finished": skipped,
-                "settings": self.settings_record(), "run": self.run_info,
-                "engine": type(self.engine).__name__, "policy_version": self.engine.version,
+                "settings": self.settings_record(),
+                "run": self.run_info,
+                "engine": type(self.engine).__name__,
+                "policy_version": self.engine.version,
                 **metrics.summarize(o for t in tasks for o in outcomes.get(t.id, ())),
-                "wall_time_s": wall, "wall_time_s_all_runs": previous_wall + wall,
+                "wall_time_s": wall,
+                "wall_time_s_all_runs": previous_wall + wall,
             }
 
-        bar = tqdm(total=len(tasks), initial=skipped, desc="eval tasks", unit="task",
-                   disable=not self.settings.progress)
+        bar = tqdm(
+            total=len(tasks), initial=skipped, desc="eval tasks", unit="task", disable=not self.settings.progress
+        )
         try:
             step = self._tasks_per_batch()
             for first in range(0, len(todo), step):
-                chunk = todo[first:first + step]
-                trajectories = self.runner.run_trajectories(
-                    [(task, i) for task in chunk for i in range(k)])
+                chunk = todo[first : first + step]
+                trajectories = self.runner.run_trajectories([(task, i) for task in chunk for i in range(k)])
                 for n, task in enumerate(chunk):
-                    task_records = self._score_task(task, trajectories[n * k:(n + 1) * k])
+                    task_records = self._score_task(task, trajectories[n * k : (n + 1) * k])
                     append_jsonl(jsonl, task_records)
-                    outcomes[task.id] = [metrics.RolloutOutcome.from_record(r)
-                                         for r in task_records]
+                    outcomes[task.id] = [metrics.RolloutOutcome.from_record(r) for r in task_records]
                     bar.update(1)
                 partial = results(complete=False)
-                bar.set_postfix(acc=f"{partial['accuracy']:.3f}",
-                                avg_k=f"{partial['avg_at_k']:.3f}")
+                bar.set_postfix(acc=f"{partial['accuracy']:.3f}", avg_k=f"{partial['avg_at_k']:.3f}")
                 write_json_atomic(out_dir / RESULTS_FILE, partial)
         finally:
             bar.close()
@@ -230,10 +257,10 @@ class Evaluator:
 
     def _score_task(self, task: Task, trajectories: Sequence[Trajectory]) -> list[dict[str, Any]]:
         if [t.task_id for t in trajectories] != [task.id] * self.settings.k:
-            raise RuntimeError(f"task {task.id}: the episode runner returned "
-                               f"{[t.task_id for t in trajectories]}")
-        uniform = uniform_video_tokens(task, self.episode.patch_size, self.episode.merge_size,
-                                       self.temporal_patch_size)
+            raise RuntimeError(f"task {task.id}: the episode runner returned {[t.task_id for t in trajectories]}")
+        uniform = uniform_video_tokens(task, self.episode.patch_size, self.episode.merge_size, self.temporal_patch_size)
         graded = grade_trajectories([(t, task) for t in trajectories], self.tokenizer, self.routes)
-        return [trajectory_record(task, t, g.score, self.tokenizer, uniform, grading_failed=g.broken)
-                for t, g in zip(trajectories, graded)]
+        return [
+            trajectory_record(task, t, g.score, self.tokenizer, uniform, grading_failed=g.broken)
+            for t, g in zip(trajectories, graded)
+        ]

@@ -3,6 +3,7 @@ evaluation found (`HeldoutResult`). The tasks come from a synthetic seed that ne
 (`data.synthetic_seed`) nor SFT (`sft.synthetic_seed`) uses; `pyvision_jax.wiring.heldout`
 runs the evaluations into WORKDIR/heldout/.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,15 +28,20 @@ class HeldoutConfig:
 
     def __post_init__(self) -> None:
         if self.per_kind < 0 or (self.per_kind and self.k < 1):
-            raise ValueError(f"eval.heldout_per_kind must be >= 0 and eval.heldout_k >= 1, got "
-                             f"{self.per_kind} and {self.k}")
+            raise ValueError(
+                f"eval.heldout_per_kind must be >= 0 and eval.heldout_k >= 1, got {self.per_kind} and {self.k}"
+            )
         if self.per_kind and self.distributed:
-            raise ValueError("eval.heldout_per_kind needs a single-process run (train.distributed is set); "
-                             "evaluate the checkpoint afterwards with launch/eval.py")
+            raise ValueError(
+                "eval.heldout_per_kind needs a single-process run (train.distributed is set); "
+                "evaluate the checkpoint afterwards with launch/eval.py"
+            )
         clash = [name for name, seed in self.training_seeds if seed == self.seed]
         if self.per_kind and clash:
-            raise ValueError(f"eval.heldout_seed={self.seed} is also {clash[0]}: held-out tasks must come "
-                             "from a seed never trained on")
+            raise ValueError(
+                f"eval.heldout_seed={self.seed} is also {clash[0]}: held-out tasks must come "
+                "from a seed never trained on"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

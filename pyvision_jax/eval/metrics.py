@@ -96,8 +96,11 @@ def video_token_efficiency(tasks: Mapping[str, Sequence[RolloutOutcome]]) -> dic
             continue
         agent = _mean([o.visual_tokens for o in group])
         uniform = int(group[0].uniform_video_tokens)
-        per_task[task_id] = {"agent_visual_tokens": agent, "uniform_1fps_tokens": uniform,
-                             "ratio": agent / uniform if uniform else None}
+        per_task[task_id] = {
+            "agent_visual_tokens": agent,
+            "uniform_1fps_tokens": uniform,
+            "ratio": agent / uniform if uniform else None,
+        }
     agent_mean = _mean([t["agent_visual_tokens"] for t in per_task.values()])
     uniform_mean = _mean([t["uniform_1fps_tokens"] for t in per_task.values()])
     return {
@@ -128,8 +131,7 @@ def summarize(outcomes: Iterable[RolloutOutcome]) -> dict[str, Any]:
             "distribution": {str(n): tool_calls[n] for n in sorted(tool_calls)},
         },
         "end_reasons": dict(sorted(Counter(o.end_reason for o in outcomes).items())),
-        "mean_visual_tokens_per_task": _mean(
-            [_mean([o.visual_tokens for o in g]) for g in tasks.values()]),
+        "mean_visual_tokens_per_task": _mean([_mean([o.visual_tokens for o in g]) for g in tasks.values()]),
         "mean_response_tokens": _mean([o.response_tokens for o in outcomes]),
         "video_token_efficiency": video_token_efficiency(tasks),
     }

@@ -55,8 +55,14 @@ class LoadedPolicy:
 
 
 def _step_dirs(directory: Path) -> list[Path]:
-    return sorted((p for p in directory.iterdir() if p.name.isdigit() and (p / _TRAIN_ITEM).is_dir()),
-                  key=lambda p: int(p.name)) if directory.is_dir() else []
+    return (
+        sorted(
+            (p for p in directory.iterdir() if p.name.isdigit() and (p / _TRAIN_ITEM).is_dir()),
+            key=lambda p: int(p.name),
+        )
+        if directory.is_dir()
+        else []
+    )
 
 
 def _train_step_dirs(path: Path) -> list[Path]:
@@ -85,7 +91,8 @@ def detect_checkpoint_kind(path: str | Path) -> CheckpointKind:
     raise ValueError(
         f"{path} is not a checkpoint: expected an HF directory (config.json + *.safetensors), "
         f"a params checkpoint (config.json + params/) or a training checkpoint (a workdir with "
-        f"checkpoints/<step>/state, a checkpoints directory, or one <step>/state directory)")
+        f"checkpoints/<step>/state, a checkpoints directory, or one <step>/state directory)"
+    )
 
 
 ModelFor = Callable[[dict[str, Any] | None], ModelConfig]
@@ -112,34 +119,42 @@ def _restore_train_params(step_dir: Path, model_config: ModelConfig, dtype: Any 
     if "params" not in stored:
         raise ValueError(f"{state_dir}: the saved train state has no 'params' entry")
     is_leaf = lambda x: hasattr(x, "shape") and hasattr(x, "dtype")  # noqa: E731
-    stored_shapes = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in
-                     jax.tree_util.tree_flatten_with_path(_int_keys(stored["params"]),
-                                                          is_leaf=is_leaf)[0]}
-    wanted_shapes = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in
-                     jax.tree_util.tree_flatten_with_path(expected)[0]}
+    stored_shapes = {
+        jax.tree_util.keystr(k): tuple(v.shape)
+        for k, v in jax.tree_util.tree_flatten_with_path(_int_keys(stored["params"]), is_leaf=is_leaf)[0]
+    }
+    wanted_shapes = {
+        jax.tree_util.keystr(k): tuple(v.shape) for k, v in jax.tree_util.tree_flatten_with_path(expected)[0]
+    }
     if stored_shapes != wanted_shapes:
         missing = sorted(set(wanted_shapes) - set(stored_shapes))[:5]
         extra = sorted(set(stored_shapes) - set(wanted_shapes))[:5]
-        shape = sorted(k for k in set(wanted_shapes) & set(stored_shapes)
-                       if wanted_shapes[k] != stored_shapes[k])[:5]
-        raise ParamsMismatchError(f"{state_dir}: params do not match the model config (missing {missing}, "
-                         f"unexpected {extra}, other shapes {shape}); pass the config the "
-                         f"checkpoint was trained with (--config / --config.model.*)")
+        shape = sorted(k for k in set(wanted_shapes) & set(stored_shapes) if wanted_shapes[k] != stored_shapes[k])[:5]
+        raise ParamsMismatchError(
+            f"{state_dir}: params do not match the model config (missing {missing}, "
+            f"unexpected {extra}, other shapes {shape}); pass the config the "
+            f"checkpoint was trained with (--config / --config.model.*)"
+        )
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), jnp.dtype(dtype or m.dtype)),
-                            stored["params"], is_leaf=is_leaf)
-    restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=device, global_shape=a.shape,
-                                                               dtype=a.dtype), abstract)
-    restored = ocp.PyTreeCheckpointer().restore(state_dir, args=ocp.args.PyTreeRestore(
-        item={"params": abstract}, restore_args={"params": restore_args}, partial_restore=True))
+    abstract = jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(tuple(m.shape), jnp.dtype(dtype or m.dtype)), stored["params"], is_leaf=is_leaf
+    )
+    restore_args = jax.tree.map(
+        lambda a: ocp.ArrayRestoreArgs(sharding=device, global_shape=a.shape, dtype=a.dtype), abstract
+    )
+    restored = ocp.PyTreeCheckpointer().restore(
+        state_dir,
+        args=ocp.args.PyTreeRestore(
+            item={"params": abstract}, restore_args={"params": restore_args}, partial_restore=True
+        ),
+    )
     return _int_keys(restored["params"])
 
 
 def _int_keys(tree: Any) -> Any:
     """Orbax stores the integer keys of the params dict (layer indices) as strings."""
     if isinstance(tree, dict):
-        return {int(k) if isinstance(k, str) and k.isdigit() else k: _int_keys(v)
-                for k, v in tree.items()}
+        return {int(k) if isinstance(k, str) and k.isdigit() else k: _int_keys(v) for k, v in tree.items()}
     return tree
 
 
@@ -148,8 +163,9 @@ def _tokenizer_dir(directory: Path) -> str | None:
     return str(directory) if any((directory / f).is_file() for f in TOKENIZER_FILES) else None
 
 
-def load_policy(path: str | Path, model_for: ModelFor, *, dtype: str | None = None,
-                progress: bool = True) -> LoadedPolicy:
+def load_policy(
+    path: str | Path, model_for: ModelFor, *, dtype: str | None = None, progress: bool = True
+) -> LoadedPolicy:
     """Loads the weights at ``path`` (any layout of ``detect_checkpoint_kind``), cast to
     ``dtype`` (None: as stored)."""
     path = Path(path).absolute()
@@ -159,8 +175,7 @@ def load_policy(path: str | Path, model_for: ModelFor, *, dtype: str | None = No
         return LoadedPolicy(kind, str(path), model_config, params, 0, _tokenizer_dir(path))
     if kind == "params":
         model_config, params = load_params(path, dtype=dtype)
-        return LoadedPolicy(kind, str(path), model_config, params, 0,
-                            _tokenizer_dir(path / HF_FILES_DIR))
+        return LoadedPolicy(kind, str(path), model_config, params, 0, _tokenizer_dir(path / HF_FILES_DIR))
     candidates = _train_step_dirs(path)
     model_config = _train_model_config(candidates[0], model_for)
     skipped: list[str] = []
@@ -173,8 +188,9 @@ def load_policy(path: str | Path, model_for: ModelFor, *, dtype: str | None = No
             if len(candidates) == 1:
                 raise
             text = str(error).strip().splitlines()
-            skipped.append(f"checkpoint step {step_dir.name} is unreadable ({type(error).__name__}: "
-                           f"{text[0] if text else ''})")
+            skipped.append(
+                f"checkpoint step {step_dir.name} is unreadable ({type(error).__name__}: {text[0] if text else ''})"
+            )
             continue
         return LoadedPolicy(kind, str(step_dir), model_config, params, int(step_dir.name), None, tuple(skipped))
     raise ValueError(f"{path}: no readable training checkpoint ({'; '.join(skipped)})")

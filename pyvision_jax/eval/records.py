@@ -46,8 +46,14 @@ def _decode_collapsed(tokenizer: Any, ids: Sequence[int], image_pad_id: int) -> 
     return "".join(pieces)
 
 
-def trajectory_record(task: Task, trajectory: Trajectory, score: Score, tokenizer: Any,
-                      uniform_tokens: int | None, grading_failed: bool = False) -> dict[str, Any]:
+def trajectory_record(
+    task: Task,
+    trajectory: Trajectory,
+    score: Score,
+    tokenizer: Any,
+    uniform_tokens: int | None,
+    grading_failed: bool = False,
+) -> dict[str, Any]:
     """One line of trajectories.jsonl: the metrics fields of ``metrics.RolloutOutcome``, the
     task row, and a decoded view for people (prompt, per-turn text / code / interpreter
     output / images as base64 PNG). Token ids are not kept (see the trainer's samples). A
@@ -57,41 +63,56 @@ def trajectory_record(task: Task, trajectory: Trajectory, score: Score, tokenize
     code_images = [im for im in trajectory.images if im.source == "code"]
     turns, next_image = [], 0
     for turn in trajectory.turns:
-        text = tokenizer.decode(ids[turn.generated_start:turn.generated_end],
-                                skip_special_tokens=False)
-        observation = _decode_collapsed(tokenizer, ids[turn.generated_end:turn.observation_end],
-                                        image_pad_id)
+        text = tokenizer.decode(ids[turn.generated_start : turn.generated_end], skip_special_tokens=False)
+        observation = _decode_collapsed(tokenizer, ids[turn.generated_end : turn.observation_end], image_pad_id)
         interpreter = TEXT_RESULT.search(observation)
-        labels = [im.label for im in code_images[next_image:next_image + turn.num_new_images]]
+        labels = [im.label for im in code_images[next_image : next_image + turn.num_new_images]]
         next_image += turn.num_new_images
-        turns.append({
-            "text": text, "action": turn.action, "code": parse_action(text).code,
-            "observation": observation,
-            "interpreter_text": interpreter.group(1) if interpreter else None,
-            "image_labels": labels, "tool_error": turn.tool_error,
-            "finish_reason": turn.finish_reason,
-        })
+        turns.append(
+            {
+                "text": text,
+                "action": turn.action,
+                "code": parse_action(text).code,
+                "observation": observation,
+                "interpreter_text": interpreter.group(1) if interpreter else None,
+                "image_labels": labels,
+                "tool_error": turn.tool_error,
+                "finish_reason": turn.finish_reason,
+            }
+        )
     return {
-        "task_id": task.id, "data_source": task.data_source,
+        "task_id": task.id,
+        "data_source": task.data_source,
         "rollout_index": trajectory.rollout_index,
-        "score": float(score.score), "correct": bool(score.correct), "extracted": score.extracted,
+        "score": float(score.score),
+        "correct": bool(score.correct),
+        "extracted": score.extracted,
         "num_tool_calls": trajectory.num_tool_calls,
         "num_successful_tool_calls": trajectory.num_successful_tool_calls,
-        "end_reason": trajectory.end_reason.value, "broken": trajectory.broken or grading_failed,
+        "end_reason": trajectory.end_reason.value,
+        "broken": trajectory.broken or grading_failed,
         "grading_failed": grading_failed,
         "visual_tokens": trajectory.num_visual_tokens,
         "response_tokens": trajectory.num_generated_tokens,
         "total_tokens": len(ids),
-        "is_video": task.is_video, "uniform_video_tokens": uniform_tokens,
-        "final_answer": trajectory.final_answer, "policy_version": trajectory.policy_version,
+        "is_video": task.is_video,
+        "uniform_video_tokens": uniform_tokens,
+        "final_answer": trajectory.final_answer,
+        "policy_version": trajectory.policy_version,
         "timings": dict(trajectory.timings),
         "task": task.to_row(),
-        "prompt": _decode_collapsed(tokenizer, ids[:trajectory.prompt_length], image_pad_id),
+        "prompt": _decode_collapsed(tokenizer, ids[: trajectory.prompt_length], image_pad_id),
         "turns": turns,
-        "images": [{"label": im.label, "source": im.source, "grid_thw": list(im.grid_thw),
-                    "num_tokens": im.num_tokens,
-                    "png_base64": base64.b64encode(im.png).decode("ascii")}
-                   for im in trajectory.images],
+        "images": [
+            {
+                "label": im.label,
+                "source": im.source,
+                "grid_thw": list(im.grid_thw),
+                "num_tokens": im.num_tokens,
+                "png_base64": base64.b64encode(im.png).decode("ascii"),
+            }
+            for im in trajectory.images
+        ],
     }
 
 

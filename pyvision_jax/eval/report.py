@@ -116,8 +116,7 @@ def _number(value: Any) -> str:
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{_number(c)}</td>" for c in row) + "</tr>"
-                   for row in rows)
+    body = "".join("<tr>" + "".join(f"<td>{_number(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -135,38 +134,82 @@ def _with_chart(table: str, chart: str) -> str:
 
 
 def _summary(results: Mapping[str, Any]) -> str:
-    parts = ["<h2>Summary</h2>", _table(
-        ["tasks done / total", "rollouts", "accuracy", "avg@k", "pass@k", "k",
-         "mean tool calls", "mean visual tokens per task", "mean response tokens",
-         "wall time (s, all runs)"],
-        [[f"{results.get('num_tasks_done')} / {results.get('num_tasks_total')}",
-          results.get("num_rollouts"), results.get("accuracy"), results.get("avg_at_k"),
-          results.get("pass_at_k"), results.get("settings", {}).get("k"),
-          results.get("tool_calls", {}).get("mean"), results.get("mean_visual_tokens_per_task"),
-          results.get("mean_response_tokens"), results.get("wall_time_s_all_runs")]])]
+    parts = [
+        "<h2>Summary</h2>",
+        _table(
+            [
+                "tasks done / total",
+                "rollouts",
+                "accuracy",
+                "avg@k",
+                "pass@k",
+                "k",
+                "mean tool calls",
+                "mean visual tokens per task",
+                "mean response tokens",
+                "wall time (s, all runs)",
+            ],
+            [
+                [
+                    f"{results.get('num_tasks_done')} / {results.get('num_tasks_total')}",
+                    results.get("num_rollouts"),
+                    results.get("accuracy"),
+                    results.get("avg_at_k"),
+                    results.get("pass_at_k"),
+                    results.get("settings", {}).get("k"),
+                    results.get("tool_calls", {}).get("mean"),
+                    results.get("mean_visual_tokens_per_task"),
+                    results.get("mean_response_tokens"),
+                    results.get("wall_time_s_all_runs"),
+                ]
+            ],
+        ),
+    ]
     sources = results.get("per_data_source", {})
-    parts += ["<h2>Per data source</h2>", _with_chart(_table(
-        ["data source", "tasks", "accuracy", "avg@k", "pass@k"],
-        [[name, s.get("num_tasks"), s.get("accuracy"), s.get("avg_at_k"), s.get("pass_at_k")]
-         for name, s in sources.items()]), accuracy_chart(sources))]
+    parts += [
+        "<h2>Per data source</h2>",
+        _with_chart(
+            _table(
+                ["data source", "tasks", "accuracy", "avg@k", "pass@k"],
+                [
+                    [name, s.get("num_tasks"), s.get("accuracy"), s.get("avg_at_k"), s.get("pass_at_k")]
+                    for name, s in sources.items()
+                ],
+            ),
+            accuracy_chart(sources),
+        ),
+    ]
     distribution = results.get("tool_calls", {}).get("distribution", {})
     end_reasons = results.get("end_reasons", {})
-    parts += ["<h2>Tool calls per trajectory</h2>",
-              _with_chart(_table(["tool calls", "trajectories"], distribution.items()),
-                          tool_calls_chart(distribution)),
-              "<h2>End reasons</h2>",
-              _with_chart(_table(["end reason", "trajectories"], end_reasons.items()),
-                          end_reasons_chart(end_reasons))]
+    parts += [
+        "<h2>Tool calls per trajectory</h2>",
+        _with_chart(_table(["tool calls", "trajectories"], distribution.items()), tool_calls_chart(distribution)),
+        "<h2>End reasons</h2>",
+        _with_chart(_table(["end reason", "trajectories"], end_reasons.items()), end_reasons_chart(end_reasons)),
+    ]
     video = results.get("video_token_efficiency", {})
     if video.get("num_video_tasks"):
-        parts += ["<h2>Video token efficiency (agent context vs uniform 1-fps sampling)</h2>",
-                  _table(["video tasks", "mean agent visual tokens", "mean 1-fps tokens",
-                          "ratio of means"],
-                         [[video["num_video_tasks"], video["mean_agent_visual_tokens"],
-                           video["mean_uniform_1fps_tokens"], video["ratio_of_means"]]]),
-                  _table(["task", "agent visual tokens (mean over k)", "1-fps tokens", "ratio"],
-                         [[task_id, v["agent_visual_tokens"], v["uniform_1fps_tokens"],
-                           v["ratio"]] for task_id, v in video.get("per_task", {}).items()])]
+        parts += [
+            "<h2>Video token efficiency (agent context vs uniform 1-fps sampling)</h2>",
+            _table(
+                ["video tasks", "mean agent visual tokens", "mean 1-fps tokens", "ratio of means"],
+                [
+                    [
+                        video["num_video_tasks"],
+                        video["mean_agent_visual_tokens"],
+                        video["mean_uniform_1fps_tokens"],
+                        video["ratio_of_means"],
+                    ]
+                ],
+            ),
+            _table(
+                ["task", "agent visual tokens (mean over k)", "1-fps tokens", "ratio"],
+                [
+                    [task_id, v["agent_visual_tokens"], v["uniform_1fps_tokens"], v["ratio"]]
+                    for task_id, v in video.get("per_task", {}).items()
+                ],
+            ),
+        ]
     settings = results.get("settings", {})
     parts += ["<h2>Settings</h2>", _table(["setting", "value"], settings.items())]
     run = results.get("run", {})
@@ -179,25 +222,28 @@ def _turn(turn: Mapping[str, Any], images: Mapping[Any, Mapping[str, Any]], inde
     text = str(turn.get("text", ""))
     code = turn.get("code")
     reasoning = _CODE_BLOCK.sub("", text).strip() if code else text
-    parts = [f'<div class="turn"><div class="label">turn {index + 1} '
-             f'({_e(turn.get("action"))}, finish: {_e(turn.get("finish_reason"))})</div>',
-             f'<div class="label">reasoning</div><pre class="reasoning">{_e(reasoning)}</pre>']
+    parts = [
+        f'<div class="turn"><div class="label">turn {index + 1} '
+        f"({_e(turn.get('action'))}, finish: {_e(turn.get('finish_reason'))})</div>",
+        f'<div class="label">reasoning</div><pre class="reasoning">{_e(reasoning)}</pre>',
+    ]
     if code:
         parts.append(f'<div class="label">code</div><pre class="code">{_e(code)}</pre>')
     if turn.get("interpreter_text") is not None:
-        parts.append(f'<div class="label">interpreter</div>'
-                     f'<pre class="interpreter">{_e(turn["interpreter_text"])}</pre>')
+        parts.append(
+            f'<div class="label">interpreter</div><pre class="interpreter">{_e(turn["interpreter_text"])}</pre>'
+        )
     elif turn.get("observation"):
-        parts.append(f'<div class="label">observation</div>'
-                     f'<pre class="interpreter">{_e(turn["observation"])}</pre>')
+        parts.append(f'<div class="label">observation</div><pre class="interpreter">{_e(turn["observation"])}</pre>')
     if turn.get("tool_error"):
-        parts.append(f'<div class="label error">tool error</div>'
-                     f'<pre class="error">{_e(turn["tool_error"])}</pre>')
+        parts.append(f'<div class="label error">tool error</div><pre class="error">{_e(turn["tool_error"])}</pre>')
     labels = turn.get("image_labels") or []
     if labels:
-        parts.append('<div class="label">images produced</div><div>'
-                     + "".join(_image(images[label]) for label in labels if label in images)
-                     + "</div>")
+        parts.append(
+            '<div class="label">images produced</div><div>'
+            + "".join(_image(images[label]) for label in labels if label in images)
+            + "</div>"
+        )
     parts.append("</div>")
     return "".join(parts)
 
@@ -207,26 +253,25 @@ def _trajectory(record: Mapping[str, Any], number: int) -> str:
     images = {im.get("label"): im for im in record.get("images", [])}
     correct = bool(record.get("correct"))
     options = task.get("options") or []
-    task_images = "".join(_image(im) for im in record.get("images", [])
-                          if im.get("source") == "task")
+    task_images = "".join(_image(im) for im in record.get("images", []) if im.get("source") == "task")
     media = _e(task.get("video_path") or task.get("image_path"))
     parts = [
         f'<section class="trajectory {"correct" if correct else "wrong"}" '
         f'id="trajectory-{number}" data-correct="{int(correct)}" '
         f'data-source="{_e(record.get("data_source"))}">',
         f'<div class="meta"><span><b>{_e(record.get("task_id"))}</b> '
-        f'rollout {_e(record.get("rollout_index"))}</span>'
-        f'<span>source: {_e(record.get("data_source"))}</span>'
-        f'<span>{"correct" if correct else "wrong"}</span>'
-        f'<span>score: {_number(record.get("score"))}</span>'
-        f'<span>end: {_e(record.get("end_reason"))}</span>'
-        f'<span>tool calls: {_e(record.get("num_tool_calls"))}</span>'
-        f'<span>visual tokens: {_e(record.get("visual_tokens"))}</span></div>',
+        f"rollout {_e(record.get('rollout_index'))}</span>"
+        f"<span>source: {_e(record.get('data_source'))}</span>"
+        f"<span>{'correct' if correct else 'wrong'}</span>"
+        f"<span>score: {_number(record.get('score'))}</span>"
+        f"<span>end: {_e(record.get('end_reason'))}</span>"
+        f"<span>tool calls: {_e(record.get('num_tool_calls'))}</span>"
+        f"<span>visual tokens: {_e(record.get('visual_tokens'))}</span></div>",
         f'<div class="label">question</div><pre class="question">{_e(task.get("question"))}'
-        + ("\n" + "\n".join(f"({chr(65 + i)}) {_e(o)}" for i, o in enumerate(options))
-           if options else "") + "</pre>",
+        + ("\n" + "\n".join(f"({chr(65 + i)}) {_e(o)}" for i, o in enumerate(options)) if options else "")
+        + "</pre>",
         f'<div class="label">media: {media}</div><div>{task_images}</div>',
-        f'<details><summary>full prompt</summary><pre>{_e(record.get("prompt"))}</pre></details>',
+        f"<details><summary>full prompt</summary><pre>{_e(record.get('prompt'))}</pre></details>",
     ]
     parts += [_turn(turn, images, i) for i, turn in enumerate(record.get("turns", []))]
     parts.append(
@@ -234,20 +279,23 @@ def _trajectory(record: Mapping[str, Any], number: int) -> str:
         f'<code class="answer">{_e(record.get("extracted") or record.get("final_answer"))}</code>'
         f' &nbsp; <span class="label">ground truth:</span> <code>{_e(task.get("answer"))}</code>'
         f' &nbsp; <span class="label">score:</span> {_number(record.get("score"))}'
-        f' &nbsp; <span class="label">end reason:</span> {_e(record.get("end_reason"))}</div>')
+        f' &nbsp; <span class="label">end reason:</span> {_e(record.get("end_reason"))}</div>'
+    )
     parts.append("</section>")
     return "\n".join(parts)
 
 
-def render_report(results: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
-                  title: str = "pyvision_jax evaluation") -> str:
+def render_report(
+    results: Mapping[str, Any], records: Sequence[Mapping[str, Any]], title: str = "pyvision_jax evaluation"
+) -> str:
     """The report page for ``results`` (results.json) and trajectory ``records``."""
     sources = sorted({str(r.get("data_source")) for r in records})
     source_options = "".join(f'<option value="{_e(s)}">{_e(s)}</option>' for s in sources)
     body = "\n".join(_trajectory(r, i) for i, r in enumerate(records))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
+<meta http-equiv="Content-Security-Policy"
+      content="default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
 <title>{_e(title)}</title><style>{_CSS}</style></head>
 <body>
 <h1>{_e(title)}</h1>

@@ -53,7 +53,7 @@ def _e(value: Any) -> str:
 
 
 def _short(label: str) -> str:
-    return label if len(label) <= _MAX_LABEL_CHARS else label[:_MAX_LABEL_CHARS - 1] + "\u2026"
+    return label if len(label) <= _MAX_LABEL_CHARS else label[: _MAX_LABEL_CHARS - 1] + "\u2026"
 
 
 def count_ticks(maximum: int, most: int = 5) -> list[int]:
@@ -73,18 +73,21 @@ def _number(value: float) -> str:
 
 
 def _svg(chart_id: str, title: str, width: int, height: int, body: Sequence[str]) -> str:
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" id="{_e(chart_id)}" class="chart" '
-            f'role="img" aria-label="{_e(title)}" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" style="{_SVG_STYLE}">'
-            f'<title>{_e(title)}</title>'
-            f'<text x="4" y="14" font-weight="600" fill="{_TEXT_COLOUR}">{_e(title)}</text>'
-            + "".join(body) + "</svg>")
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" id="{_e(chart_id)}" class="chart" '
+        f'role="img" aria-label="{_e(title)}" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" style="{_SVG_STYLE}">'
+        f"<title>{_e(title)}</title>"
+        f'<text x="4" y="14" font-weight="600" fill="{_TEXT_COLOUR}">{_e(title)}</text>' + "".join(body) + "</svg>"
+    )
 
 
 def _rect(x: int, y: int, width: int, height: int, bar: Bar) -> str:
-    return (f'<rect class="bar" x="{x}" y="{y}" width="{width}" height="{height}" '
-            f'fill="{bar.colour}" data-label="{_e(bar.label)}" data-value="{_number(bar.value)}">'
-            f'<title>{_e(bar.label)}: {_e(bar.note)}</title></rect>')
+    return (
+        f'<rect class="bar" x="{x}" y="{y}" width="{width}" height="{height}" '
+        f'fill="{bar.colour}" data-label="{_e(bar.label)}" data-value="{_number(bar.value)}">'
+        f"<title>{_e(bar.label)}: {_e(bar.note)}</title></rect>"
+    )
 
 
 def horizontal_bars(chart_id: str, title: str, bars: Sequence[Bar], ticks: Sequence[float]) -> str:
@@ -95,16 +98,19 @@ def horizontal_bars(chart_id: str, title: str, bars: Sequence[Bar], ticks: Seque
     body = []
     for tick in ticks:
         x = left + round(tick * scale)
-        body.append(f'<line class="tick" data-value="{_number(tick)}" x1="{x}" y1="{_TOP - 4}" '
-                    f'x2="{x}" y2="{bottom}" stroke="{_GRID_COLOUR}"/>'
-                    f'<text x="{x}" y="{_TOP - 8}" text-anchor="middle" fill="{_AXIS_COLOUR}">'
-                    f'{_number(tick)}</text>')
+        body.append(
+            f'<line class="tick" data-value="{_number(tick)}" x1="{x}" y1="{_TOP - 4}" '
+            f'x2="{x}" y2="{bottom}" stroke="{_GRID_COLOUR}"/>'
+            f'<text x="{x}" y="{_TOP - 8}" text-anchor="middle" fill="{_AXIS_COLOUR}">'
+            f"{_number(tick)}</text>"
+        )
     for row, bar in enumerate(bars):
         top = _TOP + row * _ROW_HEIGHT + (_ROW_HEIGHT - _BAR_HEIGHT) // 2
         width = round(max(0.0, bar.value) * scale)
         middle = top + _BAR_HEIGHT // 2 + 4
-        body.append(f'<text x="{left - 6}" y="{middle}" text-anchor="end" fill="{_TEXT_COLOUR}">'
-                    f'{_e(_short(bar.label))}</text>')
+        body.append(
+            f'<text x="{left - 6}" y="{middle}" text-anchor="end" fill="{_TEXT_COLOUR}">{_e(_short(bar.label))}</text>'
+        )
         body.append(_rect(left, top, width, _BAR_HEIGHT, bar))
         body.append(f'<text x="{left + width + 6}" y="{middle}" fill="{_TEXT_COLOUR}">{_e(bar.note)}</text>')
     body.append(f'<line x1="{left}" y1="{_TOP - 4}" x2="{left}" y2="{bottom}" stroke="{_AXIS_COLOUR}"/>')
@@ -112,8 +118,9 @@ def horizontal_bars(chart_id: str, title: str, bars: Sequence[Bar], ticks: Seque
     return _svg(chart_id, title, left + _PLOT_WIDTH + notes, bottom + _BOTTOM, body)
 
 
-def vertical_bars(chart_id: str, title: str, bars: Sequence[Bar], ticks: Sequence[float],
-                  x_title: str, y_title: str) -> str:
+def vertical_bars(
+    chart_id: str, title: str, bars: Sequence[Bar], ticks: Sequence[float], x_title: str, y_title: str
+) -> str:
     """One column per bar (a histogram over ordered bins), heights on an axis from 0 to
     ``ticks[-1]``. A column's note is written above it where it fits (else it is in the
     tooltip only), and the bin labels are thinned out to keep them apart."""
@@ -125,14 +132,18 @@ def vertical_bars(chart_id: str, title: str, bars: Sequence[Bar], ticks: Sequenc
     bottom = top + plot_height
     width = max(_MIN_COLUMNS_WIDTH, left + len(bars) * column + 16)
     first = left + (width - 16 - left - len(bars) * column) // 2  # the columns centred on the axis
-    body = [f'<text x="14" y="{top + plot_height // 2}" fill="{_AXIS_COLOUR}" text-anchor="middle" '
-            f'transform="rotate(-90 14 {top + plot_height // 2})">{_e(y_title)}</text>']
+    body = [
+        f'<text x="14" y="{top + plot_height // 2}" fill="{_AXIS_COLOUR}" text-anchor="middle" '
+        f'transform="rotate(-90 14 {top + plot_height // 2})">{_e(y_title)}</text>'
+    ]
     for tick in ticks:
         y = bottom - round(tick * scale)
-        body.append(f'<line class="tick" data-value="{_number(tick)}" x1="{left - 4}" y1="{y}" '
-                    f'x2="{width - 8}" y2="{y}" stroke="{_GRID_COLOUR}"/>'
-                    f'<text x="{left - 8}" y="{y + 4}" text-anchor="end" fill="{_AXIS_COLOUR}">'
-                    f'{_number(tick)}</text>')
+        body.append(
+            f'<line class="tick" data-value="{_number(tick)}" x1="{left - 4}" y1="{y}" '
+            f'x2="{width - 8}" y2="{y}" stroke="{_GRID_COLOUR}"/>'
+            f'<text x="{left - 8}" y="{y + 4}" text-anchor="end" fill="{_AXIS_COLOUR}">'
+            f"{_number(tick)}</text>"
+        )
     body.append(f'<line x1="{left}" y1="{bottom}" x2="{width - 8}" y2="{bottom}" stroke="{_AXIS_COLOUR}"/>')
     for index, bar in enumerate(bars):
         x = first + index * column + gap
@@ -140,13 +151,19 @@ def vertical_bars(chart_id: str, title: str, bars: Sequence[Bar], ticks: Sequenc
         centre = x + (column - 2 * gap) // 2
         body.append(_rect(x, bottom - height, column - 2 * gap, height, bar))
         if bar.note and _CHAR_WIDTH * len(bar.note) <= column:
-            body.append(f'<text x="{centre}" y="{bottom - height - 4}" text-anchor="middle" '
-                        f'fill="{_TEXT_COLOUR}">{_e(bar.note)}</text>')
+            body.append(
+                f'<text x="{centre}" y="{bottom - height - 4}" text-anchor="middle" '
+                f'fill="{_TEXT_COLOUR}">{_e(bar.note)}</text>'
+            )
         if index % label_every == 0:
-            body.append(f'<text x="{centre}" y="{bottom + 14}" text-anchor="middle" '
-                        f'fill="{_AXIS_COLOUR}">{_e(bar.label)}</text>')
-    body.append(f'<text x="{left + (width - left) // 2}" y="{bottom + 30}" text-anchor="middle" '
-                f'fill="{_AXIS_COLOUR}">{_e(x_title)}</text>')
+            body.append(
+                f'<text x="{centre}" y="{bottom + 14}" text-anchor="middle" '
+                f'fill="{_AXIS_COLOUR}">{_e(bar.label)}</text>'
+            )
+    body.append(
+        f'<text x="{left + (width - left) // 2}" y="{bottom + 30}" text-anchor="middle" '
+        f'fill="{_AXIS_COLOUR}">{_e(x_title)}</text>'
+    )
     return _svg(chart_id, title, width, bottom + 38, body)
 
 
@@ -158,9 +175,11 @@ def accuracy_chart(per_source: Mapping[str, Mapping[str, Any]]) -> str:
     bars = []
     for name, source in per_source.items():
         accuracy = float(source.get("accuracy") or 0.0)
-        counts = [f"{source[key]} {word}{'' if source[key] == 1 else 's'}"
-                  for key, word in (("num_tasks", "task"), ("num_rollouts", "rollout"))
-                  if source.get(key) is not None]
+        counts = [
+            f"{source[key]} {word}{'' if source[key] == 1 else 's'}"
+            for key, word in (("num_tasks", "task"), ("num_rollouts", "rollout"))
+            if source.get(key) is not None
+        ]
         note = f"{accuracy:.3f}" + (f" ({', '.join(counts)})" if counts else "")
         bars.append(Bar(str(name), accuracy, note, ACCURACY_COLOUR))
     return horizontal_bars("chart-accuracy", "Accuracy per data source", bars, [0, 0.25, 0.5, 0.75, 1])
@@ -176,10 +195,18 @@ def tool_calls_chart(distribution: Mapping[str, int]) -> str:
         bins = [str(n) for n in range(max(int(key) for key in counts) + 1)]
     else:
         bins = list(counts)
-    bars = [Bar(name, counts.get(name, 0), str(counts[name]) if counts.get(name) else "", TOOL_CALLS_COLOUR)
-            for name in bins]
-    return vertical_bars("chart-tool-calls", "Tool calls per trajectory", bars,
-                         count_ticks(max(counts.values())), "tool calls", "trajectories")
+    bars = [
+        Bar(name, counts.get(name, 0), str(counts[name]) if counts.get(name) else "", TOOL_CALLS_COLOUR)
+        for name in bins
+    ]
+    return vertical_bars(
+        "chart-tool-calls",
+        "Tool calls per trajectory",
+        bars,
+        count_ticks(max(counts.values())),
+        "tool calls",
+        "trajectories",
+    )
 
 
 def _share(count: int, total: int) -> str:
@@ -193,8 +220,15 @@ def end_reasons_chart(end_reasons: Mapping[str, int]) -> str:
     total = sum(int(count) for count in end_reasons.values())
     if not total:
         return ""
-    bars = [Bar(str(reason), int(count), f"{int(count)} ({_share(int(count), total)})",
-                DONE_COLOUR if reason == "DONE" else OTHER_END_COLOUR)
-            for reason, count in end_reasons.items()]
-    return horizontal_bars("chart-end-reasons", "End reasons", bars,
-                           count_ticks(max(int(count) for count in end_reasons.values())))
+    bars = [
+        Bar(
+            str(reason),
+            int(count),
+            f"{int(count)} ({_share(int(count), total)})",
+            DONE_COLOUR if reason == "DONE" else OTHER_END_COLOUR,
+        )
+        for reason, count in end_reasons.items()
+    ]
+    return horizontal_bars(
+        "chart-end-reasons", "End reasons", bars, count_ticks(max(int(count) for count in end_reasons.values()))
+    )

@@ -1,6 +1,7 @@
 """Host-side answer checking: boxed-answer extraction, multiple choice, MRA, math, and the
 per-trajectory rule shared by the rollout producer and evaluation. Not jitted; the [P, G]
 kernels that consume its scores live in `rl`."""
+
 from pyvision_jax.grading.scoring import (
     SCORERS,
     GroundTruthError,

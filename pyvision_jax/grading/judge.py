@@ -12,6 +12,7 @@ extracted final answer. A request that never gets a usable verdict (unreachable,
 or a reply that is no verdict) is a judge failure: `verdicts` reports it as None and the
 producer marks that rollout broken, never wrong.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -95,17 +96,20 @@ class JudgeConfig:
         if self.max_tokens < 1:
             raise ValueError(f"JudgeConfig.max_tokens must be >= 1, got {self.max_tokens}")
         if self.temperature < 0:
-            raise ValueError(f"JudgeConfig.temperature (grading.judge_temperature) must be >= 0, "
-                             f"got {self.temperature}")
+            raise ValueError(
+                f"JudgeConfig.temperature (grading.judge_temperature) must be >= 0, got {self.temperature}"
+            )
         if self.verdict_pattern:
             try:
                 groups = re.compile(self.verdict_pattern).groups
             except re.error as err:
-                raise ValueError(f"grading.judge_verdict_pattern {self.verdict_pattern!r} is not a regex: "
-                                 f"{err}") from None
+                raise ValueError(
+                    f"grading.judge_verdict_pattern {self.verdict_pattern!r} is not a regex: {err}"
+                ) from None
             if groups < 1:
-                raise ValueError(f"grading.judge_verdict_pattern {self.verdict_pattern!r} needs a group "
-                                 f"(the verdict word)")
+                raise ValueError(
+                    f"grading.judge_verdict_pattern {self.verdict_pattern!r} needs a group (the verdict word)"
+                )
 
 
 def parse_verdict(reply: str, pattern: str = "") -> bool | None:
@@ -133,19 +137,23 @@ class LLMJudge:
     def prompt(self, question: str, ground_truth: str, answer: str, data_source: str = "") -> str:
         """The judge prompt, from the template of the first `family_prompts` glob that matches
         `data_source` (else `prompt`)."""
-        template = next((t for pattern, t in self.config.family_prompts if fnmatch.fnmatchcase(data_source, pattern)),
-                        self.config.prompt)
+        template = next(
+            (t for pattern, t in self.config.family_prompts if fnmatch.fnmatchcase(data_source, pattern)),
+            self.config.prompt,
+        )
         return template.render({"question": question, "ground_truth": ground_truth, "answer": answer})
 
     def _request_once(self, prompt: str) -> str:
         system = [{"role": "system", "content": self.config.system_prompt}] if self.config.system_prompt else []
-        body = json.dumps({
-            **self.config.extra_body,
-            "model": self.config.model,
-            "messages": system + [{"role": "user", "content": prompt}],
-            "temperature": self.config.temperature,
-            "max_tokens": self.config.max_tokens,
-        }).encode()
+        body = json.dumps(
+            {
+                **self.config.extra_body,
+                "model": self.config.model,
+                "messages": system + [{"role": "user", "content": prompt}],
+                "temperature": self.config.temperature,
+                "max_tokens": self.config.max_tokens,
+            }
+        ).encode()
         headers = {"Content-Type": "application/json"}
         if self.config.api_key:
             headers["Authorization"] = f"Bearer {self.config.api_key}"
@@ -164,13 +172,13 @@ class LLMJudge:
                 if verdict is not None:
                     return verdict
                 last_error = f"a reply that is no verdict: {reply[:80]!r}"
-            except (urllib.error.URLError, TimeoutError, OSError, ValueError, KeyError, IndexError,
-                    TypeError) as error:
+            except (urllib.error.URLError, TimeoutError, OSError, ValueError, KeyError, IndexError, TypeError) as error:
                 last_error = repr(error)
             if attempt < self.config.max_retries:
                 time.sleep(self.config.retry_backoff_s * (2**attempt))
         raise JudgeUnavailableError(
-            f"judge at {self.url} failed {self.config.max_retries + 1} times; last error: {last_error}")
+            f"judge at {self.url} failed {self.config.max_retries + 1} times; last error: {last_error}"
+        )
 
     def verdicts(self, prompts: Sequence[str]) -> list[bool | None]:
         """The verdict per prompt, asked concurrently; None where the judge failed."""
@@ -186,8 +194,9 @@ class LLMJudge:
                     out[futures[future]] = None
         return out
 
-    def __call__(self, response: str, ground_truth: str, *, question: str = "", strict: bool = True,
-                 gate: str = "last") -> Score:
+    def __call__(
+        self, response: str, ground_truth: str, *, question: str = "", strict: bool = True, gate: str = "last"
+    ) -> Score:
         """Scorer-protocol entry point (`register_scorer`); raises JudgeUnavailableError."""
         extracted = extract_answer(response, strict=strict, gate=gate)
         if extracted is None:

@@ -10,6 +10,7 @@ not say), a rule scorer by name ("numeric" is MRA, "multiple_choice", "math"), o
 one concurrent batch. A judge failure makes that rollout's `Graded.broken` true (score 0),
 never a wrong answer.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,25 +49,31 @@ class ScorerRoutes:
 
     def __post_init__(self) -> None:
         for route in self.routes:
-            if (isinstance(route, str) or len(route) != 2
-                    or route[1] not in RULE_SCORERS + (JUDGE,)):
-                raise ValueError(f"grading.routes: {route!r} must be a (data_source glob, scorer) pair with "
-                                 f"scorer one of {RULE_SCORERS + (JUDGE,)}")
+            if isinstance(route, str) or len(route) != 2 or route[1] not in RULE_SCORERS + (JUDGE,):
+                raise ValueError(
+                    f"grading.routes: {route!r} must be a (data_source glob, scorer) pair with "
+                    f"scorer one of {RULE_SCORERS + (JUDGE,)}"
+                )
         if self.judge is None and any(scorer == JUDGE for _, scorer in self.routes):
-            raise ValueError("grading.routes sends data sources to the judge but no judge is configured "
-                             "(set grading.judge_url to an OpenAI-compatible server, e.g. `vllm serve`)")
+            raise ValueError(
+                "grading.routes sends data sources to the judge but no judge is configured "
+                "(set grading.judge_url to an OpenAI-compatible server, e.g. `vllm serve`)"
+            )
 
     def scorer_of(self, task: Task) -> str:
         """The scorer of the first route whose glob matches the task's data_source."""
         for pattern, scorer in self.routes:
             if fnmatch.fnmatchcase(task.data_source, pattern):
                 return scorer
-        raise ValueError(f"task {task.id}: no route in grading.routes matches data_source "
-                         f"{task.data_source!r} (routes: {self.routes})")
+        raise ValueError(
+            f"task {task.id}: no route in grading.routes matches data_source "
+            f"{task.data_source!r} (routes: {self.routes})"
+        )
 
 
-def grade_trajectories(pairs: Sequence[tuple[Trajectory, Task]], tokenizer: Any,
-                       routes: ScorerRoutes = ScorerRoutes()) -> list[Graded]:
+def grade_trajectories(
+    pairs: Sequence[tuple[Trajectory, Task]], tokenizer: Any, routes: ScorerRoutes = ScorerRoutes()
+) -> list[Graded]:
     """One `Graded` per (trajectory, task), in order; the judge's requests run concurrently."""
     graded: list[Graded | None] = [None] * len(pairs)
     asked: list[tuple[int, str, str]] = []
@@ -80,12 +87,17 @@ def grade_trajectories(pairs: Sequence[tuple[Trajectory, Task]], tokenizer: Any,
         if answer is None:
             graded[index] = Graded(ZERO_SCORE)
         else:
-            asked.append((index, answer, routes.judge.prompt(format_question(task), task.answer, answer,
-                                                             data_source=task.data_source)))
+            asked.append(
+                (
+                    index,
+                    answer,
+                    routes.judge.prompt(format_question(task), task.answer, answer, data_source=task.data_source),
+                )
+            )
     if asked:
         verdicts = routes.judge.verdicts([prompt for _, _, prompt in asked])
         for (index, answer, _), verdict in zip(asked, verdicts):
-            graded[index] = (Graded(ZERO_SCORE, broken=True) if verdict is None
-                             else Graded(Score(float(verdict), verdict, answer)))
+            graded[index] = (
+                Graded(ZERO_SCORE, broken=True) if verdict is None else Graded(Score(float(verdict), verdict, answer))
+            )
     return graded
-

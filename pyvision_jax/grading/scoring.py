@@ -4,6 +4,7 @@ Every scorer takes the full model response and the ground truth and returns a `S
 A response can never crash a scorer: anything unparseable scores 0. A malformed ground
 truth, on the other hand, is a data error and raises `GroundTruthError` naming the value.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,7 +62,7 @@ ZERO_SCORE = Score(score=0.0, correct=False, extracted=None)
 def _final_turn(response: str) -> str:
     """The text after the last tool output; answers quoted inside tool outputs never count."""
     cut = response.rfind(INTERPRETER_CLOSE)
-    return response if cut < 0 else response[cut + len(INTERPRETER_CLOSE):]
+    return response if cut < 0 else response[cut + len(INTERPRETER_CLOSE) :]
 
 
 def _braced_content(text: str, open_index: int) -> tuple[str, int] | None:
@@ -80,7 +81,7 @@ def _braced_content(text: str, open_index: int) -> tuple[str, int] | None:
         elif char == "}":
             depth -= 1
             if depth == 0:
-                return text[open_index + 1:index], index + 1
+                return text[open_index + 1 : index], index + 1
         index += 1
     return None
 
@@ -153,7 +154,7 @@ def extract_answer(response: str, *, strict: bool = True, gate: str = "last") ->
         return _strict_boxed(blocks[-1]) if blocks else None
     last_open = final.rfind(ANSWER_OPEN)
     if last_open >= 0 and (not blocks or final.rfind("</answer>") < last_open):
-        blocks.append(final[last_open + len(ANSWER_OPEN):])
+        blocks.append(final[last_open + len(ANSWER_OPEN) :])
     if blocks:
         groups = _boxed_groups(blocks[-1])
         answer = groups[-1][2] if groups else blocks[-1]
@@ -217,7 +218,11 @@ def parse_choice(answer: str, options: Sequence[str] | None = None) -> str | Non
 
 
 def score_multiple_choice(
-    response: str, ground_truth: str, *, options: Sequence[str] | None = None, strict: bool = True,
+    response: str,
+    ground_truth: str,
+    *,
+    options: Sequence[str] | None = None,
+    strict: bool = True,
     gate: str = "last",
 ) -> Score:
     """1 when the extracted answer names the same option as the ground truth."""
@@ -285,8 +290,9 @@ def mean_relative_accuracy(prediction: float, ground_truth: float, thresholds: s
     return hits / len(MRA_TOLERANCES_IN_TWENTIETHS)
 
 
-def score_numeric(response: str, ground_truth: str | float, *, strict: bool = True, gate: str = "last",
-                  thresholds: str = "exact") -> Score:
+def score_numeric(
+    response: str, ground_truth: str | float, *, strict: bool = True, gate: str = "last", thresholds: str = "exact"
+) -> Score:
     """MRA of the number in the boxed answer; correct when MRA >= 0.5."""
     expected = float(ground_truth) if isinstance(ground_truth, (int, float)) else parse_number(str(ground_truth))
     if expected is None or not math.isfinite(expected):
@@ -359,9 +365,7 @@ def get_scorer(answer_type: str) -> Callable[..., Score]:
     try:
         return SCORERS[answer_type]
     except KeyError:
-        raise KeyError(
-            f"unknown answer type {answer_type!r}; known types: {sorted(SCORERS)}"
-        ) from None
+        raise KeyError(f"unknown answer type {answer_type!r}; known types: {sorted(SCORERS)}") from None
 
 
 def score_response(response: str, ground_truth: str, answer_type: str, **kwargs) -> Score:

@@ -9,6 +9,7 @@ one, scores 0. The reward (score plus the
 accumulative tool bonus) is ``rewards.accumulative_tool_reward`` over [P, G] arrays of these
 scores.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,23 +49,26 @@ class ScoringRules:
             raise ValueError(f"grading.mra_thresholds must be one of {MRA_THRESHOLDS}, got {self.mra_thresholds!r}")
 
 
-def task_scorer(task: Task, scorer: str = BY_ANSWER_TYPE,
-                rules: ScoringRules = ScoringRules()) -> tuple[str, dict[str, Any]]:
+def task_scorer(
+    task: Task, scorer: str = BY_ANSWER_TYPE, rules: ScoringRules = ScoringRules()
+) -> tuple[str, dict[str, Any]]:
     """The scorer key and its keyword arguments for ``task`` (``scorer`` "answer_type": the
     one of the task's answer type); the rules go to scorers that take them."""
     if scorer == BY_ANSWER_TYPE:
         scorer = SCORER_OF_ANSWER_TYPE.get(task.answer_type, task.answer_type)
     if scorer not in SCORERS:
-        raise ValueError(f"task {task.id}: no scorer {scorer!r} (answer_type {task.answer_type!r}); "
-                         f"known: {sorted(SCORERS)}")
+        raise ValueError(
+            f"task {task.id}: no scorer {scorer!r} (answer_type {task.answer_type!r}); known: {sorted(SCORERS)}"
+        )
     kwargs: dict[str, Any] = {"options": tuple(task.options) or None} if scorer == "multiple_choice" else {}
     accepted = inspect.signature(SCORERS[scorer]).parameters
     rule_kwargs = {"gate": rules.answer_gate, "thresholds": rules.mra_thresholds}
     return scorer, kwargs | {k: v for k, v in rule_kwargs.items() if k in accepted}
 
 
-def score_task_response(response: str, task: Task, scorer: str = BY_ANSWER_TYPE,
-                        rules: ScoringRules = ScoringRules()) -> Score:
+def score_task_response(
+    response: str, task: Task, scorer: str = BY_ANSWER_TYPE, rules: ScoringRules = ScoringRules()
+) -> Score:
     """Scores a response text against ``task``'s ground truth (raises ``GroundTruthError``
     when the ground truth cannot be scored)."""
     key, kwargs = task_scorer(task, scorer, rules)
@@ -76,13 +80,14 @@ def final_turn_text(trajectory: Trajectory, tokenizer: Any) -> str:
     if not trajectory.turns:
         return ""
     last = trajectory.turns[-1]
-    return tokenizer.decode(trajectory.token_ids[last.generated_start:last.generated_end].tolist(),
-                            skip_special_tokens=False)
+    return tokenizer.decode(
+        trajectory.token_ids[last.generated_start : last.generated_end].tolist(), skip_special_tokens=False
+    )
 
 
 def response_text(trajectory: Trajectory, tokenizer: Any) -> str:
     """Everything after the prompt, decoded: the generated turns and the tool outputs."""
-    return tokenizer.decode(trajectory.token_ids[trajectory.prompt_length:].tolist(), skip_special_tokens=False)
+    return tokenizer.decode(trajectory.token_ids[trajectory.prompt_length :].tolist(), skip_special_tokens=False)
 
 
 def graded_text(trajectory: Trajectory, tokenizer: Any, gate: str) -> str | None:
@@ -97,8 +102,13 @@ def graded_text(trajectory: Trajectory, tokenizer: Any, gate: str) -> str | None
     return final_turn_text(trajectory, tokenizer) if trajectory.final_answer is not None else None
 
 
-def score_trajectory(trajectory: Trajectory, task: Task, tokenizer: Any, scorer: str = BY_ANSWER_TYPE,
-                     rules: ScoringRules = ScoringRules()) -> Score:
+def score_trajectory(
+    trajectory: Trajectory,
+    task: Task,
+    tokenizer: Any,
+    scorer: str = BY_ANSWER_TYPE,
+    rules: ScoringRules = ScoringRules(),
+) -> Score:
     """The score of ``trajectory``'s answer on ``task`` with a rule scorer; 0 when the gate has
     nothing to read or the rollout broke. A scorer that does not exist is an error even
     without an answer."""

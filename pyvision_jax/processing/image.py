@@ -25,8 +25,9 @@ IMAGE_MIN_PIXELS = 3136
 IMAGE_MAX_PIXELS = 2_000_000
 
 
-def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = IMAGE_MIN_PIXELS,
-                 max_pixels: int = IMAGE_MAX_PIXELS) -> tuple[int, int]:
+def smart_resize(
+    height: int, width: int, factor: int = 28, min_pixels: int = IMAGE_MIN_PIXELS, max_pixels: int = IMAGE_MAX_PIXELS
+) -> tuple[int, int]:
     """Qwen's target size: both sides multiples of factor, area within [min, max] pixels.
 
     Rounds each side to the nearest multiple, then rescales (keeping the aspect ratio) by
@@ -38,7 +39,8 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = IM
     if ratio > MAX_ASPECT_RATIO:
         raise ValueError(
             f"absolute aspect ratio must be smaller than {MAX_ASPECT_RATIO}, got {ratio} "
-            f"(height={height}, width={width})")
+            f"(height={height}, width={width})"
+        )
     resized_height = round(height / factor) * factor
     resized_width = round(width / factor) * factor
     if resized_height * resized_width > max_pixels:
@@ -58,10 +60,8 @@ def to_rgb(image: Image.Image | np.ndarray) -> Image.Image:
     Arrays must be uint8 [H, W, 3] (RGB) or [H, W] (grayscale).
     """
     if isinstance(image, np.ndarray):
-        if image.dtype != np.uint8 or not (
-                image.ndim == 2 or (image.ndim == 3 and image.shape[-1] == 3)):
-            raise ValueError(
-                f"image arrays must be uint8 [H, W, 3] or [H, W], got {image.dtype} {image.shape}")
+        if image.dtype != np.uint8 or not (image.ndim == 2 or (image.ndim == 3 and image.shape[-1] == 3)):
+            raise ValueError(f"image arrays must be uint8 [H, W, 3] or [H, W], got {image.dtype} {image.shape}")
         image = Image.fromarray(image)
     if not isinstance(image, Image.Image):
         raise TypeError(f"expected a PIL image or a uint8 array, got {type(image).__name__}")
@@ -85,8 +85,9 @@ def rescale_and_normalize(pixels: np.ndarray) -> np.ndarray:
     return np.moveaxis((rescaled - mean) / std, -1, -3)
 
 
-def patchify(frames: np.ndarray, patch_size: int = 14, merge_size: int = 2,
-             temporal_patch_size: int = 2) -> tuple[np.ndarray, tuple[int, int, int]]:
+def patchify(
+    frames: np.ndarray, patch_size: int = 14, merge_size: int = 2, temporal_patch_size: int = 2
+) -> tuple[np.ndarray, tuple[int, int, int]]:
     """Flattens frames [T, C, H, W] (T a multiple of temporal_patch_size) to patch rows.
 
     Returns (patches [t*h*w, C*T*P*P], (t, h, w)) with rows ordered by temporal index, then
@@ -97,36 +98,53 @@ def patchify(frames: np.ndarray, patch_size: int = 14, merge_size: int = 2,
     if num_frames % temporal_patch_size or height % factor or width % factor:
         raise ValueError(
             f"frames of shape {frames.shape} cannot be patchified: T must be a multiple of "
-            f"{temporal_patch_size}, H and W multiples of {factor}")
+            f"{temporal_patch_size}, H and W multiples of {factor}"
+        )
     grid_t = num_frames // temporal_patch_size
     grid_h, grid_w = height // patch_size, width // patch_size
-    patches = frames.reshape(grid_t, temporal_patch_size, channels,
-                             grid_h // merge_size, merge_size, patch_size,
-                             grid_w // merge_size, merge_size, patch_size)
+    patches = frames.reshape(
+        grid_t,
+        temporal_patch_size,
+        channels,
+        grid_h // merge_size,
+        merge_size,
+        patch_size,
+        grid_w // merge_size,
+        merge_size,
+        patch_size,
+    )
     # -> (t, h_block, w_block, h_in, w_in, C, T, P, P)
     patches = patches.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    flat = patches.reshape(grid_t * grid_h * grid_w,
-                           channels * temporal_patch_size * patch_size * patch_size)
+    flat = patches.reshape(grid_t * grid_h * grid_w, channels * temporal_patch_size * patch_size * patch_size)
     return np.ascontiguousarray(flat, dtype=np.float32), (grid_t, grid_h, grid_w)
 
 
-def preprocess_image(image: Image.Image | np.ndarray, min_pixels: int = IMAGE_MIN_PIXELS,
-                     max_pixels: int = IMAGE_MAX_PIXELS, patch_size: int = 14,
-                     merge_size: int = 2, temporal_patch_size: int = 2,
-                     ) -> tuple[np.ndarray, tuple[int, int, int]]:
+def preprocess_image(
+    image: Image.Image | np.ndarray,
+    min_pixels: int = IMAGE_MIN_PIXELS,
+    max_pixels: int = IMAGE_MAX_PIXELS,
+    patch_size: int = 14,
+    merge_size: int = 2,
+    temporal_patch_size: int = 2,
+) -> tuple[np.ndarray, tuple[int, int, int]]:
     """One image -> (pixel_values [h*w, 3*T*P*P] float32, (1, h, w))."""
     rgb = to_rgb(image)
-    height, width = smart_resize(rgb.height, rgb.width, factor=patch_size * merge_size,
-                                 min_pixels=min_pixels, max_pixels=max_pixels)
+    height, width = smart_resize(
+        rgb.height, rgb.width, factor=patch_size * merge_size, min_pixels=min_pixels, max_pixels=max_pixels
+    )
     normalized = rescale_and_normalize(resize_rgb(rgb, height, width))
     frames = np.broadcast_to(normalized[None], (temporal_patch_size, *normalized.shape))
     return patchify(frames, patch_size, merge_size, temporal_patch_size)
 
 
-def preprocess_images(images: Sequence[Image.Image | np.ndarray],
-                      min_pixels: int = IMAGE_MIN_PIXELS, max_pixels: int = IMAGE_MAX_PIXELS,
-                      patch_size: int = 14, merge_size: int = 2, temporal_patch_size: int = 2,
-                      ) -> tuple[np.ndarray, np.ndarray]:
+def preprocess_images(
+    images: Sequence[Image.Image | np.ndarray],
+    min_pixels: int = IMAGE_MIN_PIXELS,
+    max_pixels: int = IMAGE_MAX_PIXELS,
+    patch_size: int = 14,
+    merge_size: int = 2,
+    temporal_patch_size: int = 2,
+) -> tuple[np.ndarray, np.ndarray]:
     """Images -> (pixel_values [sum of patches, 3*T*P*P] float32, grid_thw [n, 3] int64).
 
     The processor-key equivalents are `pixel_values` and `image_grid_thw`.
@@ -135,8 +153,9 @@ def preprocess_images(images: Sequence[Image.Image | np.ndarray],
         raise ValueError("preprocess_images needs at least one image")
     patches, grids = [], []
     for image in images:
-        image_patches, grid = preprocess_image(image, min_pixels, max_pixels, patch_size,
-                                               merge_size, temporal_patch_size)
+        image_patches, grid = preprocess_image(
+            image, min_pixels, max_pixels, patch_size, merge_size, temporal_patch_size
+        )
         patches.append(image_patches)
         grids.append(grid)
     return np.concatenate(patches, axis=0), np.asarray(grids, dtype=np.int64)

@@ -19,5 +19,6 @@ def load_tiny_tokenizer() -> PreTrainedTokenizerFast:
     if not (TINY_TOKENIZER_DIR / "tokenizer.json").is_file():
         raise FileNotFoundError(
             f"tiny tokenizer files missing in {TINY_TOKENIZER_DIR}; rebuild them with "
-            "`python scripts/build_tiny_tokenizer.py`")
+            "`python scripts/build_tiny_tokenizer.py`"
+        )
     return AutoTokenizer.from_pretrained(str(TINY_TOKENIZER_DIR))

@@ -40,9 +40,14 @@ class VideoPatches(NamedTuple):
     second_per_grid_ts: float
 
 
-def sample_frame_count(total_frames: int, video_fps: float, sample_fps: float = DEFAULT_SAMPLE_FPS,
-                       min_frames: int = MIN_FRAMES, max_frames: int = MAX_FRAMES,
-                       frame_factor: int = FRAME_FACTOR) -> int:
+def sample_frame_count(
+    total_frames: int,
+    video_fps: float,
+    sample_fps: float = DEFAULT_SAMPLE_FPS,
+    min_frames: int = MIN_FRAMES,
+    max_frames: int = MAX_FRAMES,
+    frame_factor: int = FRAME_FACTOR,
+) -> int:
     """How many frames uniform sampling at sample_fps takes (qwen-vl-utils' smart_nframes)."""
     if total_frames < frame_factor:
         raise ValueError(f"a video needs at least {frame_factor} frames, got {total_frames}")
@@ -54,8 +59,8 @@ def sample_frame_count(total_frames: int, video_fps: float, sample_fps: float = 
     count = math.floor(min(max(wanted, lower), upper, total_frames) / frame_factor) * frame_factor
     if not frame_factor <= count <= total_frames:
         raise ValueError(
-            f"cannot sample {count} frames from a video of {total_frames} frames "
-            f"(frame_factor={frame_factor})")
+            f"cannot sample {count} frames from a video of {total_frames} frames (frame_factor={frame_factor})"
+        )
     return count
 
 
@@ -64,28 +69,47 @@ def sample_frame_indices(total_frames: int, num_frames: int) -> np.ndarray:
     return np.round(np.linspace(0, total_frames - 1, num_frames)).astype(np.int64)
 
 
-def frame_max_pixels(num_frames: int, min_pixels: int = VIDEO_MIN_PIXELS,
-                     max_pixels: int = VIDEO_MAX_PIXELS, total_pixels: int = VIDEO_TOTAL_PIXELS,
-                     frame_factor: int = FRAME_FACTOR) -> float:
+def frame_max_pixels(
+    num_frames: int,
+    min_pixels: int = VIDEO_MIN_PIXELS,
+    max_pixels: int = VIDEO_MAX_PIXELS,
+    total_pixels: int = VIDEO_TOTAL_PIXELS,
+    frame_factor: int = FRAME_FACTOR,
+) -> float:
     """The per-frame pixel budget given the video's total budget."""
-    budget = max(min(VIDEO_MAX_PIXELS, total_pixels / num_frames * frame_factor),
-                 int(min_pixels * 1.05))
+    budget = max(min(VIDEO_MAX_PIXELS, total_pixels / num_frames * frame_factor), int(min_pixels * 1.05))
     return min(max_pixels, budget)
 
 
-def video_frame_size(num_frames: int, height: int, width: int,
-                     min_pixels: int = VIDEO_MIN_PIXELS, max_pixels: int = VIDEO_MAX_PIXELS,
-                     total_pixels: int = VIDEO_TOTAL_PIXELS, factor: int = 28) -> tuple[int, int]:
+def video_frame_size(
+    num_frames: int,
+    height: int,
+    width: int,
+    min_pixels: int = VIDEO_MIN_PIXELS,
+    max_pixels: int = VIDEO_MAX_PIXELS,
+    total_pixels: int = VIDEO_TOTAL_PIXELS,
+    factor: int = 28,
+) -> tuple[int, int]:
     """The resized (height, width) of every frame of a num_frames-frame clip."""
-    return smart_resize(height, width, factor=factor, min_pixels=min_pixels,
-                        max_pixels=frame_max_pixels(num_frames, min_pixels, max_pixels,
-                                                    total_pixels))
+    return smart_resize(
+        height,
+        width,
+        factor=factor,
+        min_pixels=min_pixels,
+        max_pixels=frame_max_pixels(num_frames, min_pixels, max_pixels, total_pixels),
+    )
 
 
-def preprocess_video(frames: np.ndarray, sample_fps: float = DEFAULT_SAMPLE_FPS,
-                     min_pixels: int = VIDEO_MIN_PIXELS, max_pixels: int = VIDEO_MAX_PIXELS,
-                     total_pixels: int = VIDEO_TOTAL_PIXELS, patch_size: int = 14,
-                     merge_size: int = 2, temporal_patch_size: int = 2) -> VideoPatches:
+def preprocess_video(
+    frames: np.ndarray,
+    sample_fps: float = DEFAULT_SAMPLE_FPS,
+    min_pixels: int = VIDEO_MIN_PIXELS,
+    max_pixels: int = VIDEO_MAX_PIXELS,
+    total_pixels: int = VIDEO_TOTAL_PIXELS,
+    patch_size: int = 14,
+    merge_size: int = 2,
+    temporal_patch_size: int = 2,
+) -> VideoPatches:
     """Sampled frames uint8 [T, H, W, 3] -> patches, grid [1, 3] and seconds per temporal patch.
 
     sample_fps is the rate the frames were sampled at (frames per second of video time). An odd
@@ -100,21 +124,21 @@ def preprocess_video(frames: np.ndarray, sample_fps: float = DEFAULT_SAMPLE_FPS,
         raise ValueError(f"sample_fps must be positive, got {sample_fps}")
     num_frames, height, width, _ = frames.shape
     resized_height, resized_width = video_frame_size(
-        num_frames, height, width, min_pixels, max_pixels, total_pixels,
-        factor=patch_size * merge_size)
-    resized = np.stack([resize_rgb(Image.fromarray(frame), resized_height, resized_width)
-                        for frame in frames])
+        num_frames, height, width, min_pixels, max_pixels, total_pixels, factor=patch_size * merge_size
+    )
+    resized = np.stack([resize_rgb(Image.fromarray(frame), resized_height, resized_width) for frame in frames])
     if pad := -num_frames % temporal_patch_size:
         resized = np.concatenate([resized, np.repeat(resized[-1:], pad, axis=0)])
-    patches, grid = patchify(rescale_and_normalize(resized), patch_size, merge_size,
-                             temporal_patch_size)
-    return VideoPatches(patches, np.asarray([grid], dtype=np.int64),
-                        temporal_patch_size / sample_fps)
+    patches, grid = patchify(rescale_and_normalize(resized), patch_size, merge_size, temporal_patch_size)
+    return VideoPatches(patches, np.asarray([grid], dtype=np.int64), temporal_patch_size / sample_fps)
 
 
-def load_video_frames(path: str | Path, sample_fps: float = DEFAULT_SAMPLE_FPS,
-                      min_frames: int = MIN_FRAMES, max_frames: int = MAX_FRAMES,
-                      ) -> tuple[np.ndarray, float]:
+def load_video_frames(
+    path: str | Path,
+    sample_fps: float = DEFAULT_SAMPLE_FPS,
+    min_frames: int = MIN_FRAMES,
+    max_frames: int = MAX_FRAMES,
+) -> tuple[np.ndarray, float]:
     """Decodes uniformly sampled frames with decord: (frames uint8 [n, H, W, 3], sample_fps)."""
     import decord
 

@@ -1,5 +1,6 @@
 """The PyVision-RL math as pure, jittable functions over [P, G] arrays: rewards, group
 statistics, selection, advantages, losses. Host-side answer checking lives in `grading`."""
+
 from pyvision_jax.rl.advantages import group_advantages
 from pyvision_jax.rl.controls import REWARD_CONTROLS, controlled_advantages, controlled_rewards
 from pyvision_jax.rl.group_stats import GroupStatistics, group_statistics, usable_mask

@@ -1,4 +1,5 @@
 """Group-relative advantages over padded [P, G] arrays."""
+
 from __future__ import annotations
 
 import jax

@@ -9,6 +9,7 @@ teaches from what any update of the same size and entropy does.
   entropy term alone (a negative `rl.entropy_coef` minimises the token entropy). Groups are
   still selected by the real reward's std.
 """
+
 from __future__ import annotations
 
 import jax
@@ -32,8 +33,9 @@ def random_rewards(seed: int | jax.Array, group_seeds: jax.Array, valid: jax.Arr
     return jnp.where(valid, draws.astype(jnp.float32), 0.0)
 
 
-def controlled_rewards(control: str, rewards: jax.Array, valid: jax.Array, seed: int | jax.Array,
-                       group_seeds: jax.Array) -> jax.Array:
+def controlled_rewards(
+    control: str, rewards: jax.Array, valid: jax.Array, seed: int | jax.Array, group_seeds: jax.Array
+) -> jax.Array:
     """The rewards that selection and advantages see under `control` (static)."""
     check_reward_control(control)
     if control == "random":

@@ -1,4 +1,5 @@
 """Masked per-group statistics over padded [P, G] arrays."""
+
 from __future__ import annotations
 
 from typing import NamedTuple

@@ -13,6 +13,7 @@ The released micro-batch is a few trajectories on one device; given `unit_tokens
 loss tokens; `train.batching` computes them for units of `rl.loss_micro_batch`
 trajectories), each unit's token mean is one term wherever its sequences fall.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -175,15 +176,14 @@ def ppo_loss(
             weight = jnp.exp(jnp.minimum(is_log, math.log(config.is_truncation)))
             token_loss = token_loss * jax.lax.stop_gradient(weight)
     elif config.importance_sampling != "none":
-        raise ValueError(
-            f"ppo_loss: importance_sampling={config.importance_sampling!r} needs behaviour_logprobs"
-        )
+        raise ValueError(f"ppo_loss: importance_sampling={config.importance_sampling!r} needs behaviour_logprobs")
 
     if config.kl_coef:
         if ref_logprobs is None:
             raise ValueError(f"ppo_loss: kl_coef={config.kl_coef} needs ref_logprobs")
         ref_log_ratio = jnp.where(
-            mask, jnp.asarray(ref_logprobs, jnp.float32) - jnp.asarray(logprobs, jnp.float32), 0.0)
+            mask, jnp.asarray(ref_logprobs, jnp.float32) - jnp.asarray(logprobs, jnp.float32), 0.0
+        )
         if config.kl_estimator == "k1":
             kl = -ref_log_ratio
         else:

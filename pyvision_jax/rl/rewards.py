@@ -1,4 +1,5 @@
 """Accumulative tool reward over padded [P, G] group arrays."""
+
 from __future__ import annotations
 
 import jax

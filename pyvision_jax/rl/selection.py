@@ -3,6 +3,7 @@
 Works on padded [P, G] arrays (P prompt groups, G rollouts each) and returns a fixed number
 of indices so the result has a static shape under `jax.jit`.
 """
+
 from __future__ import annotations
 
 from typing import Literal, NamedTuple
@@ -155,8 +156,11 @@ def select_rollouts(
             indices, real, rollout_indices, rollout_real = _fill_rows(key, eligible, trains, num_select * group_size)
     else:
         trainable = (eligible[:, None] & trains).reshape(-1)
-        order = (jnp.repeat(stats.unbiased_std, group_size) if rank_by == "std"
-                 else -jnp.arange(num_groups * group_size, dtype=jnp.float32))
+        order = (
+            jnp.repeat(stats.unbiased_std, group_size)
+            if rank_by == "std"
+            else -jnp.arange(num_groups * group_size, dtype=jnp.float32)
+        )
         key = jnp.where(trainable, order, -jnp.inf)
         _, indices = jax.lax.top_k(key, num_select)
         real = trainable[indices]
@@ -187,8 +191,9 @@ def select_rollouts(
     )
 
 
-def _fill_rows(key: jax.Array, eligible: jax.Array, trains: jax.Array,
-               rows: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+def _fill_rows(
+    key: jax.Array, eligible: jax.Array, trains: jax.Array, rows: int
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Group mode, batch_unit "rollouts": (ranked group indices [P], taken [P], rollout
     indices [rows], real [rows]). Groups are visited best first; one is taken when its
     trainable rollouts fit in the rows left, and they fill the next rows."""

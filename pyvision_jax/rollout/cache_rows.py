@@ -20,17 +20,23 @@ from pyvision_jax.rollout.sampling import SamplingArrays, sample_tokens
 from pyvision_jax.rollout.slot_cache import compact_columns
 
 
-def _first_tokens(logits: jax.Array, keys: jax.Array,
-                  settings: SamplingArrays) -> tuple[jax.Array, jax.Array]:
+def _first_tokens(logits: jax.Array, keys: jax.Array, settings: SamplingArrays) -> tuple[jax.Array, jax.Array]:
     """Token 0 (and its logprob) of each row from the logits [b, T, V] of its block."""
-    token_keys = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(keys),
-                                               jnp.zeros(keys.shape[0], jnp.int32))
+    token_keys = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(keys), jnp.zeros(keys.shape[0], jnp.int32))
     return sample_tokens(logits[:, -1], token_keys, settings)
 
 
-def prefill_rows(config: ModelConfig, compute_dtype: str, params: Any, cache: KVCache,
-                 inputs: ModelInputs, targets: jax.Array, start: jax.Array, keys: jax.Array,
-                 settings: SamplingArrays) -> tuple[KVCache, jax.Array, jax.Array]:
+def prefill_rows(
+    config: ModelConfig,
+    compute_dtype: str,
+    params: Any,
+    cache: KVCache,
+    inputs: ModelInputs,
+    targets: jax.Array,
+    start: jax.Array,
+    keys: jax.Array,
+    settings: SamplingArrays,
+) -> tuple[KVCache, jax.Array, jax.Array]:
     """Runs left-padded prompts into a fresh cache, copies its rows into the slots `targets`
     at columns [start, start + length) and samples each first token.
 
@@ -51,15 +57,23 @@ def prefill_rows(config: ModelConfig, compute_dtype: str, params: Any, cache: KV
 
     valid = cache.valid.at[targets].set(False, mode="drop")
     valid = valid.at[rows, columns].set(fresh.valid, mode="drop")
-    cache = KVCache(keys=place(cache.keys, fresh.keys), values=place(cache.values, fresh.values),
-                    valid=valid, index=cache.index)
+    cache = KVCache(
+        keys=place(cache.keys, fresh.keys), values=place(cache.values, fresh.values), valid=valid, index=cache.index
+    )
     return cache, tokens, logprobs
 
 
-def extend_rows(config: ModelConfig, compute_dtype: str, params: Any, cache: KVCache,
-                inputs: ModelInputs, targets: jax.Array, keep: jax.Array,
-                keys: jax.Array, settings: SamplingArrays
-                ) -> tuple[KVCache, jax.Array, jax.Array, jax.Array]:
+def extend_rows(
+    config: ModelConfig,
+    compute_dtype: str,
+    params: Any,
+    cache: KVCache,
+    inputs: ModelInputs,
+    targets: jax.Array,
+    keep: jax.Array,
+    keys: jax.Array,
+    settings: SamplingArrays,
+) -> tuple[KVCache, jax.Array, jax.Array, jax.Array]:
     """Appends a block of new tokens to the contexts rows `targets` hold: the first keep[b]
     valid columns of row targets[b] are the KV of the prompt's first keep[b] tokens, the
     block holds the rest of the prompt (left-padded), with the positions a prefill of the
@@ -74,16 +88,25 @@ def extend_rows(config: ModelConfig, compute_dtype: str, params: Any, cache: KVC
     columns = cache.max_length
     take = lambda x, axis: jnp.take(x, targets, axis=axis, mode="clip")
     keys_rows, values_rows, valid_rows = compact_columns(
-        take(cache.keys, 1), take(cache.values, 1), take(cache.valid, 0), keep,
-        jnp.asarray(columns, jnp.int32), columns + length)
-    work = KVCache(keys=keys_rows, values=values_rows, valid=valid_rows,
-                   index=jnp.asarray(columns, jnp.int32))
+        take(cache.keys, 1),
+        take(cache.values, 1),
+        take(cache.valid, 0),
+        keep,
+        jnp.asarray(columns, jnp.int32),
+        columns + length,
+    )
+    work = KVCache(keys=keys_rows, values=values_rows, valid=valid_rows, index=jnp.asarray(columns, jnp.int32))
     logits, work = forward(config, compute_dtype, params, inputs, work)
     tokens, logprobs = _first_tokens(logits, keys, settings)
     filled = keep + jnp.sum(inputs.attention_mask, axis=1).astype(keep.dtype)
-    keys_rows, values_rows, valid_rows = compact_columns(work.keys, work.values, work.valid, filled,
-                                                         cache.index, columns)
+    keys_rows, values_rows, valid_rows = compact_columns(
+        work.keys, work.values, work.valid, filled, cache.index, columns
+    )
     put = lambda big, rows: big.at[:, targets].set(rows.astype(big.dtype), mode="drop")
-    cache = KVCache(keys=put(cache.keys, keys_rows), values=put(cache.values, values_rows),
-                    valid=cache.valid.at[targets].set(valid_rows, mode="drop"), index=cache.index)
+    cache = KVCache(
+        keys=put(cache.keys, keys_rows),
+        values=put(cache.values, values_rows),
+        valid=cache.valid.at[targets].set(valid_rows, mode="drop"),
+        index=cache.index,
+    )
     return cache, logits, tokens, logprobs

@@ -36,15 +36,16 @@ def same_image(a: Image.Image, b: Image.Image) -> bool:
     return a is b or (a.size == b.size and a.mode == b.mode and a.tobytes() == b.tobytes())
 
 
-def reusable_prefix(held: HeldContext, request: GenerationRequest, image_token_id: int,
-                    merge_size: int) -> tuple[int, int]:
+def reusable_prefix(
+    held: HeldContext, request: GenerationRequest, image_token_id: int, merge_size: int
+) -> tuple[int, int]:
     """(tokens, images) at the start of the request's prompt whose KV the held row has."""
     prompt = np.asarray(request.prompt_token_ids)
     shared = min(len(held.token_ids), len(prompt) - 1)
     differ = np.flatnonzero(held.token_ids[:shared] != prompt[:shared])
     length = int(differ[0]) if differ.size else shared
     pads = np.flatnonzero(prompt == image_token_id)
-    sizes = np.prod(request.image_grid_thw, axis=-1) // merge_size ** 2
+    sizes = np.prod(request.image_grid_thw, axis=-1) // merge_size**2
     ends = np.cumsum(sizes)  # pad tokens up to the end of each image
     inside = int(np.searchsorted(pads, length))  # pad tokens before the cut
     images = int(np.searchsorted(ends, inside, side="right"))  # images wholly before it

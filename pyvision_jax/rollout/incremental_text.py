@@ -28,11 +28,11 @@ class IncrementalText:
     def append(self, token_id: int) -> str:
         """Adds one token; returns the text it completed (possibly empty)."""
         self._ids.append(int(token_id))
-        prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])
-        full = self._decode(self._ids[self._prefix_offset:])
+        prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        full = self._decode(self._ids[self._prefix_offset :])
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""
-        delta = full[len(prefix):]
+        delta = full[len(prefix) :]
         self._read_offset = len(self._ids)
         self._prefix_offset = max(self._prefix_offset, self._read_offset - self._window)
         self.text += delta

@@ -11,6 +11,7 @@ Repeats of a group (a restarted worker puts one twice) are dropped by key and co
 keys become permanent in the dedup only with the acknowledgement, so a group whose step was
 lost is admitted again.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -86,9 +87,16 @@ class QueueIntake:
     every poll (re-asserting the trainer's version and weights after a Redis restart); `check`
     raises a producer's error."""
 
-    def __init__(self, queue: TrajectoryQueue, timeout_s: float, *, dedup: DeliveredGroups | None = None,
-                 spool: GroupSpool | None = None, refresh: Callable[[], None] = lambda: None,
-                 check: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        queue: TrajectoryQueue,
+        timeout_s: float,
+        *,
+        dedup: DeliveredGroups | None = None,
+        spool: GroupSpool | None = None,
+        refresh: Callable[[], None] = lambda: None,
+        check: Callable[[], None] = lambda: None,
+    ):
         self.queue, self.timeout_s, self.dedup, self.spool = queue, timeout_s, dedup, spool
         self.refresh, self.check = refresh, check
         self.duplicates_dropped = 0
@@ -139,8 +147,10 @@ class QueueIntake:
             if stop.is_set():
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no trajectory groups for {self.timeout_s} s (rollout.wait_timeout_s); "
-                                   f"are the rollout workers running?")
+                raise TimeoutError(
+                    f"no trajectory groups for {self.timeout_s} s (rollout.wait_timeout_s); "
+                    f"are the rollout workers running?"
+                )
             self.refresh()
             for item in self.queue.get(max_groups=count - len(taken), timeout=1.0):
                 group = TrajectoryGroup.from_bytes(item.payload)
@@ -168,6 +178,9 @@ class QueueIntake:
 
     def stats(self) -> dict[str, float]:
         stats = self.queue.stats()
-        return {"duplicates_dropped": float(self.duplicates_dropped), "stale_dropped": float(stats.dropped_stale_total),
-                "future_dropped": float(stats.dropped_future_total + self.replay_dropped),
-                "backlog": float(stats.backlog)}
+        return {
+            "duplicates_dropped": float(self.duplicates_dropped),
+            "stale_dropped": float(stats.dropped_stale_total),
+            "future_dropped": float(stats.dropped_future_total + self.replay_dropped),
+            "backlog": float(stats.backlog),
+        }

@@ -26,8 +26,7 @@ def params_from_named(config: ModelConfig, named: Iterable[tuple[str, Any]]) -> 
     for name, array in named:
         if is_tied_lm_head(name, hf_config):
             continue
-        array = np.asarray(array.detach().cpu().float().numpy() if hasattr(array, "detach")
-                           else array)
+        array = np.asarray(array.detach().cpu().float().numpy() if hasattr(array, "detach") else array)
         kind = tensor_kind(hub_name(name))
         if kind is TensorKind.LINEAR_WEIGHT:
             array = array.T

@@ -13,6 +13,7 @@ Rollout `k` of a task drawn in epoch `e` has rollout index `e * G + k` (see
 `data.task_order`); the engine derives each request's randomness from the sampling seed and
 the request id, so a group is reproducible whatever batch it is generated in.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,21 +40,28 @@ def with_scores(group: TrajectoryGroup, graded: Sequence[Graded], tool_reward_co
     tool_calls = [t.num_successful_tool_calls for t in group.trajectories]
     values = np.asarray([[s.score for s in scores]], np.float32)
     correct = np.asarray([[s.correct for s in scores]], bool)
-    rewards = accumulative_tool_reward(values, correct, np.asarray([tool_calls], np.float32),
-                                       np.ones_like(correct), tool_reward_coef)
-    return group.with_scores(GroupScores(
-        scores=tuple(float(s.score) for s in scores), correct=tuple(bool(s.correct) for s in scores),
-        tool_calls=tuple(int(n) for n in tool_calls), rewards=tuple(float(r) for r in np.asarray(rewards)[0]),
-        broken=tuple(g.broken for g in graded)))
+    rewards = accumulative_tool_reward(
+        values, correct, np.asarray([tool_calls], np.float32), np.ones_like(correct), tool_reward_coef
+    )
+    return group.with_scores(
+        GroupScores(
+            scores=tuple(float(s.score) for s in scores),
+            correct=tuple(bool(s.correct) for s in scores),
+            tool_calls=tuple(int(n) for n in tool_calls),
+            rewards=tuple(float(r) for r in np.asarray(rewards)[0]),
+            broken=tuple(g.broken for g in graded),
+        )
+    )
 
 
-def score_groups(groups: Sequence[TrajectoryGroup], tokenizer: Any, tool_reward_coef: float,
-                 routes: ScorerRoutes = ScorerRoutes()) -> list[TrajectoryGroup]:
+def score_groups(
+    groups: Sequence[TrajectoryGroup], tokenizer: Any, tool_reward_coef: float, routes: ScorerRoutes = ScorerRoutes()
+) -> list[TrajectoryGroup]:
     """The groups with their scores, every rollout graded once in one batch."""
     graded = grade_trajectories([(t, g.task) for g in groups for t in g.trajectories], tokenizer, routes)
     out, start = [], 0
     for group in groups:
-        out.append(with_scores(group, graded[start:start + len(group)], tool_reward_coef))
+        out.append(with_scores(group, graded[start : start + len(group)], tool_reward_coef))
         start += len(group)
     return out
 
@@ -110,9 +118,17 @@ class ProducerConfig:
 class GroupProducer:
     """Generates and scores the groups of shard items with one engine and sandbox pool."""
 
-    def __init__(self, config: ProducerConfig, *, engine: Engine, tokenizer: Any, sandboxes: SandboxSource,
-                 episode: EpisodeConfig = EpisodeConfig(), sampling: SamplingParams = SamplingParams(),
-                 routes: ScorerRoutes = ScorerRoutes()):
+    def __init__(
+        self,
+        config: ProducerConfig,
+        *,
+        engine: Engine,
+        tokenizer: Any,
+        sandboxes: SandboxSource,
+        episode: EpisodeConfig = EpisodeConfig(),
+        sampling: SamplingParams = SamplingParams(),
+        routes: ScorerRoutes = ScorerRoutes(),
+    ):
         self.config = config
         self.engine, self.tokenizer, self.sandboxes = engine, tokenizer, sandboxes
         self.episode, self.sampling, self.routes = episode, sampling, routes
@@ -130,12 +146,14 @@ class GroupProducer:
         trajectories = runner.run_trajectories(jobs, stop=stop)
         if len(trajectories) != len(jobs):
             raise RuntimeError(f"{len(trajectories)} of {len(jobs)} episodes finished")
-        groups = [TrajectoryGroup(item.task, tuple(trajectories[i * size:(i + 1) * size]))
-                  for i, item in enumerate(items)]
+        groups = [
+            TrajectoryGroup(item.task, tuple(trajectories[i * size : (i + 1) * size])) for i, item in enumerate(items)
+        ]
         return score_groups(groups, self.tokenizer, self.config.tool_reward_coef, self.routes)
 
-    def stream(self, items: ItemFeed, max_concurrent: int | None = None,
-               poll_s: float = 0.5) -> Iterator[tuple[ShardItem, TrajectoryGroup]]:
+    def stream(
+        self, items: ItemFeed, max_concurrent: int | None = None, poll_s: float = 0.5
+    ) -> Iterator[tuple[ShardItem, TrajectoryGroup]]:
         """(item, scored group) as each item's G episodes finish, in completion order.
 
         Episodes of many items run together (up to `max_concurrent` in flight, default the
@@ -145,8 +163,9 @@ class GroupProducer:
         """
         size = self.config.group_size
         sampling = dataclasses.replace(self.sampling, seed=derived_seed(self.config.seed, 0, 0))
-        episode = self.episode if max_concurrent is None else dataclasses.replace(
-            self.episode, max_concurrent=max_concurrent)
+        episode = (
+            self.episode if max_concurrent is None else dataclasses.replace(self.episode, max_concurrent=max_concurrent)
+        )
         runner = EpisodeRunner(self.engine, self.tokenizer, self.sandboxes, episode, sampling)
         jobs = _GroupJobs(items, size)
         partial: dict[int, list[Trajectory]] = {}

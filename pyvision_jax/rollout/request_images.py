@@ -16,16 +16,20 @@ def check_images(config: ModelConfig, request: GenerationRequest) -> None:
     vision = config.vision
     grids = request.image_grid_thw
     pads = sum(1 for t in request.prompt_token_ids if t == config.image_token_id)
-    expected = int(np.sum(np.prod(grids, axis=-1))) // vision.spatial_merge_size ** 2
+    expected = int(np.sum(np.prod(grids, axis=-1))) // vision.spatial_merge_size**2
     if pads != expected:
-        raise ValueError(f"request {request.request_id}: {pads} image-pad tokens in the "
-                         f"prompt but image_grid_thw accounts for {expected}")
+        raise ValueError(
+            f"request {request.request_id}: {pads} image-pad tokens in the "
+            f"prompt but image_grid_thw accounts for {expected}"
+        )
     for k, (image, (_, h, w)) in enumerate(zip(request.images, grids)):
         size = (int(w) * vision.patch_size, int(h) * vision.patch_size)
         if image.size != size:
-            raise ValueError(f"request {request.request_id}: image {k} is {image.size[0]}x"
-                             f"{image.size[1]} but its grid {list(map(int, grids[k]))} "
-                             f"needs {size[0]}x{size[1]} (images come resized)")
+            raise ValueError(
+                f"request {request.request_id}: image {k} is {image.size[0]}x"
+                f"{image.size[1]} but its grid {list(map(int, grids[k]))} "
+                f"needs {size[0]}x{size[1]} (images come resized)"
+            )
 
 
 def image_patches(config: ModelConfig, request: GenerationRequest, first: int = 0) -> np.ndarray | None:
@@ -37,10 +41,15 @@ def image_patches(config: ModelConfig, request: GenerationRequest, first: int = 
         return None
     pixels = [im.size[0] * im.size[1] for im in images]
     patches, got = preprocess_images(
-        images, min_pixels=min(pixels), max_pixels=max(pixels),
-        patch_size=vision.patch_size, merge_size=vision.spatial_merge_size,
-        temporal_patch_size=vision.temporal_patch_size)
+        images,
+        min_pixels=min(pixels),
+        max_pixels=max(pixels),
+        patch_size=vision.patch_size,
+        merge_size=vision.spatial_merge_size,
+        temporal_patch_size=vision.temporal_patch_size,
+    )
     if not np.array_equal(got, grids):
-        raise ValueError(f"request {request.request_id}: preprocessing gave grids "
-                         f"{got.tolist()}, the request says {grids.tolist()}")
+        raise ValueError(
+            f"request {request.request_id}: preprocessing gave grids {got.tolist()}, the request says {grids.tolist()}"
+        )
     return patches

@@ -35,8 +35,11 @@ class SamplingArrays:
 
     @classmethod
     def create(cls, temperature: float, top_k: int, top_p: float) -> "SamplingArrays":
-        return cls(temperature=jnp.asarray(temperature, jnp.float32),
-                   top_k=jnp.asarray(top_k, jnp.int32), top_p=jnp.asarray(top_p, jnp.float32))
+        return cls(
+            temperature=jnp.asarray(temperature, jnp.float32),
+            top_k=jnp.asarray(top_k, jnp.int32),
+            top_p=jnp.asarray(top_p, jnp.float32),
+        )
 
 
 def filter_logits(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
@@ -61,19 +64,19 @@ def sampling_log_probs(logits: jax.Array, settings: SamplingArrays) -> jax.Array
     greedy = settings.temperature <= 0
     tempered = logits / jnp.where(greedy, 1.0, settings.temperature)
     filtering = (~greedy) & ((settings.top_k > 0) | (settings.top_p < 1))
-    tempered = jax.lax.cond(filtering, filter_logits, lambda x, k, p: x,
-                            tempered, settings.top_k, settings.top_p)
+    tempered = jax.lax.cond(filtering, filter_logits, lambda x, k, p: x, tempered, settings.top_k, settings.top_p)
     return jax.nn.log_softmax(tempered, axis=-1)
 
 
-def sample_tokens(logits: jax.Array, keys: jax.Array,
-                  settings: SamplingArrays) -> tuple[jax.Array, jax.Array]:
+def sample_tokens(logits: jax.Array, keys: jax.Array, settings: SamplingArrays) -> tuple[jax.Array, jax.Array]:
     """Draws one token per row of logits [B, V] with typed PRNG keys [B].
 
     Returns (token ids [B] int32, their logprobs [B] float32 under the sampling distribution).
     """
     log_probs = sampling_log_probs(logits, settings)
-    tokens = jax.lax.cond(settings.temperature <= 0,
-                          lambda: jnp.argmax(logits, axis=-1).astype(jnp.int32),
-                          lambda: jax.vmap(jax.random.categorical)(keys, log_probs).astype(jnp.int32))
+    tokens = jax.lax.cond(
+        settings.temperature <= 0,
+        lambda: jnp.argmax(logits, axis=-1).astype(jnp.int32),
+        lambda: jax.vmap(jax.random.categorical)(keys, log_probs).astype(jnp.int32),
+    )
     return tokens, jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]

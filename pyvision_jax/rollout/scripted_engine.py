@@ -30,9 +30,16 @@ Script = Mapping[str, Sequence[str]] | Callable[[GenerationRequest, int], str]
 class ScriptedEngine:
     """Replays ``script`` turn by turn; records every batch in ``calls``."""
 
-    def __init__(self, tokenizer: Any, script: Script, *, version: int = 0,
-                 merge_size: int = 2, image_pad_token: str = "<|image_pad|>",
-                 on_generate: Callable[[Sequence[GenerationRequest]], None] | None = None):
+    def __init__(
+        self,
+        tokenizer: Any,
+        script: Script,
+        *,
+        version: int = 0,
+        merge_size: int = 2,
+        image_pad_token: str = "<|image_pad|>",
+        on_generate: Callable[[Sequence[GenerationRequest]], None] | None = None,
+    ):
         self._tokenizer = tokenizer
         self._script = script
         self._version = version
@@ -52,8 +59,7 @@ class ScriptedEngine:
         del weights
         self._version = version
 
-    def generate(self, requests: Sequence[GenerationRequest],
-                 params: SamplingParams) -> list[GenerationResult]:
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
         self.calls.append(tuple(r.request_id for r in requests))
         if self._on_generate is not None:
             self._on_generate(requests)
@@ -79,13 +85,10 @@ class ScriptedEngine:
             raise KeyError(f"ScriptedEngine: no script for request {request.request_id!r}")
         turns = self._script[key]
         if turn >= len(turns):
-            raise IndexError(
-                f"ScriptedEngine: script for {key!r} has {len(turns)} turns, "
-                f"turn {turn} requested")
+            raise IndexError(f"ScriptedEngine: script for {key!r} has {len(turns)} turns, turn {turn} requested")
         return turns[turn]
 
-    def _respond(self, request: GenerationRequest, turn: int,
-                 params: SamplingParams) -> GenerationResult:
+    def _respond(self, request: GenerationRequest, turn: int, params: SamplingParams) -> GenerationResult:
         text = self._response_text(request, turn)
         stop_hits = [(text.find(s) + len(s), s) for s in params.stop if s in text]
         if stop_hits:
@@ -99,8 +102,7 @@ class ScriptedEngine:
         limit = request.token_limit(params)
         if len(token_ids) > limit:
             token_ids, finish, matched = token_ids[:limit], "length", None
-        logprobs = tuple(-0.001 * (1 + (7 * i + 13 * turn + tok) % 997)
-                         for i, tok in enumerate(token_ids))
+        logprobs = tuple(-0.001 * (1 + (7 * i + 13 * turn + tok) % 997) for i, tok in enumerate(token_ids))
         return GenerationResult(tuple(token_ids), logprobs, finish, matched, self._version)
 
     def _check_visual_tokens(self, request: GenerationRequest) -> None:
@@ -109,7 +111,8 @@ class ScriptedEngine:
         if expected != found:
             raise ValueError(
                 f"request {request.request_id}: {found} image-pad tokens in the prompt but "
-                f"the image grids account for {expected}")
+                f"the image grids account for {expected}"
+            )
 
 
 class StreamingScriptedEngine(ScriptedEngine):
@@ -117,8 +120,14 @@ class StreamingScriptedEngine(ScriptedEngine):
     protocol): each result arrives `latency_s(request)` seconds after its submission,
     independently of every other request, like a continuous-batching server's."""
 
-    def __init__(self, tokenizer: Any, script: Script, *,
-                 latency_s: Callable[[GenerationRequest], float] = lambda request: 0.0, **kwargs: Any):
+    def __init__(
+        self,
+        tokenizer: Any,
+        script: Script,
+        *,
+        latency_s: Callable[[GenerationRequest], float] = lambda request: 0.0,
+        **kwargs: Any,
+    ):
         super().__init__(tokenizer, script, **kwargs)
         self._latency_s = latency_s
         self.submitted: list[str] = []
@@ -142,7 +151,8 @@ def script_from_file(path: str | os.PathLike) -> Callable[[GenerationRequest, in
     (`"{task_id}/{rollout}"`) scripts one rollout, a task id its rollouts, "*" any task."""
     script = json.loads(Path(path).read_text())
     if not isinstance(script, dict) or not all(
-            isinstance(turns, list) and all(isinstance(t, str) for t in turns) for turns in script.values()):
+        isinstance(turns, list) and all(isinstance(t, str) for t in turns) for turns in script.values()
+    ):
         raise ValueError(f"{path}: expected a JSON object of task id -> list of turn texts")
 
     def respond(request: GenerationRequest, turn: int) -> str:

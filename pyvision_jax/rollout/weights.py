@@ -122,19 +122,16 @@ def _checked_marker(path: Path, pattern: re.Pattern) -> dict[str, Any]:
         marker = json.loads((path / COMPLETE_MARKER).read_text())
         version, files = int(marker["version"]), dict(marker["files"])
     except FileNotFoundError:
-        raise IncompleteWeightsError(
-            f"{path}: no {COMPLETE_MARKER} marker (partial or pruned)") from None
+        raise IncompleteWeightsError(f"{path}: no {COMPLETE_MARKER} marker (partial or pruned)") from None
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise IncompleteWeightsError(
-            f"{path}/{COMPLETE_MARKER}: unreadable marker: {error}") from None
+        raise IncompleteWeightsError(f"{path}/{COMPLETE_MARKER}: unreadable marker: {error}") from None
     if version != int(match.group(1)):
         raise IncompleteWeightsError(f"{path}: marker says version {version}")
     for name, size in files.items():
         try:
             actual = (path / name).stat().st_size
         except FileNotFoundError:
-            raise IncompleteWeightsError(
-                f"{path}: {name} listed in {COMPLETE_MARKER} is missing") from None
+            raise IncompleteWeightsError(f"{path}: {name} listed in {COMPLETE_MARKER} is missing") from None
         if actual != size:
             raise IncompleteWeightsError(f"{path}: {name} has {actual} bytes, marker says {size}")
     return marker
@@ -207,8 +204,7 @@ class FrozenTower:
     params: dict[str, Any]
 
 
-def load_weights(path: str | os.PathLike, dtype: Any = None,
-                 reuse: FrozenTower | None = None) -> tuple[int, Any, Any]:
+def load_weights(path: str | os.PathLike, dtype: Any = None, reuse: FrozenTower | None = None) -> tuple[int, Any, Any]:
     """(version, ModelConfig, params) of the complete version at `path`, its frozen groups
     taken from `reuse` when the version names that tower (else read from its directory).
 
@@ -219,16 +215,20 @@ def load_weights(path: str | os.PathLike, dtype: Any = None,
     frozen = frozen_part(path)
     reused = reuse is not None and frozen.name == reuse.name
     try:
-        config, params = load_hf(path, dtype=dtype, progress=False, weight_files=published_files(path),
-                                 include=(lambda leaf: leaf[0] not in frozen.groups) if reused else None)
+        config, params = load_hf(
+            path,
+            dtype=dtype,
+            progress=False,
+            weight_files=published_files(path),
+            include=(lambda leaf: leaf[0] not in frozen.groups) if reused else None,
+        )
     except OSError as error:
         raise IncompleteWeightsError(f"{path}: vanished while loading: {error}") from error
     check_complete(path)
     return version, config, {**params, **reuse.params} if reused else params
 
 
-def load_latest(directory: str | os.PathLike, dtype: Any = None,
-                attempts: int = 5) -> tuple[int, Any, Any] | None:
+def load_latest(directory: str | os.PathLike, dtype: Any = None, attempts: int = 5) -> tuple[int, Any, Any] | None:
     """`load_weights` of the newest complete version under `directory` (None when there is
     none), retrying with the then-newest one when pruning wins a race."""
     for _ in range(attempts):
@@ -239,8 +239,9 @@ def load_latest(directory: str | os.PathLike, dtype: Any = None,
             return load_weights(latest.path, dtype)
         except IncompleteWeightsError as error:
             logger.info("weights %s went away while loading (%s); retrying", latest.path, error)
-    raise IncompleteWeightsError(f"{directory}: no complete version could be loaded in "
-                                 f"{attempts} attempts (pruned faster than read?)")
+    raise IncompleteWeightsError(
+        f"{directory}: no complete version could be loaded in {attempts} attempts (pruned faster than read?)"
+    )
 
 
 class WeightsPublisher:
@@ -251,9 +252,17 @@ class WeightsPublisher:
     previous one). `extra_files` (tokenizer files, ...) are copied into each version.
     """
 
-    def __init__(self, directory: str | os.PathLike, model_config: Any, *,
-                 queue: TrajectoryQueue | None = None, keep: int = 2, dtype: Any = "bfloat16",
-                 frozen_groups: Sequence[str] = (), extra_files: Sequence[str | os.PathLike] = ()) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        model_config: Any,
+        *,
+        queue: TrajectoryQueue | None = None,
+        keep: int = 2,
+        dtype: Any = "bfloat16",
+        frozen_groups: Sequence[str] = (),
+        extra_files: Sequence[str | os.PathLike] = (),
+    ) -> None:
         if not isinstance(keep, int) or keep < 2:
             raise ValueError(f"weights keep must be an integer >= 2, got {keep!r}")
         self.directory = Path(directory).absolute()
@@ -283,8 +292,13 @@ class WeightsPublisher:
                 self._delete(target)
             frozen = self._frozen_dir(version, params)
             trainable = {group: value for group, value in params.items() if group not in self.frozen_groups}
-            self._write(target, version, lambda staging: self._write_version(staging, trainable),
-                        frozen=frozen, frozen_groups=list(self.frozen_groups))
+            self._write(
+                target,
+                version,
+                lambda staging: self._write_version(staging, trainable),
+                frozen=frozen,
+                frozen_groups=list(self.frozen_groups),
+            )
         if self.queue is not None:
             self.queue.publish_weights(version, str(target))
         self.prune()
@@ -298,8 +312,11 @@ class WeightsPublisher:
             raise ValueError(f"the first publish of {self.directory} needs the frozen groups {missing}")
         name = f"frozen-{version_dir_name(version)}"
         frozen = {group: params[group] for group in self.frozen_groups}
-        self._write(self.directory / name, version,
-                    lambda staging: save_tensors(self.model_config, frozen, staging / FROZEN_FILE, self.dtype))
+        self._write(
+            self.directory / name,
+            version,
+            lambda staging: save_tensors(self.model_config, frozen, staging / FROZEN_FILE, self.dtype),
+        )
         self.frozen = name
         return name
 
@@ -326,10 +343,10 @@ class WeightsPublisher:
         """Deletes all but the newest `keep` complete versions, and frozen directories no kept
         version names; returns the versions deleted."""
         versions = complete_versions(self.directory)
-        old = versions[:-self.keep]
+        old = versions[: -self.keep]
         for item in old:
             self._delete(item.path)
-        named = {frozen_part(item.path).name for item in versions[-self.keep:]} | {self.frozen}
+        named = {frozen_part(item.path).name for item in versions[-self.keep :]} | {self.frozen}
         for entry in self.directory.iterdir():
             if _FROZEN_DIR.match(entry.name) and entry.name not in named:
                 self._delete(entry)
@@ -371,8 +388,7 @@ class WeightsWatcher:
             frozen = frozen_part(announced.location)
             version, _, params = load_weights(announced.location, self.dtype, self.frozen)
         except IncompleteWeightsError as error:
-            logger.warning("announced weights version %d not loadable yet: %s",
-                           announced.version, error)
+            logger.warning("announced weights version %d not loadable yet: %s", announced.version, error)
             return None
         if frozen.name is not None:
             self.frozen = FrozenTower(frozen.name, {group: params[group] for group in frozen.groups})

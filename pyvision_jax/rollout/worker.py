@@ -141,9 +141,17 @@ class WorkerSummary:
 class RolloutWorker:
     """Produces scored groups from one shard of the tasks into a queue, in shard order."""
 
-    def __init__(self, config: WorkerConfig, *, tasks: Sequence[Task], producer: GroupProducer,
-                 queue: TrajectoryQueue, weights: WeightsSource | None = None,
-                 cursor: CursorFile | None = None, log: Callable[[str], None] = logger.info):
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        tasks: Sequence[Task],
+        producer: GroupProducer,
+        queue: TrajectoryQueue,
+        weights: WeightsSource | None = None,
+        cursor: CursorFile | None = None,
+        log: Callable[[str], None] = logger.info,
+    ):
         self.config = config
         self.shard = TaskShard(tasks, config.seed, config.worker_index, config.num_workers)
         self.producer, self.queue, self.weights = producer, queue, weights
@@ -173,8 +181,10 @@ class RolloutWorker:
         produced: list[ProducedGroup] = []
         loaded: list[int] = []
         pauses = 0
-        self.log(f"worker {c.worker_index}/{c.num_workers}: starting at cursor {cursor} "
-                 f"({self.shard.per_epoch} tasks per epoch){' streaming' if c.stream else ''}")
+        self.log(
+            f"worker {c.worker_index}/{c.num_workers}: starting at cursor {cursor} "
+            f"({self.shard.per_epoch} tasks per epoch){' streaming' if c.stream else ''}"
+        )
         if c.stream:
             return self._run_stream(cursor, max_groups)
         while not self._stop.is_set():
@@ -193,11 +203,20 @@ class RolloutWorker:
                 cursor += 1
                 if self.cursor_file is not None:
                     self.cursor_file.save(cursor)
-                produced.append(ProducedGroup(key=group.key, queue_id=queue_id, cursor=cursor - 1,
-                                              version=group.policy_version, rewards=group.scores.rewards))
-                self.log(f"worker {c.worker_index}/{c.num_workers}: put {group.key} version "
-                         f"{group.policy_version} mean reward "
-                         f"{sum(group.scores.rewards) / len(group.scores.rewards):.3f}")
+                produced.append(
+                    ProducedGroup(
+                        key=group.key,
+                        queue_id=queue_id,
+                        cursor=cursor - 1,
+                        version=group.policy_version,
+                        rewards=group.scores.rewards,
+                    )
+                )
+                self.log(
+                    f"worker {c.worker_index}/{c.num_workers}: put {group.key} version "
+                    f"{group.policy_version} mean reward "
+                    f"{sum(group.scores.rewards) / len(group.scores.rewards):.3f}"
+                )
         return WorkerSummary(tuple(produced), cursor, tuple(loaded), pauses, self._stop.is_set())
 
     def _run_stream(self, start: int, max_groups: int | None) -> WorkerSummary:
@@ -221,11 +240,20 @@ class RolloutWorker:
                 cursor += 1
             if self.cursor_file is not None:
                 self.cursor_file.save(cursor)
-            produced.append(ProducedGroup(key=group.key, queue_id=queue_id, cursor=position,
-                                          version=group.policy_version, rewards=group.scores.rewards))
-            self.log(f"worker {c.worker_index}/{c.num_workers}: put {group.key} version "
-                     f"{group.policy_version} mean reward "
-                     f"{sum(group.scores.rewards) / len(group.scores.rewards):.3f}")
+            produced.append(
+                ProducedGroup(
+                    key=group.key,
+                    queue_id=queue_id,
+                    cursor=position,
+                    version=group.policy_version,
+                    rewards=group.scores.rewards,
+                )
+            )
+            self.log(
+                f"worker {c.worker_index}/{c.num_workers}: put {group.key} version "
+                f"{group.policy_version} mean reward "
+                f"{sum(group.scores.rewards) / len(group.scores.rewards):.3f}"
+            )
         return WorkerSummary(tuple(produced), cursor, tuple(feed.loaded), feed.pauses, self._stop.is_set())
 
     def _batch_size(self, cursor: int, max_groups: int | None, produced: int) -> int:
@@ -252,15 +280,16 @@ class RolloutWorker:
 
     def _wait_for_trainer(self, loaded: list[int]) -> bool:
         """Polls until the trainer catches up (True) or a stop is requested (False)."""
-        self.log(f"worker {self.config.worker_index}: engine version {self.engine_version} is more "
-                 f"than {self.config.max_staleness} ahead of trainer version "
-                 f"{self.queue.trainer_version()}; pausing")
+        self.log(
+            f"worker {self.config.worker_index}: engine version {self.engine_version} is more "
+            f"than {self.config.max_staleness} ahead of trainer version "
+            f"{self.queue.trainer_version()}; pausing"
+        )
         while self._ahead_of_trainer():
             if self._stop.wait(self.config.poll_s):
                 return False
             self._poll_weights(loaded)
-        self.log(f"worker {self.config.worker_index}: trainer at version "
-                 f"{self.queue.trainer_version()}; resuming")
+        self.log(f"worker {self.config.worker_index}: trainer at version {self.queue.trainer_version()}; resuming")
         return True
 
     def _put(self, group: TrajectoryGroup) -> str | None:
@@ -270,8 +299,10 @@ class RolloutWorker:
                 return self.queue.put(group, timeout=self.config.poll_s)
             except QueueFullError:
                 if self._stop.is_set():
-                    self.log(f"worker {self.config.worker_index}: stopping with the queue full; "
-                             f"{group.key} not put (regenerated on restart)")
+                    self.log(
+                        f"worker {self.config.worker_index}: stopping with the queue full; "
+                        f"{group.key} not put (regenerated on restart)"
+                    )
                     return None
 
 
@@ -297,9 +328,11 @@ class _ShardFeed:
         if worker._ahead_of_trainer():
             if not self._paused:
                 self.pauses += 1
-                worker.log(f"worker {worker.config.worker_index}: engine version {worker.engine_version} is more "
-                           f"than {worker.config.max_staleness} ahead of trainer version "
-                           f"{worker.queue.trainer_version()}; pausing")
+                worker.log(
+                    f"worker {worker.config.worker_index}: engine version {worker.engine_version} is more "
+                    f"than {worker.config.max_staleness} ahead of trainer version "
+                    f"{worker.queue.trainer_version()}; pausing"
+                )
             self._paused = True
             return []
         self._paused = False

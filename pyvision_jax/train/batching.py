@@ -21,6 +21,7 @@ against 2-4 s for a compiled step), so the sizes that vary from step to step (mi
 segments per row, vision windows and merged tokens) can be held at a `BatchShape` floor: the
 GRPO trainer and the SFT loop pass the largest shape they have seen, and the shapes only grow, a few times a run.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,8 +59,10 @@ class BatchingConfig:
         if self.micro_batch < 1:
             raise ValueError(f"train.micro_batch must be >= 1, got {self.micro_batch}")
         if self.mini_batches < 1 or self.loss_unit < 0:
-            raise ValueError(f"BatchingConfig: mini_batches ({self.mini_batches}) must be >= 1 and "
-                             f"loss_unit (rl.loss_micro_batch, {self.loss_unit}) >= 0")
+            raise ValueError(
+                f"BatchingConfig: mini_batches ({self.mini_batches}) must be >= 1 and "
+                f"loss_unit (rl.loss_micro_batch, {self.loss_unit}) >= 0"
+            )
         object.__setattr__(self, "length_buckets", buckets)
 
 
@@ -94,9 +97,11 @@ def choose_length(lengths: Sequence[int], buckets: Sequence[int]) -> int:
     for bucket in buckets:
         if bucket >= longest:
             return bucket
-    raise ValueError(f"a trajectory has {longest} tokens, more than the largest of "
-                     f"train.length_buckets={list(buckets)}; raise the buckets or lower "
-                     f"episode.max_total_tokens")
+    raise ValueError(
+        f"a trajectory has {longest} tokens, more than the largest of "
+        f"train.length_buckets={list(buckets)}; raise the buckets or lower "
+        f"episode.max_total_tokens"
+    )
 
 
 def image_patches(png: bytes, grid_thw: Sequence[int], model_config: ModelConfig) -> np.ndarray:
@@ -106,12 +111,15 @@ def image_patches(png: bytes, grid_thw: Sequence[int], model_config: ModelConfig
         pixels = np.asarray(image.convert("RGB"))
     t, h, w = (int(x) for x in grid_thw)
     if pixels.shape[:2] != (h * vision.patch_size, w * vision.patch_size) or t != 1:
-        raise ValueError(f"context image of {pixels.shape[1]}x{pixels.shape[0]} pixels does not match "
-                         f"its grid_thw {[t, h, w]} (patch size {vision.patch_size})")
+        raise ValueError(
+            f"context image of {pixels.shape[1]}x{pixels.shape[0]} pixels does not match "
+            f"its grid_thw {[t, h, w]} (patch size {vision.patch_size})"
+        )
     normalized = rescale_and_normalize(pixels)
     frames = np.broadcast_to(normalized[None], (vision.temporal_patch_size, *normalized.shape))
-    patches, _ = patchify(np.ascontiguousarray(frames), vision.patch_size, vision.spatial_merge_size,
-                          vision.temporal_patch_size)
+    patches, _ = patchify(
+        np.ascontiguousarray(frames), vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size
+    )
     return patches
 
 
@@ -130,8 +138,13 @@ def pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     return rows
 
 
-def pack_batch(model_config: ModelConfig, rows: Sequence[Trajectory | None], advantages: Sequence[float],
-               config: BatchingConfig, floor: BatchShape = BatchShape()) -> tuple[TrainBatch, BatchStats]:
+def pack_batch(
+    model_config: ModelConfig,
+    rows: Sequence[Trajectory | None],
+    advantages: Sequence[float],
+    config: BatchingConfig,
+    floor: BatchShape = BatchShape(),
+) -> tuple[TrainBatch, BatchStats]:
     """A numpy TrainBatch of `rows` (padded to a multiple of `config.micro_batch` rows;
     packed into segments when `config.pack`), no size below `floor`."""
     if len(rows) != len(advantages):
@@ -145,13 +158,16 @@ def pack_batch(model_config: ModelConfig, rows: Sequence[Trajectory | None], adv
     length = choose_length([len(rows[i].token_ids) for i in real], config.length_buckets)
     floor_per_chunk = -(-floor.micro_batches // count)
     if config.pack:
-        per_chunk = [[[chunk[j] for j in row] for row in pack_rows([len(rows[i].token_ids) for i in chunk], length)]
-                     for chunk in chunks]
+        per_chunk = [
+            [[chunk[j] for j in row] for row in pack_rows([len(rows[i].token_ids) for i in chunk], length)]
+            for chunk in chunks
+        ]
         chunk_micro = bucket_size(max(-(-len(p) // micro) for p in per_chunk), floor_per_chunk)
         segments = bucket_size(max((len(row) for p in per_chunk for row in p), default=1), floor.segments)
     else:
-        per_chunk = [[[i] if rows[i] is not None else [] for i in range(j * size, (j + 1) * size)]
-                     for j in range(count)]
+        per_chunk = [
+            [[i] if rows[i] is not None else [] for i in range(j * size, (j + 1) * size)] for j in range(count)
+        ]
         chunk_micro = max(-(-size // micro), floor_per_chunk)
         segments = 1
     num_micro = chunk_micro * count
@@ -182,12 +198,14 @@ def pack_batch(model_config: ModelConfig, rows: Sequence[Trajectory | None], adv
             if units:
                 row_units[:, r, k] = units[index]
             grid = np.asarray([im.grid_thw for im in row.images], np.int64).reshape(-1, 3)
-            positions[:, r, span] = rope_index_for(model_config, ids[r:r + 1, span], None,
-                                                   grid if len(grid) else None)[0][:, 0]
+            positions[:, r, span] = rope_index_for(
+                model_config, ids[r : r + 1, span], None, grid if len(grid) else None
+            )[0][:, 0]
             start = span.stop
 
-    groups = [[rows[i] for members in placement[m * micro:(m + 1) * micro] for i in members]
-              for m in range(num_micro)]
+    groups = [
+        [rows[i] for members in placement[m * micro : (m + 1) * micro] for i in members] for m in range(num_micro)
+    ]
     grids = [np.asarray([im.grid_thw for r in g for im in r.images], np.int64).reshape(-1, 3) for g in groups]
     pixel_values = layout = None
     num_images = sum(len(g) for g in grids)
@@ -200,34 +218,48 @@ def pack_batch(model_config: ModelConfig, rows: Sequence[Trajectory | None], adv
     per_micro = lambda x: x.reshape(num_micro, micro, *x.shape[1:])  # noqa: E731
     per_row = lambda x: per_micro(x if config.pack else x[:, 0])  # noqa: E731
     batch = TrainBatch(
-        input_ids=per_micro(ids), attention_mask=per_micro(attention),
+        input_ids=per_micro(ids),
+        attention_mask=per_micro(attention),
         positions=positions.reshape(3, num_micro, micro, length).swapaxes(0, 1),
-        loss_mask=per_micro(loss_mask), behaviour_logprobs=per_micro(behaviour),
-        advantages=per_row(row_advantages), pixel_values=pixel_values, layout=layout,
+        loss_mask=per_micro(loss_mask),
+        behaviour_logprobs=per_micro(behaviour),
+        advantages=per_row(row_advantages),
+        pixel_values=pixel_values,
+        layout=layout,
         segment_ids=per_micro(segment_ids) if config.pack else None,
-        unit_tokens=per_row(row_units[0]) if units else None, unit_share=per_row(row_units[1]) if units else None)
-    stats = BatchStats(rows=num_rows, real_rows=len(real), length=length,
-                       real_tokens=int(attention.sum()), loss_tokens=int((loss_mask & attention).sum()),
-                       images=num_images, shape=BatchShape(num_micro, segments, windows, merged))
+        unit_tokens=per_row(row_units[0]) if units else None,
+        unit_share=per_row(row_units[1]) if units else None,
+    )
+    stats = BatchStats(
+        rows=num_rows,
+        real_rows=len(real),
+        length=length,
+        real_tokens=int(attention.sum()),
+        loss_tokens=int((loss_mask & attention).sum()),
+        images=num_images,
+        shape=BatchShape(num_micro, segments, windows, merged),
+    )
     return batch, stats
 
 
-def _loss_units(rows: Sequence[Trajectory | None], chunks: list[list[int]],
-                unit: int) -> dict[int, tuple[float, float]]:
+def _loss_units(
+    rows: Sequence[Trajectory | None], chunks: list[list[int]], unit: int
+) -> dict[int, tuple[float, float]]:
     """{row index: (loss tokens of its unit, 1 / the unit's trajectories with loss tokens)}
     for units of `unit` consecutive trajectories within each mini-batch chunk ({} when 0)."""
     out: dict[int, tuple[float, float]] = {}
     for chunk in chunks if unit else ():
         for start in range(0, len(chunk), unit):
-            members = chunk[start:start + unit]
+            members = chunk[start : start + unit]
             tokens = [int(np.count_nonzero(rows[i].loss_mask)) for i in members]
             share = 1.0 / max(sum(t > 0 for t in tokens), 1)
             out.update((i, (float(sum(tokens)), share)) for i in members)
     return out
 
 
-def _vision_arrays(model_config: ModelConfig, groups: list[list[Trajectory]], grids: list[np.ndarray],
-                   floor: BatchShape) -> tuple[np.ndarray, VisionLayout]:
+def _vision_arrays(
+    model_config: ModelConfig, groups: list[list[Trajectory]], grids: list[np.ndarray], floor: BatchShape
+) -> tuple[np.ndarray, VisionLayout]:
     """Stacked [M, ...] pixel values and window layouts with sizes shared by all micro-batches
     (and no smaller than `floor`)."""
     vision = model_config.vision
@@ -242,9 +274,10 @@ def _vision_arrays(model_config: ModelConfig, groups: list[list[Trajectory]], gr
         patches = [image_patches(im.png, im.grid_thw, model_config) for row in group for im in row.images]
         if patches:
             flat = np.concatenate(patches)
-            values[:flat.shape[0]] = flat
+            values[: flat.shape[0]] = flat
         layouts.append(layout)
         pixels.append(values)
-    stacked = VisionLayout(**{f.name: np.stack([getattr(lay, f.name) for lay in layouts])
-                              for f in dataclasses.fields(VisionLayout)})
+    stacked = VisionLayout(
+        **{f.name: np.stack([getattr(lay, f.name) for lay in layouts]) for f in dataclasses.fields(VisionLayout)}
+    )
     return np.stack(pixels), stacked

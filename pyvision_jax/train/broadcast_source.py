@@ -6,6 +6,7 @@ batch and places its own part of it on the mesh. Params reach the real source as
 gathered leaf by leaf (`multihost.gather_to_host`), only when it wants them
 (`wants_params`: every step in process, only export steps for a fleet).
 """
+
 from __future__ import annotations
 
 import threading

@@ -9,6 +9,7 @@ a `CheckpointWriteError` naming the step and the cause (a full disk, say) when a
 each unreadable one aside (`QUARANTINE_DIR` beside the checkpoints), so the step it held is
 saved afresh when the run redoes it and later restarts do not stumble on it again.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -66,10 +67,8 @@ class TrainCheckpoints:
             raise ValueError(f"train.checkpoint_every ({every}) and train.keep_checkpoints ({keep}) must be >= 1")
         self.directory = os.path.abspath(os.fspath(directory))
         self.every = every
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                               enable_async_checkpointing=async_saves)
-        self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                              item_names=("state", "cursors"))
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=async_saves)
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "cursors"))
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -88,14 +87,19 @@ class TrainCheckpoints:
             return False
         self.wait()  # surfaces the previous save's failure now, not steps later
         try:
-            return self._manager.save(step, args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), cursors=ocp.args.JsonSave(dict(cursors))), force=True)
+            return self._manager.save(
+                step,
+                args=ocp.args.Composite(state=ocp.args.StandardSave(state), cursors=ocp.args.JsonSave(dict(cursors))),
+                force=True,
+            )
         except Exception as error:  # noqa: BLE001 - orbax raises many types; all mean "not saved"
-            raise CheckpointWriteError(f"checkpoint step {step} in {self.directory} not written: "
-                                       f"{_first_line(error)}") from error
+            raise CheckpointWriteError(
+                f"checkpoint step {step} in {self.directory} not written: {_first_line(error)}"
+            ) from error
 
-    def restore(self, template: TrainState, shardings: TrainState | None = None,
-                step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
+    def restore(
+        self, template: TrainState, shardings: TrainState | None = None, step: int | None = None
+    ) -> tuple[TrainState, dict[str, Any]]:
         """(state, cursors) of `step` (default: the latest), placed like `shardings`."""
         step = self.latest_step() if step is None else step
         if step is None:
@@ -103,14 +107,17 @@ class TrainCheckpoints:
         if shardings is None:
             abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
         else:
-            abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                    template, shardings)
-        restored = self._manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), cursors=ocp.args.JsonRestore()))
+            abstract = jax.tree.map(
+                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), template, shardings
+            )
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), cursors=ocp.args.JsonRestore())
+        )
         return restored.state, dict(restored.cursors)
 
-    def restore_intact(self, template: TrainState, shardings: TrainState | None = None,
-                       warn: Callable[[str], None] = logger.warning) -> tuple[int, TrainState, dict[str, Any]]:
+    def restore_intact(
+        self, template: TrainState, shardings: TrainState | None = None, warn: Callable[[str], None] = logger.warning
+    ) -> tuple[int, TrainState, dict[str, Any]]:
         """(step, state, cursors) of the newest checkpoint that restores; each unreadable newer
         one is skipped with a one-line warning naming it."""
         steps = sorted(self.all_steps(), reverse=True)
@@ -120,12 +127,16 @@ class TrainCheckpoints:
                     state, cursors = self.restore(template, shardings, step)
             except Exception as error:  # noqa: BLE001 - a damaged checkpoint fails in many ways
                 moved = self.quarantine(step)
-                warn(f"checkpoint step {step} in {self.directory} is unreadable ({_first_line(error)}); moved to "
-                     f"{moved}; trying an older one")
+                warn(
+                    f"checkpoint step {step} in {self.directory} is unreadable ({_first_line(error)}); moved to "
+                    f"{moved}; trying an older one"
+                )
                 continue
             return step, state, cursors
-        raise NoIntactCheckpointError(f"no readable checkpoint in {self.directory} (steps {steps} all failed); "
-                                      f"move the directory away to start afresh")
+        raise NoIntactCheckpointError(
+            f"no readable checkpoint in {self.directory} (steps {steps} all failed); "
+            f"move the directory away to start afresh"
+        )
 
     def quarantine(self, step: int) -> Path:
         """Moves checkpoint `step` aside (see `QUARANTINE_DIR`) and returns where it went."""
@@ -140,8 +151,9 @@ class TrainCheckpoints:
         try:
             self._manager.wait_until_finished()
         except Exception as error:  # noqa: BLE001
-            raise CheckpointWriteError(f"a checkpoint in {self.directory} was not written: "
-                                       f"{_first_line(error)}") from error
+            raise CheckpointWriteError(
+                f"a checkpoint in {self.directory} was not written: {_first_line(error)}"
+            ) from error
 
     def close(self) -> None:
         try:

@@ -14,6 +14,7 @@ when its episode broke or its grading failed (`GroupScores.broken`). Nothing her
 answer. Under a reward control (`rl.controls`) selection and advantages see the control's
 rewards and advantages; the logged rewards stay the real ones.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -93,19 +94,62 @@ def pool_arrays(groups: Sequence[TrajectoryGroup], capacity: int, group_size: in
     return GroupPool(tuple(groups), rewards, correct, valid, broken, group_seeds)
 
 
-@functools.partial(jax.jit, static_argnames=("num_select", "mode", "batch_unit", "rank_by", "min_members",
-                                             "drop_groups_with_broken", "normalize_std", "stats_include_broken",
-                                             "negative_weight", "reward_control"))
-def _select(rewards, valid, broken, keep, group_seeds, control_seed, *, num_select, mode, batch_unit, rank_by,
-            min_members, drop_groups_with_broken, normalize_std, stats_include_broken, negative_weight,
-            reward_control):
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "num_select",
+        "mode",
+        "batch_unit",
+        "rank_by",
+        "min_members",
+        "drop_groups_with_broken",
+        "normalize_std",
+        "stats_include_broken",
+        "negative_weight",
+        "reward_control",
+    ),
+)
+def _select(
+    rewards,
+    valid,
+    broken,
+    keep,
+    group_seeds,
+    control_seed,
+    *,
+    num_select,
+    mode,
+    batch_unit,
+    rank_by,
+    min_members,
+    drop_groups_with_broken,
+    normalize_std,
+    stats_include_broken,
+    negative_weight,
+    reward_control,
+):
     rewards = controlled_rewards(reward_control, rewards, valid, control_seed, group_seeds)
-    selection = select_rollouts(rewards, valid, broken, num_select, keep=keep, mode=mode, batch_unit=batch_unit,
-                                rank_by=rank_by, min_members=min_members,
-                                drop_groups_with_broken=drop_groups_with_broken,
-                                stats_include_broken=stats_include_broken)
-    advantages = group_advantages(rewards, valid, broken, normalize_std=normalize_std,
-                                  mean_over_full_group=stats_include_broken, negative_weight=negative_weight)
+    selection = select_rollouts(
+        rewards,
+        valid,
+        broken,
+        num_select,
+        keep=keep,
+        mode=mode,
+        batch_unit=batch_unit,
+        rank_by=rank_by,
+        min_members=min_members,
+        drop_groups_with_broken=drop_groups_with_broken,
+        stats_include_broken=stats_include_broken,
+    )
+    advantages = group_advantages(
+        rewards,
+        valid,
+        broken,
+        normalize_std=normalize_std,
+        mean_over_full_group=stats_include_broken,
+        negative_weight=negative_weight,
+    )
     flat = controlled_advantages(reward_control, advantages.reshape(-1)[selection.rollout_indices])
     return selection, flat
 
@@ -148,8 +192,9 @@ class SelectionConfig:
         try:
             reasons = tuple(EndReason(r) for r in self.train_end_reasons)
         except ValueError as err:
-            raise ValueError(f"rl.train_end_reasons: {err}; expected names from "
-                             f"{[r.value for r in EndReason]}") from None
+            raise ValueError(
+                f"rl.train_end_reasons: {err}; expected names from {[r.value for r in EndReason]}"
+            ) from None
         object.__setattr__(self, "train_end_reasons", reasons)
 
     def trains(self, trajectory: Trajectory) -> bool:
@@ -163,15 +208,24 @@ def select_rows(pool: GroupPool, config: SelectionConfig) -> SelectedRows:
     """The selected trajectories as batch rows with their advantages; unselected slots are
     None with advantage 0."""
     num_select = config.batch_groups if config.mode == "group" else config.batch_groups * pool.group_size
-    selection, advantages = _select(pool.rewards, pool.valid, pool.broken, pool_filter(pool, config),
-                                    pool.group_seeds, np.uint32(config.control_seed),
-                                    num_select=num_select, mode=config.mode, batch_unit=config.batch_unit,
-                                    rank_by=config.rank_by, min_members=config.min_members,
-                                    drop_groups_with_broken=config.drop_groups_with_broken,
-                                    normalize_std=config.normalize_std,
-                                    stats_include_broken=config.stats_include_broken,
-                                    negative_weight=config.negative_weight,
-                                    reward_control=config.reward_control)
+    selection, advantages = _select(
+        pool.rewards,
+        pool.valid,
+        pool.broken,
+        pool_filter(pool, config),
+        pool.group_seeds,
+        np.uint32(config.control_seed),
+        num_select=num_select,
+        mode=config.mode,
+        batch_unit=config.batch_unit,
+        rank_by=config.rank_by,
+        min_members=config.min_members,
+        drop_groups_with_broken=config.drop_groups_with_broken,
+        normalize_std=config.normalize_std,
+        stats_include_broken=config.stats_include_broken,
+        negative_weight=config.negative_weight,
+        reward_control=config.reward_control,
+    )
     indices, real = np.asarray(selection.rollout_indices), np.asarray(selection.rollout_real)
     rows = [pool.trajectory(i) if r else None for i, r in zip(indices, real)]
     advantages = np.where(real, np.asarray(advantages), 0.0).astype(np.float32)
@@ -187,7 +241,7 @@ def pool_filter(pool: GroupPool, config: SelectionConfig) -> np.ndarray:
     """[capacity, G] bool: the rollouts that pass the rollout filters (padding: False)."""
     keep = np.zeros(pool.rewards.shape, bool)
     for p, group in enumerate(pool.groups):
-        keep[p, :len(group)] = [config.trains(t) for t in group.trajectories]
+        keep[p, : len(group)] = [config.trains(t) for t in group.trajectories]
     return keep
 
 

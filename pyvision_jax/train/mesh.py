@@ -8,6 +8,7 @@ split the `data` axis first, then `fsdp`, then `tensor`, and each process's own 
 (ICI, fast links) hold the rest, so the collectives of fsdp and tensor stay within a host
 whenever the sizes allow it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,9 +37,11 @@ def resolve_mesh_shape(data: int, fsdp: int, tensor: int, num_devices: int) -> t
             raise ValueError(f"mesh sizes {tuple(sizes)}: {num_devices} devices are not divisible by {fixed}")
         sizes[free[0]] = num_devices // fixed
     if math.prod(sizes) != num_devices:
-        raise ValueError(f"mesh sizes (data, fsdp, tensor) = {tuple(sizes)} multiply to {math.prod(sizes)}, "
-                         f"but there are {num_devices} devices (set train.mesh_* so that they match, "
-                         f"or use -1 for one axis)")
+        raise ValueError(
+            f"mesh sizes (data, fsdp, tensor) = {tuple(sizes)} multiply to {math.prod(sizes)}, "
+            f"but there are {num_devices} devices (set train.mesh_* so that they match, "
+            f"or use -1 for one axis)"
+        )
     return tuple(sizes)
 
 
@@ -51,13 +54,14 @@ def split_over_processes(shape: Sequence[int], num_processes: int) -> tuple[tupl
         dcn.append(share)
         left //= share
     if left != 1:
-        raise ValueError(f"mesh (data, fsdp, tensor) = {tuple(shape)} cannot be split over {num_processes} "
-                         f"processes (each axis split must divide it); make data or fsdp a multiple of it")
+        raise ValueError(
+            f"mesh (data, fsdp, tensor) = {tuple(shape)} cannot be split over {num_processes} "
+            f"processes (each axis split must divide it); make data or fsdp a multiple of it"
+        )
     return tuple(size // share for size, share in zip(shape, dcn)), tuple(dcn)
 
 
-def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1,
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A Mesh with axes ("data", "fsdp", "tensor") over `devices` (default: all devices), hybrid
     (`split_over_processes`) when they belong to several processes."""
     devices = list(jax.devices() if devices is None else devices)
@@ -69,8 +73,7 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1,
     return Mesh(mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=True), MESH_AXES)
 
 
-def initialize_distributed(coordinator_address: str = "", num_processes: int = 0,
-                           process_id: int = -1) -> None:
+def initialize_distributed(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1) -> None:
     """`jax.distributed.initialize` for multi-host runs (once: a second call does nothing);
     empty arguments let JAX autodetect (TPU pods, SLURM, ...)."""
     if jax.distributed.is_initialized():

@@ -2,6 +2,7 @@
 console line and the tests share one spelling. `TRAINER_SCALARS` lists the tags every
 training step writes; `end_reason_tag(name)` builds the per-end-reason tags
 (`end_reason/<NAME>`), one per episode end reason."""
+
 from __future__ import annotations
 
 import re
@@ -50,8 +51,12 @@ QUEUE_DUPLICATES_DROPPED = "queue/duplicates_dropped"
 QUEUE_STALE_DROPPED = "queue/stale_dropped"
 QUEUE_FUTURE_DROPPED = "queue/future_dropped"
 QUEUE_BACKLOG = "queue/backlog"
-SOURCE_STATS: dict[str, str] = {"duplicates_dropped": QUEUE_DUPLICATES_DROPPED, "stale_dropped": QUEUE_STALE_DROPPED,
-                                "future_dropped": QUEUE_FUTURE_DROPPED, "backlog": QUEUE_BACKLOG}
+SOURCE_STATS: dict[str, str] = {
+    "duplicates_dropped": QUEUE_DUPLICATES_DROPPED,
+    "stale_dropped": QUEUE_STALE_DROPPED,
+    "future_dropped": QUEUE_FUTURE_DROPPED,
+    "backlog": QUEUE_BACKLOG,
+}
 """The tags of a queue-backed source's `stats()` (groups dropped with a counted reason)."""
 
 TRAINER_SCALARS: tuple[str, ...] = (
@@ -94,8 +99,7 @@ def end_reason_tag(name: str) -> str:
     """The scalar name for the fraction of trajectories that ended for reason `name`."""
     if not isinstance(name, str) or not _END_REASON_NAME.match(name):
         raise ValueError(
-            f"end reason name must be a non-empty string of letters, digits, '_', '.' or '-'; "
-            f"got {name!r}"
+            f"end reason name must be a non-empty string of letters, digits, '_', '.' or '-'; got {name!r}"
         )
     return END_REASON_PREFIX + name
 

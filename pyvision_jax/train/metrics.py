@@ -46,6 +46,7 @@ CONSOLE_FIELDS: tuple[tuple[str, str, str], ...] = (
     (PERF_TOKENS_PER_SEC, "tok/s", ".4g"),
 )
 
+
 def _scalar_value(tag: str, step: int, value: Any) -> float:
     array = np.asarray(value)
     where = f"metric {tag!r} at step {step}"
@@ -64,9 +65,7 @@ def _checked_step(step: Any) -> int:
     return int(step)
 
 
-def format_console_line(
-    step: int, scalars: Mapping[str, Any], total_steps: int | None = None
-) -> str:
+def format_console_line(step: int, scalars: Mapping[str, Any], total_steps: int | None = None) -> str:
     """One concise line for a step, e.g. `step 3/10 | reward 0.512 | acc 0.438 | ...`.
 
     Only the `CONSOLE_FIELDS` present in `scalars` appear; non-finite values print as `nan`/`inf`.
@@ -120,8 +119,7 @@ class MetricsWriter:
         checked: list[tuple[str, float]] = []
         for tag, value in scalars.items():
             if not isinstance(tag, str) or not tag or tag != tag.strip():
-                raise ValueError(f"metric name must be a non-empty string without surrounding "
-                                 f"whitespace, got {tag!r}")
+                raise ValueError(f"metric name must be a non-empty string without surrounding whitespace, got {tag!r}")
             checked.append((tag, _scalar_value(tag, step, value)))
         try:
             for tag, value in checked:

@@ -4,6 +4,7 @@ params gathered from devices of every process to process 0's host.
 Every function here is a collective: all processes call it, in the same order, with
 arguments of the same structure (process 0's values win). On one process they cost nothing.
 """
+
 from __future__ import annotations
 
 import functools
@@ -61,7 +62,7 @@ def _gather_leaf(leaf: Any, keep: bool, chunk_bytes: int) -> np.ndarray | None:
         count = min(step, leaf.shape[0] - start)
         block = multihost_utils.process_allgather(_rows(leaf, np.int32(start), count), tiled=True)
         if keep:
-            out[start:start + count] = block
+            out[start : start + count] = block
         del block
     return out
 

@@ -8,6 +8,7 @@ A run with several processes starts JAX's distributed runtime first (before any 
 call), every process saves and restores the orbax checkpoints, and stop decisions are
 process 0's (`multihost.agree`), so that all processes take the same path.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -65,8 +66,15 @@ class RunHarness:
     """One run in `workdir`: open it (`open`), restore or initialise its state
     (`restore_or_init`), then step while `running`; `close` at the end."""
 
-    def __init__(self, workdir: str | Path, settings: RunSettings, *, progress: bool = True,
-                 log: Callable[[str], None] | None = None, jsonl_outputs: Sequence[str] = ()):
+    def __init__(
+        self,
+        workdir: str | Path,
+        settings: RunSettings,
+        *,
+        progress: bool = True,
+        log: Callable[[str], None] | None = None,
+        jsonl_outputs: Sequence[str] = (),
+    ):
         self.workdir = Path(workdir).absolute()
         self.settings = settings
         self.progress = progress
@@ -114,8 +122,9 @@ class RunHarness:
         if self.primary:
             (self.workdir / RESOLVED_CONFIG).write_text(self.settings.resolved_config)
         self.mesh = self.settings.mesh.build()
-        self.checkpoints = TrainCheckpoints(self.workdir / CHECKPOINT_DIR, self.settings.checkpoint_every,
-                                            self.settings.keep_checkpoints)
+        self.checkpoints = TrainCheckpoints(
+            self.workdir / CHECKPOINT_DIR, self.settings.checkpoint_every, self.settings.keep_checkpoints
+        )
         return self.mesh
 
     def _lock_workdir(self) -> None:
@@ -129,13 +138,16 @@ class RunHarness:
             else:
                 if self.lock.previous:
                     held = self.lock.previous
-                    self.log(f"took over the workdir lock left by pid {held.get('pid', '?')} on host "
-                             f"{held.get('host', '?')} (no longer running)")
+                    self.log(
+                        f"took over the workdir lock left by pid {held.get('pid', '?')} on host "
+                        f"{held.get('host', '?')} (no longer running)"
+                    )
         if agree(refusal is not None):
             raise refusal or WorkdirLockedError(f"{self.workdir} is in use by another trainer (process 0 says)")
 
-    def restore_or_init(self, abstract: TrainState, shardings: TrainState,
-                        init: Callable[[], TrainState]) -> tuple[TrainState, dict[str, Any]]:
+    def restore_or_init(
+        self, abstract: TrainState, shardings: TrainState, init: Callable[[], TrainState]
+    ) -> tuple[TrainState, dict[str, Any]]:
         """(state, cursors): the newest readable checkpoint's, else `init()` (cursors {}).
         Then what a killed run wrote for the steps after the restored one is removed, and
         process 0 opens the TensorBoard writer."""
@@ -171,12 +183,24 @@ class RunHarness:
 
     def progress_bar(self, first: int, desc: str) -> tqdm:
         total = self.settings.steps
-        return tqdm(total=total, initial=min(first, total), desc=desc, unit="step", disable=not self.progress,
-                    dynamic_ncols=True)
+        return tqdm(
+            total=total,
+            initial=min(first, total),
+            desc=desc,
+            unit="step",
+            disable=not self.progress,
+            dynamic_ncols=True,
+        )
 
     def summary(self, first: int, last: int) -> TrainSummary:
-        return TrainSummary(first, last, self.stop_event.is_set() and last < self.settings.steps,
-                            self.checkpoints.directory, str(self.tensorboard_dir), str(self.workdir))
+        return TrainSummary(
+            first,
+            last,
+            self.stop_event.is_set() and last < self.settings.steps,
+            self.checkpoints.directory,
+            str(self.tensorboard_dir),
+            str(self.workdir),
+        )
 
     def close(self, resources: Sequence[Any] = (), quiet: bool = False) -> None:
         """Closes `resources`, then the checkpoints and the writer; with `quiet` (the run is
@@ -190,8 +214,7 @@ class RunHarness:
                 resource.close()
             except Exception as error:  # noqa: BLE001 - reported below
                 errors.append(error)
-        for error in errors[1 if not quiet else 0:]:
+        for error in errors[1 if not quiet else 0 :]:
             self.log(f"while closing: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
         if errors and not quiet:
             raise errors[0]
-

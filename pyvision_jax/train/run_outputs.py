@@ -6,6 +6,7 @@ every step appears once. A JSONL line torn by a crash or a full disk (no final n
 dropped, so it never merges with the next record. Records are appended whole, with one
 `write` and an fsync, so a crash leaves at most one torn line.
 """
+
 from __future__ import annotations
 
 import json
@@ -83,5 +84,5 @@ def truncate_events(logdir: str | os.PathLike, last_step: int) -> int:
         kept = [record for record in records if event_pb2.Event.FromString(record).step <= last_step]
         if len(kept) != len(records):
             dropped += len(records) - len(kept)
-            _replace(path, lambda handle: [RecordWriter(handle).write(record) for record in kept])
+            _replace(path, lambda handle, kept=kept: [RecordWriter(handle).write(record) for record in kept])
     return dropped

@@ -8,6 +8,7 @@ trains on what the uninterrupted one would have. SIGTERM saves and stops. With s
 `jax.distributed` processes every process trains on the same batches (sharded over the
 global mesh) and process 0 alone writes the run's files and the export.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,13 +53,22 @@ class SftSettings:
 
 
 def _console_line(step: int, total: int, scalars: dict[str, float]) -> str:
-    return (f"step {step}/{total} | loss {scalars[tags.SFT_LOSS]:.4f} | tokens {scalars[tags.SFT_LOSS_TOKENS]:.0f}"
-            f" | gnorm {scalars[tags.ACTOR_GRAD_NORM]:.3g} | step_s {scalars[tags.PERF_STEP_TIME]:.2f}")
+    return (
+        f"step {step}/{total} | loss {scalars[tags.SFT_LOSS]:.4f} | tokens {scalars[tags.SFT_LOSS_TOKENS]:.0f}"
+        f" | gnorm {scalars[tags.ACTOR_GRAD_NORM]:.3g} | step_s {scalars[tags.PERF_STEP_TIME]:.2f}"
+    )
 
 
-def train_sft(settings: SftSettings, workdir: str | os.PathLike, *, model: ModelConfig, params: Any,
-              load_samples: Callable[[Callable[[str], None]], SftSamples], progress: bool = True,
-              log: Callable[[str], None] | None = None) -> TrainSummary:
+def train_sft(
+    settings: SftSettings,
+    workdir: str | os.PathLike,
+    *,
+    model: ModelConfig,
+    params: Any,
+    load_samples: Callable[[Callable[[str], None]], SftSamples],
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> TrainSummary:
     """Runs (or resumes) SFT in `workdir` from `params` (see the module docstring);
     `load_samples(log)` gives the rendered samples."""
     harness = RunHarness(workdir, settings.run, progress=progress, log=log)
@@ -72,13 +82,20 @@ def train_sft(settings: SftSettings, workdir: str | os.PathLike, *, model: Model
             harness.close(quiet=failed)
 
 
-def _run(s: SftSettings, harness: RunHarness, model: ModelConfig, params: Any,
-         load_samples: Callable[[Callable[[str], None]], SftSamples]) -> TrainSummary:
+def _run(
+    s: SftSettings,
+    harness: RunHarness,
+    model: ModelConfig,
+    params: Any,
+    load_samples: Callable[[Callable[[str], None]], SftSamples],
+) -> TrainSummary:
     mesh = harness.open()
     log = harness.log
     data = load_samples(log)
-    log(f"SFT: {len(data.samples)} samples from {list(data.files)}"
-        + (f" ({data.too_long} longer than train.length_buckets left out)" if data.too_long else ""))
+    log(
+        f"SFT: {len(data.samples)} samples from {list(data.files)}"
+        + (f" ({data.too_long} longer than train.length_buckets left out)" if data.too_long else "")
+    )
     frozen = s.optimizer.frozen_prefixes
     optimizer = make_optimizer(s.optimizer)
     init = functools.partial(init_train_state, optimizer=optimizer, seed=s.seed, frozen_prefixes=frozen)
@@ -103,10 +120,15 @@ def _run(s: SftSettings, harness: RunHarness, model: ModelConfig, params: Any,
             state, out = step_fn(state, shard_batch(batch, mesh))
             out = jax.device_get(out)
             elapsed = time.perf_counter() - start
-            scalars = {tags.SFT_LOSS: float(out["loss"]), tags.SFT_LOSS_TOKENS: float(out["loss_tokens"]),
-                       tags.ACTOR_GRAD_NORM: float(out["grad_norm"]), tags.ACTOR_UPDATED: float(out["updated"]),
-                       tags.PERF_STEP_TIME: elapsed, tags.BATCH_LENGTH: stats.length,
-                       tags.PERF_TOKENS_PER_SEC: stats.real_tokens / max(elapsed, 1e-9)}
+            scalars = {
+                tags.SFT_LOSS: float(out["loss"]),
+                tags.SFT_LOSS_TOKENS: float(out["loss_tokens"]),
+                tags.ACTOR_GRAD_NORM: float(out["grad_norm"]),
+                tags.ACTOR_UPDATED: float(out["updated"]),
+                tags.PERF_STEP_TIME: elapsed,
+                tags.BATCH_LENGTH: stats.length,
+                tags.PERF_TOKENS_PER_SEC: stats.real_tokens / max(elapsed, 1e-9),
+            }
             harness.write_scalars(step + 1, scalars)
             log(_console_line(step + 1, total, scalars))
             bar.update(1)
@@ -117,7 +139,6 @@ def _run(s: SftSettings, harness: RunHarness, model: ModelConfig, params: Any,
     if last >= total:
         host_params = gather_to_host(state.params)  # every process takes part; process 0 gets the copy
         if harness.primary:
-            out_dir = save_hf(model, host_params, s.export_dir, overwrite=True, dtype=s.export_dtype,
-                              progress=False)
+            out_dir = save_hf(model, host_params, s.export_dir, overwrite=True, dtype=s.export_dtype, progress=False)
             log(f"exported the SFT weights to {out_dir}")
     return harness.summary(first, last)

@@ -7,6 +7,7 @@ sandbox into `WORKDIR/sft_data/sft.jsonl` (kept for reruns). Rows are rendered t
 the RL episode renders turns; rows longer than the largest of `train.length_buckets` are
 left out and counted.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,13 +51,21 @@ class SyntheticSftSettings:
 
     def __post_init__(self) -> None:
         if min(self.guess_share, self.wrong_share) < 0 or self.guess_share + self.wrong_share > 1:
-            raise ValueError(f"sft.guess_share = {self.guess_share!r}, sft.wrong_share = {self.wrong_share!r}: "
-                             "shares of the scripted plans, each >= 0 and at most 1 together")
+            raise ValueError(
+                f"sft.guess_share = {self.guess_share!r}, sft.wrong_share = {self.wrong_share!r}: "
+                "shares of the scripted plans, each >= 0 and at most 1 together"
+            )
 
 
-def synthetic_sft_file(settings: SyntheticSftSettings, workdir: str | os.PathLike, *, tokenizer: Any,
-                       sandboxes: Callable[[], ContextManager[SandboxSource]], episode: EpisodeConfig,
-                       log: Callable[[str], None] = print) -> Path:
+def synthetic_sft_file(
+    settings: SyntheticSftSettings,
+    workdir: str | os.PathLike,
+    *,
+    tokenizer: Any,
+    sandboxes: Callable[[], ContextManager[SandboxSource]],
+    episode: EpisodeConfig,
+    log: Callable[[str], None] = print,
+) -> Path:
     """`WORKDIR/sft_data/sft.jsonl`, generated when absent (see the module docstring);
     `sandboxes()` opens the sandbox pool the scripted solutions run in."""
     out_dir = Path(workdir) / SFT_DATA_DIR
@@ -67,11 +76,21 @@ def synthetic_sft_file(settings: SyntheticSftSettings, workdir: str | os.PathLik
     files = synthetic.generate_synthetic_suite(out_dir / "tasks", s.per_kind, s.seed, s.kinds)
     tasks = [task for file in files.values() for task in load_tasks(file).tasks]
     with sandboxes() as pool:
-        report = write_synthetic_sft(tasks, out_dir, tokenizer=tokenizer, sandboxes=pool, episode=episode,
-                                     per_task=s.rollouts_per_task, seed=s.seed, guess_share=s.guess_share,
-                                     wrong_share=s.wrong_share)
-    log(f"synthetic SFT data: {report.rows} trajectories in {report.path} (dropped {report.dropped}); "
-        f"plans {report.strategies}")
+        report = write_synthetic_sft(
+            tasks,
+            out_dir,
+            tokenizer=tokenizer,
+            sandboxes=pool,
+            episode=episode,
+            per_task=s.rollouts_per_task,
+            seed=s.seed,
+            guess_share=s.guess_share,
+            wrong_share=s.wrong_share,
+        )
+    log(
+        f"synthetic SFT data: {report.rows} trajectories in {report.path} (dropped {report.dropped}); "
+        f"plans {report.strategies}"
+    )
     return path
 
 

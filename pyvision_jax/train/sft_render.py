@@ -9,6 +9,7 @@ released newline) and that user turn with `observation_ids` (the episode's obser
 (loss 1: the model learns to stop). Images are resized to their context size by the
 episode's own `context_image`. A sample is a `Trajectory`, so the trainer's batching packs it.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -62,20 +63,24 @@ class SftRenderer:
         messages = row.messages
         first = next((i for i, m in enumerate(messages) if m.role == "assistant"), None)
         if first is None or first == 0 or messages[-1].role != "assistant":
-            raise SftFormatError(f"{row.where}: field conversations: needs a prompt, then assistant turns, "
-                                 f"ending with an assistant turn")
+            raise SftFormatError(
+                f"{row.where}: field conversations: needs a prompt, then assistant turns, ending with an assistant turn"
+            )
         images = _context_images(row, self.config)
         grids = [im.grid_thw for im in images]
         used = sum(m.content.count(IMAGE_PLACEHOLDER) for m in messages[:first])
-        ids = self.chat.prompt_ids([{"role": m.role, "content": content_parts(m.content)}
-                                    for m in messages[:first]], grids[:used])
+        ids = self.chat.prompt_ids(
+            [{"role": m.role, "content": content_parts(m.content)} for m in messages[:first]], grids[:used]
+        )
         mask = [0] * len(ids)
         for index in range(first, len(messages)):
             message = messages[index]
             expected = "assistant" if (index - first) % 2 == 0 else "user"
             if message.role != expected:
-                raise SftFormatError(f"{row.where}: field conversations[{index}].role: expected {expected!r} "
-                                     f"(assistant and user turns alternate after the prompt), got {message.role!r}")
+                raise SftFormatError(
+                    f"{row.where}: field conversations[{index}].role: expected {expected!r} "
+                    f"(assistant and user turns alternate after the prompt), got {message.role!r}"
+                )
             if message.role == "assistant":
                 piece = list(self.tokenizer.encode(message.content, add_special_tokens=False))
                 if index == len(messages) - 1:
@@ -85,11 +90,24 @@ class SftRenderer:
             else:
                 count = message.content.count(IMAGE_PLACEHOLDER)
                 piece = self._turn_end_ids() + self.chat.observation_ids(
-                    content_parts(message.content), grids[used:used + count])
+                    content_parts(message.content), grids[used : used + count]
+                )
                 used += count
                 ids += piece
                 mask += [0] * len(piece)
-        return Trajectory(task_id=row.where, rollout_index=0, token_ids=ids, loss_mask=mask,
-                          logprobs=np.zeros(len(ids), np.float32), prompt_length=mask.index(1),
-                          images=tuple(images), turns=(), num_tool_calls=0, num_successful_tool_calls=0,
-                          end_reason=EndReason.DONE, broken=False, final_answer=None, policy_version=0)
+        return Trajectory(
+            task_id=row.where,
+            rollout_index=0,
+            token_ids=ids,
+            loss_mask=mask,
+            logprobs=np.zeros(len(ids), np.float32),
+            prompt_length=mask.index(1),
+            images=tuple(images),
+            turns=(),
+            num_tool_calls=0,
+            num_successful_tool_calls=0,
+            end_reason=EndReason.DONE,
+            broken=False,
+            final_answer=None,
+            policy_version=0,
+        )

@@ -6,6 +6,7 @@ plotted images) is the real one; the answer turn copies what the last code print
 finished episode is written as a row of the released SFT schema (its images as PNG files
 beside the JSONL), which the SFT trainer then loads like any released file.
 """
+
 from __future__ import annotations
 
 import functools
@@ -66,20 +67,19 @@ def _chat_messages(text: str, where: str) -> list[SftMessage]:
     return [SftMessage(role, _VISION_RUN.sub(IMAGE_PLACEHOLDER, content)) for role, content in found]
 
 
-def trajectory_row(trajectory: Trajectory, task: Task, tokenizer: Any, image_dir: Path,
-                   eos_id: int) -> SftRow:
+def trajectory_row(trajectory: Trajectory, task: Task, tokenizer: Any, image_dir: Path, eos_id: int) -> SftRow:
     """A finished episode as a released-schema row; its images are written under `image_dir`
     (the task image as the original file, code images as the PNGs the model saw)."""
     ids = trajectory.token_ids.tolist()
     decode = functools.partial(tokenizer.decode, skip_special_tokens=False)
-    messages = _chat_messages(decode(ids[:trajectory.prompt_length]), task.id)
+    messages = _chat_messages(decode(ids[: trajectory.prompt_length]), task.id)
     for turn in trajectory.turns:
-        generated = ids[turn.generated_start:turn.generated_end]
+        generated = ids[turn.generated_start : turn.generated_end]
         if turn is trajectory.turns[-1] and generated and generated[-1] == eos_id:
             generated = generated[:-1]
         messages.append(SftMessage("assistant", decode(generated)))
         if turn.observation_end > turn.generated_end:
-            messages += _chat_messages(decode(ids[turn.generated_end:turn.observation_end]), task.id)
+            messages += _chat_messages(decode(ids[turn.generated_end : turn.observation_end]), task.id)
     paths = []
     for k, image in enumerate(trajectory.images):
         path = image_dir / f"{task.id}_{trajectory.rollout_index}_{k}.png"
@@ -91,17 +91,29 @@ def trajectory_row(trajectory: Trajectory, task: Task, tokenizer: Any, image_dir
     return SftRow(tuple(messages), tuple(paths), task.data_source, f"{task.id}/{trajectory.rollout_index}")
 
 
-def draw_plans(tasks: Sequence[Task], per_task: int, seed: int, guess_share: float,
-               wrong_share: float) -> dict[str, SolutionPlan]:
+def draw_plans(
+    tasks: Sequence[Task], per_task: int, seed: int, guess_share: float, wrong_share: float
+) -> dict[str, SolutionPlan]:
     """`per_task` plans of every task, keyed by request id `"{task id}/{k}"`; each plan's
     draw depends only on (seed, task position, k)."""
-    return {f"{task.id}/{k}": solution_plan(task, np.random.default_rng([seed, t, k]),
-                                                 guess_share=guess_share, wrong_share=wrong_share)
-            for t, task in enumerate(tasks) for k in range(per_task)}
+    return {
+        f"{task.id}/{k}": solution_plan(
+            task, np.random.default_rng([seed, t, k]), guess_share=guess_share, wrong_share=wrong_share
+        )
+        for t, task in enumerate(tasks)
+        for k in range(per_task)
+    }
 
 
-def run_plans(tasks: Sequence[Task], plans: dict[str, SolutionPlan], *, tokenizer: Any, sandboxes: SandboxSource,
-              episode: EpisodeConfig, progress: bool = False) -> list[Trajectory]:
+def run_plans(
+    tasks: Sequence[Task],
+    plans: dict[str, SolutionPlan],
+    *,
+    tokenizer: Any,
+    sandboxes: SandboxSource,
+    episode: EpisodeConfig,
+    progress: bool = False,
+) -> list[Trajectory]:
     """The episode of every plan (keys `"{task id}/{k}"` of `tasks`), in plan order."""
     by_id = {task.id: task for task in tasks}
     jobs = [(by_id[key.rsplit("/", 1)[0]], int(key.rsplit("/", 1)[1])) for key in plans]
@@ -109,17 +121,26 @@ def run_plans(tasks: Sequence[Task], plans: dict[str, SolutionPlan], *, tokenize
     return EpisodeRunner(engine, tokenizer, sandboxes, episode).run_trajectories(jobs, progress=progress)
 
 
-def write_synthetic_sft(tasks: Sequence[Task], out_dir: str | Path, *, tokenizer: Any, sandboxes: SandboxSource,
-                        episode: EpisodeConfig, per_task: int, seed: int, guess_share: float,
-                        wrong_share: float, progress: bool = False) -> SyntheticSftReport:
+def write_synthetic_sft(
+    tasks: Sequence[Task],
+    out_dir: str | Path,
+    *,
+    tokenizer: Any,
+    sandboxes: SandboxSource,
+    episode: EpisodeConfig,
+    per_task: int,
+    seed: int,
+    guess_share: float,
+    wrong_share: float,
+    progress: bool = False,
+) -> SyntheticSftReport:
     """Runs `per_task` drawn plans of every task and writes `out_dir/sft.jsonl` with the
     episodes that ended with an answer (DONE)."""
     out_dir = Path(out_dir)
     image_dir = out_dir / "images"
     image_dir.mkdir(parents=True, exist_ok=True)
     plans = draw_plans(tasks, per_task, seed, guess_share, wrong_share)
-    trajectories = run_plans(tasks, plans, tokenizer=tokenizer, sandboxes=sandboxes, episode=episode,
-                             progress=progress)
+    trajectories = run_plans(tasks, plans, tokenizer=tokenizer, sandboxes=sandboxes, episode=episode, progress=progress)
     by_id = {task.id: task for task in tasks}
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     rows, dropped = [], Counter()

@@ -4,6 +4,7 @@ The trainer never knows the topology behind a source. `rollout.sources` implemen
 ways (in-process synchronous generation, an in-process background thread, an external fleet
 over a queue); `wiring.group_source` picks one from the config.
 """
+
 from __future__ import annotations
 
 import threading

@@ -5,6 +5,7 @@ the optimizer: the optimizer state covers only the trainable groups (`split_trai
 train step passes frozen arrays through untouched, so they stay bit-identical and cost no
 gradient or Adam memory.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,8 +62,7 @@ class OptimizerConfig:
         if self.schedule not in SCHEDULES:
             problems.append(f"schedule={self.schedule!r} must be one of {SCHEDULES}")
         if self.warmup_steps < 0 or self.total_steps < 1:
-            problems.append(f"warmup_steps={self.warmup_steps} must be >= 0 and total_steps="
-                            f"{self.total_steps} >= 1")
+            problems.append(f"warmup_steps={self.warmup_steps} must be >= 0 and total_steps={self.total_steps} >= 1")
         for pattern, factor in self.lr_multipliers:
             problems += _regex_problems("lr_multipliers", pattern)
             if not factor >= 0:
@@ -74,15 +74,14 @@ class OptimizerConfig:
 
 
 def parse_multiplier(text: str) -> tuple[str, float]:
-    """"REGEX=FACTOR" (the config's form of one `lr_multipliers` entry) -> (regex, factor)."""
+    """ "REGEX=FACTOR" (the config's form of one `lr_multipliers` entry) -> (regex, factor)."""
     pattern, sep, factor = str(text).rpartition("=")
     try:
         if not sep or not pattern:
             raise ValueError
         return pattern, float(factor)
     except ValueError:
-        raise ValueError(f"train.lr_multipliers: {text!r} must be REGEX=FACTOR, e.g. "
-                         f"'model/norm/scale=10'") from None
+        raise ValueError(f"train.lr_multipliers: {text!r} must be REGEX=FACTOR, e.g. 'model/norm/scale=10'") from None
 
 
 class TrainState(struct.PyTreeNode):
@@ -115,8 +114,9 @@ def split_trainable(params: Any, frozen_prefixes: tuple[str, ...]) -> tuple[dict
     """(trainable, frozen) top-level groups of `params`; their union is `params`."""
     unknown = [p for p in frozen_prefixes if p not in params]
     if unknown:
-        raise ValueError(f"frozen parameter groups {unknown} are not in the params "
-                         f"(top-level groups: {sorted(params)})")
+        raise ValueError(
+            f"frozen parameter groups {unknown} are not in the params (top-level groups: {sorted(params)})"
+        )
     trainable = {k: v for k, v in params.items() if k not in frozen_prefixes}
     frozen = {k: v for k, v in params.items() if k in frozen_prefixes}
     return trainable, frozen
@@ -130,8 +130,11 @@ def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
         parts.append(mean_by_path(config.uniform_updates))
     if config.grad_clip > 0:
         parts.append(optax.clip_by_global_norm(config.grad_clip))
-    parts.append(optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2,
-                             eps=config.eps, weight_decay=config.weight_decay))
+    parts.append(
+        optax.adamw(
+            learning_rate_schedule(config), b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay
+        )
+    )
     if config.lr_multipliers:
         parts.append(scale_by_path(config.lr_multipliers))
     return optax.chain(*parts)
@@ -157,7 +160,8 @@ def mean_by_path(patterns: tuple[str, ...]) -> optax.GradientTransformation:
 
     def update(updates: Any, state: optax.EmptyState, params: Any = None) -> tuple[Any, optax.EmptyState]:
         return jax.tree_util.tree_map_with_path(
-            lambda path, u: jnp.full_like(u, jnp.mean(u)) if matches(_path_name(path)) else u, updates), state
+            lambda path, u: jnp.full_like(u, jnp.mean(u)) if matches(_path_name(path)) else u, updates
+        ), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
@@ -170,13 +174,18 @@ def path_means(params: Any, patterns: tuple[str, ...]) -> dict[str, jax.Array]:
     return {name: jnp.mean(leaf) for name, leaf in named.items() if matches(name)}
 
 
-def init_train_state(params: Any, optimizer: optax.GradientTransformation, seed: int,
-                     frozen_prefixes: tuple[str, ...] = ("visual",)) -> TrainState:
+def init_train_state(
+    params: Any, optimizer: optax.GradientTransformation, seed: int, frozen_prefixes: tuple[str, ...] = ("visual",)
+) -> TrainState:
     """Step 0 state for `params` (not copied: the state holds the same arrays)."""
     trainable, _ = split_trainable(params, frozen_prefixes)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(trainable),
-                      rng=jax.random.key_data(jax.random.key(seed)),
-                      skipped_updates=jnp.zeros((), jnp.int32))
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=optimizer.init(trainable),
+        rng=jax.random.key_data(jax.random.key(seed)),
+        skipped_updates=jnp.zeros((), jnp.int32),
+    )
 
 
 def state_shardings(state: TrainState, param_axes: Any, mesh: Mesh) -> TrainState:
@@ -184,8 +193,12 @@ def state_shardings(state: TrainState, param_axes: Any, mesh: Mesh) -> TrainStat
     the params they follow (matched by path suffix and shape), everything else replicated."""
     params_sharding = param_shardings(param_axes, state.params, mesh)
     replicated = NamedSharding(mesh, PartitionSpec())
-    by_path = {_path_keys(path): (sharding, leaf.shape) for (path, sharding), leaf in zip(
-        jax.tree_util.tree_flatten_with_path(params_sharding)[0], jax.tree.leaves(state.params))}
+    by_path = {
+        _path_keys(path): (sharding, leaf.shape)
+        for (path, sharding), leaf in zip(
+            jax.tree_util.tree_flatten_with_path(params_sharding)[0], jax.tree.leaves(state.params)
+        )
+    }
 
     def opt_leaf(path: Any, leaf: Any) -> NamedSharding:
         keys = _path_keys(path)
@@ -196,8 +209,9 @@ def state_shardings(state: TrainState, param_axes: Any, mesh: Mesh) -> TrainStat
         return replicated
 
     opt_sharding = jax.tree_util.tree_map_with_path(opt_leaf, state.opt_state)
-    return TrainState(step=replicated, params=params_sharding, opt_state=opt_sharding, rng=replicated,
-                      skipped_updates=replicated)
+    return TrainState(
+        step=replicated, params=params_sharding, opt_state=opt_sharding, rng=replicated, skipped_updates=replicated
+    )
 
 
 def _path_keys(path: Any) -> tuple[str, ...]:

@@ -26,6 +26,7 @@ denominator is then the policy before the step for every mini-batch (with old_lo
 "current", one forward pass over the whole batch at the step's start; "behaviour": the
 engine's), so the later updates are off-policy and clipped against it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -111,25 +112,29 @@ class StepConfig:
         if self.logprob_chunk < 1:
             raise ValueError(f"StepConfig.logprob_chunk must be >= 1, got {self.logprob_chunk}")
         if self.old_logprobs not in ("current", "behaviour"):
-            raise ValueError(f"StepConfig.old_logprobs must be 'current' or 'behaviour', "
-                             f"got {self.old_logprobs!r}")
+            raise ValueError(f"StepConfig.old_logprobs must be 'current' or 'behaviour', got {self.old_logprobs!r}")
         if self.mini_batches < 1:
             raise ValueError(f"StepConfig.mini_batches must be >= 1, got {self.mini_batches}")
         if self.ppo_epochs < 1 or (self.ppo_epochs > 1 and self.old_logprobs != "behaviour"):
-            raise ValueError(f"train.ppo_epochs={self.ppo_epochs}: must be >= 1, and > 1 needs "
-                             f"train.old_logprobs='behaviour' (got {self.old_logprobs!r})")
+            raise ValueError(
+                f"train.ppo_epochs={self.ppo_epochs}: must be >= 1, and > 1 needs "
+                f"train.old_logprobs='behaviour' (got {self.old_logprobs!r})"
+            )
         if self.loss.importance_sampling != "none" and self.old_logprobs != "current":
-            raise ValueError(f"importance_sampling={self.loss.importance_sampling!r} weighs behaviour -> "
-                             f"proximal logprobs and needs old_logprobs='current' (got {self.old_logprobs!r}: "
-                             f"the weight would be identically 1)")
+            raise ValueError(
+                f"importance_sampling={self.loss.importance_sampling!r} weighs behaviour -> "
+                f"proximal logprobs and needs old_logprobs='current' (got {self.old_logprobs!r}: "
+                f"the weight would be identically 1)"
+            )
         check_remat(self.remat, "model.remat")
 
 
 # ---------------------------------------------------------------------- logprobs
 
 
-def hidden_states(config: ModelConfig, step_config: StepConfig, params: Any, micro: TrainBatch,
-                  features: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+def hidden_states(
+    config: ModelConfig, step_config: StepConfig, params: Any, micro: TrainBatch, features: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
     """(normed decoder hidden states [n, T, D], lm_head kernel [D, V]) for one micro-batch;
     `features` are its vision features when computed beforehand (a frozen tower)."""
     compute_dtype = step_config.compute_dtype
@@ -137,8 +142,9 @@ def hidden_states(config: ModelConfig, step_config: StepConfig, params: Any, mic
     if features is None and micro.pixel_values is not None:
         features = model.visual(micro.pixel_values, micro.layout)
     embeds = model.embed(micro.input_ids, features)
-    hidden, _ = model.model(embeds, micro.positions, micro.attention_mask, segment_ids=micro.segment_ids,
-                            remat=step_config.remat)
+    hidden, _ = model.model(
+        embeds, micro.positions, micro.attention_mask, segment_ids=micro.segment_ids, remat=step_config.remat
+    )
     if config.tie_word_embeddings:
         kernel = params["model"]["embed_tokens"]["embedding"].T
     else:
@@ -146,8 +152,9 @@ def hidden_states(config: ModelConfig, step_config: StepConfig, params: Any, mic
     return hidden, kernel.astype(jnp.dtype(compute_dtype))
 
 
-def chunked_token_logprobs(hidden: jax.Array, kernel: jax.Array, input_ids: jax.Array,
-                           temperature: float, chunk: int) -> tuple[jax.Array, jax.Array]:
+def chunked_token_logprobs(
+    hidden: jax.Array, kernel: jax.Array, input_ids: jax.Array, temperature: float, chunk: int
+) -> tuple[jax.Array, jax.Array]:
     """logprob [n, T] of each token under softmax(h_{t-1} W / temperature), and the entropy
     [n, T] of that distribution (differentiable: `rl.entropy_coef` trains on it); position 0
     gets 0.
@@ -182,13 +189,17 @@ def chunked_token_logprobs(hidden: jax.Array, kernel: jax.Array, input_ids: jax.
     return jnp.where(first, 0.0, logprobs), jnp.where(first, 0.0, entropy)
 
 
-def micro_batch_logprobs(model_config: ModelConfig, step_config: StepConfig, params: Any,
-                         micro: TrainBatch, features: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+def micro_batch_logprobs(
+    model_config: ModelConfig,
+    step_config: StepConfig,
+    params: Any,
+    micro: TrainBatch,
+    features: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
     """(logprobs, entropy), each [n, T], of one micro-batch (a TrainBatch without M axis)."""
     hidden, kernel = hidden_states(model_config, step_config, params, micro, features)
     hidden = shard_activation(hidden, ("batch", "length", "act_embed"))
-    return chunked_token_logprobs(hidden, kernel, micro.input_ids, step_config.temperature,
-                                  step_config.logprob_chunk)
+    return chunked_token_logprobs(hidden, kernel, micro.input_ids, step_config.temperature, step_config.logprob_chunk)
 
 
 def segment_rows(values: jax.Array, segments: int) -> jax.Array:
@@ -204,9 +215,14 @@ def segment_masks(mask: jax.Array, segment_ids: jax.Array, segments: int) -> jax
     return (mask[:, None, :] & which).reshape(-1, mask.shape[1])
 
 
-def micro_batch_loss(model_config: ModelConfig, step_config: StepConfig, trainable: Any, frozen: Any,
-                     micro: TrainBatch, features: jax.Array | None = None
-                     ) -> tuple[jax.Array, tuple[jax.Array, PPOMetrics]]:
+def micro_batch_loss(
+    model_config: ModelConfig,
+    step_config: StepConfig,
+    trainable: Any,
+    frozen: Any,
+    micro: TrainBatch,
+    features: jax.Array | None = None,
+) -> tuple[jax.Array, tuple[jax.Array, PPOMetrics]]:
     """(loss sum, (denominator, metrics)) of one micro-batch; differentiate w.r.t. `trainable`.
 
     Packed rows are split into one loss row per segment, so per-sequence terms (sequence
@@ -229,13 +245,23 @@ def micro_batch_loss(model_config: ModelConfig, step_config: StepConfig, trainab
         advantages = advantages.reshape(-1)
         if unit_tokens is not None:
             unit_tokens, unit_share = unit_tokens.reshape(-1), unit_share.reshape(-1)
-    out = ppo_loss(logprobs, old, advantages, mask, step_config.loss, behaviour_logprobs=behaviour,
-                   entropy=entropy, unit_tokens=unit_tokens, unit_share=unit_share)
+    out = ppo_loss(
+        logprobs,
+        old,
+        advantages,
+        mask,
+        step_config.loss,
+        behaviour_logprobs=behaviour,
+        entropy=entropy,
+        unit_tokens=unit_tokens,
+        unit_share=unit_share,
+    )
     return out.loss_sum, (out.denominator, out.metrics)
 
 
-def frozen_vision_features(model_config: ModelConfig, step_config: StepConfig, params: Any,
-                           batch: TrainBatch) -> jax.Array | None:
+def frozen_vision_features(
+    model_config: ModelConfig, step_config: StepConfig, params: Any, batch: TrainBatch
+) -> jax.Array | None:
     """[M, merged tokens, D] vision features of every micro-batch, outside the gradient, when
     the tower is frozen and the batch has images; else None (each micro-batch runs it)."""
     if "visual" not in step_config.frozen_prefixes or batch.pixel_values is None:
@@ -246,13 +272,22 @@ def frozen_vision_features(model_config: ModelConfig, step_config: StepConfig, p
 
 def _empty_metrics() -> PPOMetrics:
     zero = jnp.zeros((), jnp.float32)
-    return PPOMetrics(token_count=zero, clipped_tokens=zero, dual_clipped_tokens=zero, approx_kl_sum=zero,
-                      entropy_sum=zero, trained_tokens=zero, is_ratio_sum=zero,
-                      is_ratio_min=jnp.array(jnp.inf, jnp.float32), is_ratio_max=jnp.array(-jnp.inf, jnp.float32))
+    return PPOMetrics(
+        token_count=zero,
+        clipped_tokens=zero,
+        dual_clipped_tokens=zero,
+        approx_kl_sum=zero,
+        entropy_sum=zero,
+        trained_tokens=zero,
+        is_ratio_sum=zero,
+        is_ratio_min=jnp.array(jnp.inf, jnp.float32),
+        is_ratio_max=jnp.array(-jnp.inf, jnp.float32),
+    )
 
 
-def loss_and_grads(model_config: ModelConfig, step_config: StepConfig, params: Any,
-                   batch: TrainBatch) -> tuple[jax.Array, Any, jax.Array, PPOMetrics]:
+def loss_and_grads(
+    model_config: ModelConfig, step_config: StepConfig, params: Any, batch: TrainBatch
+) -> tuple[jax.Array, Any, jax.Array, PPOMetrics]:
     """(loss, grads of the trainable groups, denominator, metrics) over all micro-batches.
 
     loss = sum of micro-batch loss sums / sum of denominators; the gradient is that of the
@@ -262,21 +297,20 @@ def loss_and_grads(model_config: ModelConfig, step_config: StepConfig, params: A
     return _loss_and_grads(model_config, step_config, params, batch, features)
 
 
-def _loss_and_grads(model_config: ModelConfig, step_config: StepConfig, params: Any, batch: TrainBatch,
-                    features: jax.Array | None) -> tuple[jax.Array, Any, jax.Array, PPOMetrics]:
+def _loss_and_grads(
+    model_config: ModelConfig, step_config: StepConfig, params: Any, batch: TrainBatch, features: jax.Array | None
+) -> tuple[jax.Array, Any, jax.Array, PPOMetrics]:
     """`loss_and_grads` given the frozen tower's `frozen_vision_features` (the same for every
     PPO epoch: computed once per step)."""
     trainable, frozen = split_trainable(params, step_config.frozen_prefixes)
-    grad_fn = jax.value_and_grad(functools.partial(micro_batch_loss, model_config, step_config),
-                                 has_aux=True)
+    grad_fn = jax.value_and_grad(functools.partial(micro_batch_loss, model_config, step_config), has_aux=True)
 
     def body(carry, inputs):
         micro, micro_features = inputs
         grads, loss_sum, denominator, metrics = carry
         (mb_loss, (mb_denominator, mb_metrics)), mb_grads = grad_fn(trainable, frozen, micro, micro_features)
         grads = jax.tree.map(jnp.add, grads, mb_grads)
-        return (grads, loss_sum + mb_loss, denominator + mb_denominator,
-                combine_metrics(metrics, mb_metrics)), None
+        return (grads, loss_sum + mb_loss, denominator + mb_denominator, combine_metrics(metrics, mb_metrics)), None
 
     zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), trainable)
     init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), _empty_metrics())
@@ -286,9 +320,15 @@ def _loss_and_grads(model_config: ModelConfig, step_config: StepConfig, params: 
     return loss_sum * scale, grads, denominator, metrics
 
 
-def _update(model_config: ModelConfig, step_config: StepConfig, optimizer: optax.GradientTransformation,
-            features: jax.Array | None, params: Any, opt_state: Any,
-            batch: TrainBatch) -> tuple[Any, Any, dict[str, Any]]:
+def _update(
+    model_config: ModelConfig,
+    step_config: StepConfig,
+    optimizer: optax.GradientTransformation,
+    features: jax.Array | None,
+    params: Any,
+    opt_state: Any,
+    batch: TrainBatch,
+) -> tuple[Any, Any, dict[str, Any]]:
     """One optimizer update from `batch`: (params, optimizer state, what it measured). Skipped
     (both kept) when the loss or gradient is not finite; a no-op when there is no loss token."""
     loss, grads, denominator, metrics = _loss_and_grads(model_config, step_config, params, batch, features)
@@ -301,8 +341,14 @@ def _update(model_config: ModelConfig, step_config: StepConfig, optimizer: optax
     new_trainable = optax.apply_updates(trainable, updates)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(apply, a, b), new, old)  # noqa: E731
     new_params = {**keep(new_trainable, trainable), **frozen}
-    measured = {"loss": loss, "grad_norm": grad_norm, "denominator": denominator, "metrics": metrics,
-                "finite": finite, "apply": apply}
+    measured = {
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "denominator": denominator,
+        "metrics": metrics,
+        "finite": finite,
+        "apply": apply,
+    }
     return {k: new_params[k] for k in params}, keep(new_opt_state, opt_state), measured
 
 
@@ -312,27 +358,33 @@ def updates_per_step(batch_groups: int, mini_batch_groups: int) -> int:
     if mini_batch_groups == 0:
         return 1
     if mini_batch_groups < 0 or batch_groups % mini_batch_groups:
-        raise ValueError(f"train.ppo_mini_batch_groups={mini_batch_groups} must be 0 or divide "
-                         f"rl.batch_groups={batch_groups}")
+        raise ValueError(
+            f"train.ppo_mini_batch_groups={mini_batch_groups} must be 0 or divide rl.batch_groups={batch_groups}"
+        )
     return batch_groups // mini_batch_groups
 
 
-def with_proximal_logprobs(model_config: ModelConfig, step_config: StepConfig, params: Any, batch: TrainBatch,
-                           features: jax.Array | None) -> TrainBatch:
+def with_proximal_logprobs(
+    model_config: ModelConfig, step_config: StepConfig, params: Any, batch: TrainBatch, features: jax.Array | None
+) -> TrainBatch:
     """`batch` with the logprobs of `params` (outside the gradient) as every micro-batch's
     ratio denominator."""
     frozen_params = jax.lax.stop_gradient(params)
     logprobs = jax.lax.map(
-        lambda args: micro_batch_logprobs(model_config, step_config, frozen_params, *args)[0], (batch, features))
+        lambda args: micro_batch_logprobs(model_config, step_config, frozen_params, *args)[0], (batch, features)
+    )
     return batch.replace(proximal_logprobs=logprobs)
 
 
 def mini_batches(tree: Any, count: int) -> Any:
     """Leading axis M of every leaf as [count, M / count]: the disjoint mini-batches."""
+
     def split(x: jax.Array) -> jax.Array:
         if x.shape[0] % count:
-            raise ValueError(f"{x.shape[0]} micro-batches do not split into {count} mini-batches "
-                             f"(train.batching lays rows out for StepConfig.mini_batches)")
+            raise ValueError(
+                f"{x.shape[0]} micro-batches do not split into {count} mini-batches "
+                f"(train.batching lays rows out for StepConfig.mini_batches)"
+            )
         return x.reshape(count, x.shape[0] // count, *x.shape[1:])
 
     return jax.tree.map(split, tree)
@@ -340,12 +392,21 @@ def mini_batches(tree: Any, count: int) -> Any:
 
 def _summed_metrics(metrics: PPOMetrics) -> PPOMetrics:
     """Metrics stacked over updates [N] as one set (`combine_metrics` over the axis)."""
-    return PPOMetrics(*(x.min(0) if name == "is_ratio_min" else x.max(0) if name == "is_ratio_max" else x.sum(0)
-                        for name, x in zip(PPOMetrics._fields, metrics)))
+    return PPOMetrics(
+        *(
+            x.min(0) if name == "is_ratio_min" else x.max(0) if name == "is_ratio_max" else x.sum(0)
+            for name, x in zip(PPOMetrics._fields, metrics)
+        )
+    )
 
 
-def train_step(model_config: ModelConfig, step_config: StepConfig, optimizer: optax.GradientTransformation,
-               state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict[str, jax.Array]]:
+def train_step(
+    model_config: ModelConfig,
+    step_config: StepConfig,
+    optimizer: optax.GradientTransformation,
+    state: TrainState,
+    batch: TrainBatch,
+) -> tuple[TrainState, dict[str, jax.Array]]:
     """`step_config.ppo_epochs` epochs of `step_config.mini_batches` optimizer updates each,
     one per disjoint mini-batch of `batch` (see `_update`); the step counter advances once.
     Loss and gradient norm are the mean over the first epoch's updates, its token count and
@@ -368,36 +429,46 @@ def train_step(model_config: ModelConfig, step_config: StepConfig, optimizer: op
             params, opt_state, measured = update(mini[1], params, opt_state, mini[0])
             return (params, opt_state), measured
 
-        (params, opt_state), measured = jax.lax.scan(one, (params, opt_state),
-                                                     mini_batches((batch, features), count))
+        (params, opt_state), measured = jax.lax.scan(one, (params, opt_state), mini_batches((batch, features), count))
         return params, opt_state, measured
 
     params, opt_state, first = epoch(state.params, state.opt_state)
     non_finite = (~first["finite"]).sum(dtype=jnp.int32)
     last = first
     if step_config.ppo_epochs > 1:
+
         def again(_, carry):
             params, opt_state, _, non_finite = carry
             params, opt_state, measured = epoch(params, opt_state)
             return params, opt_state, measured, non_finite + (~measured["finite"]).sum(dtype=jnp.int32)
 
         params, opt_state, last, non_finite = jax.lax.fori_loop(
-            1, step_config.ppo_epochs, again, (params, opt_state, first, non_finite))
+            1, step_config.ppo_epochs, again, (params, opt_state, first, non_finite)
+        )
     denominator = first["denominator"].sum()
     has_tokens = denominator > 0
     new_state = state.replace(
-        step=state.step + 1, params=params, opt_state=opt_state,
+        step=state.step + 1,
+        params=params,
+        opt_state=opt_state,
         rng=jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)),
-        skipped_updates=state.skipped_updates + non_finite)
+        skipped_updates=state.skipped_updates + non_finite,
+    )
     first_metrics = _summed_metrics(first["metrics"])
     summary, moved = summarize_metrics(first_metrics), summarize_metrics(_summed_metrics(last["metrics"]))
     out = {
-        "loss": first["loss"].mean(), "grad_norm": first["grad_norm"].mean(), "loss_tokens": first_metrics.token_count,
-        "denominator": denominator, "updated": first["apply"].astype(jnp.float32).mean(),
-        "nonfinite": (~first["finite"]).any().astype(jnp.float32), "skipped_updates": new_state.skipped_updates,
-        "entropy": summary["entropy"], "trained_token_fraction": summary["trained_token_fraction"],
+        "loss": first["loss"].mean(),
+        "grad_norm": first["grad_norm"].mean(),
+        "loss_tokens": first_metrics.token_count,
+        "denominator": denominator,
+        "updated": first["apply"].astype(jnp.float32).mean(),
+        "nonfinite": (~first["finite"]).any().astype(jnp.float32),
+        "skipped_updates": new_state.skipped_updates,
+        "entropy": summary["entropy"],
+        "trained_token_fraction": summary["trained_token_fraction"],
         "clip_fraction": moved["clip_fraction"],
-        "approx_kl": moved["approx_kl"], "is_ratio_max": jnp.where(has_tokens, moved["is_ratio_max"], 1.0),
+        "approx_kl": moved["approx_kl"],
+        "is_ratio_max": jnp.where(has_tokens, moved["is_ratio_max"], 1.0),
         "is_ratio_mean": jnp.where(has_tokens, moved["is_ratio_mean"], 1.0),
     }
     return new_state, out
@@ -416,15 +487,19 @@ def batch_shardings(batch: TrainBatch, mesh: Mesh) -> TrainBatch:
         return batch_sharding(mesh, x.ndim, batch_axis=axis, batch_size=rows)
 
     return TrainBatch(
-        input_ids=rowwise(batch.input_ids, 1), attention_mask=rowwise(batch.attention_mask, 1),
-        positions=rowwise(batch.positions, 2), loss_mask=rowwise(batch.loss_mask, 1),
-        behaviour_logprobs=rowwise(batch.behaviour_logprobs, 1), advantages=rowwise(batch.advantages, 1),
+        input_ids=rowwise(batch.input_ids, 1),
+        attention_mask=rowwise(batch.attention_mask, 1),
+        positions=rowwise(batch.positions, 2),
+        loss_mask=rowwise(batch.loss_mask, 1),
+        behaviour_logprobs=rowwise(batch.behaviour_logprobs, 1),
+        advantages=rowwise(batch.advantages, 1),
         pixel_values=None if batch.pixel_values is None else replicated,
         layout=None if batch.layout is None else jax.tree.map(lambda _: replicated, batch.layout),
         segment_ids=None if batch.segment_ids is None else rowwise(batch.segment_ids, 1),
         unit_tokens=None if batch.unit_tokens is None else rowwise(batch.unit_tokens, 1),
         unit_share=None if batch.unit_share is None else rowwise(batch.unit_share, 1),
-        proximal_logprobs=None if batch.proximal_logprobs is None else rowwise(batch.proximal_logprobs, 1))
+        proximal_logprobs=None if batch.proximal_logprobs is None else rowwise(batch.proximal_logprobs, 1),
+    )
 
 
 def shard_batch(batch: TrainBatch, mesh: Mesh) -> TrainBatch:
@@ -432,9 +507,14 @@ def shard_batch(batch: TrainBatch, mesh: Mesh) -> TrainBatch:
     return jax.device_put(batch, batch_shardings(batch, mesh))
 
 
-def make_train_step(model_config: ModelConfig, step_config: StepConfig,
-                    optimizer: optax.GradientTransformation, mesh: Mesh, state_sharding: TrainState,
-                    donate: bool = True) -> Callable[[TrainState, TrainBatch], tuple[TrainState, dict]]:
+def make_train_step(
+    model_config: ModelConfig,
+    step_config: StepConfig,
+    optimizer: optax.GradientTransformation,
+    mesh: Mesh,
+    state_sharding: TrainState,
+    donate: bool = True,
+) -> Callable[[TrainState, TrainBatch], tuple[TrainState, dict]]:
     """The jitted step `(state, batch) -> (state, metrics)`; put batches with `shard_batch`.
 
     `donate` reuses the state's buffers for the new state; leave it off when something else
@@ -442,13 +522,13 @@ def make_train_step(model_config: ModelConfig, step_config: StepConfig,
     """
     replicated = NamedSharding(mesh, PartitionSpec())
     step = on_mesh(mesh, functools.partial(train_step, model_config, step_config, optimizer))
-    return jax.jit(step, out_shardings=(state_sharding, replicated),
-                   donate_argnums=(0,) if donate else ())
+    return jax.jit(step, out_shardings=(state_sharding, replicated), donate_argnums=(0,) if donate else ())
 
 
 def on_mesh(mesh: Mesh, fn: Callable) -> Callable:
     """`fn` traced under `mesh`'s abstract mesh, so that the model's activation sharding
     constraints (models.sharding.shard_activation) resolve against it."""
+
     @functools.wraps(fn)
     def traced(*args: Any) -> Any:
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):

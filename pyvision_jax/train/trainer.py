@@ -10,6 +10,7 @@ what the run that never stopped would have. The trainer does not know the topolo
 the source (in-process, background thread or a fleet): the composition root
 (`pyvision_jax.wiring`) builds it and hands over a `build_source(params)` callable.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -74,9 +75,11 @@ class GrpoSettings:
     def __post_init__(self) -> None:
         b = self.selection.batch_groups
         if b < 1 or self.group_size < 1 or self.max_gen_rounds < 1 or self.prompts_per_round < b:
-            raise ValueError(f"rl.batch_groups ({b}), rl.group_size ({self.group_size}), rl.max_gen_rounds "
-                             f"({self.max_gen_rounds}) must be >= 1 and the tasks per round "
-                             f"({self.prompts_per_round}, rl.oversample * rl.batch_groups) >= rl.batch_groups")
+            raise ValueError(
+                f"rl.batch_groups ({b}), rl.group_size ({self.group_size}), rl.max_gen_rounds "
+                f"({self.max_gen_rounds}) must be >= 1 and the tasks per round "
+                f"({self.prompts_per_round}, rl.oversample * rl.batch_groups) >= rl.batch_groups"
+            )
 
 
 class Trainer:
@@ -88,15 +91,24 @@ class Trainer:
     0 alone when there are several processes).
     """
 
-    def __init__(self, settings: GrpoSettings, workdir: str | os.PathLike, *, model: ModelConfig, tokenizer: Any,
-                 param_shapes: Any, load_params: Callable[[Any], Any], build_source: Callable[[Any], GroupSource],
-                 progress: bool = True, log: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        settings: GrpoSettings,
+        workdir: str | os.PathLike,
+        *,
+        model: ModelConfig,
+        tokenizer: Any,
+        param_shapes: Any,
+        load_params: Callable[[Any], Any],
+        build_source: Callable[[Any], GroupSource],
+        progress: bool = True,
+        log: Callable[[str], None] | None = None,
+    ):
         self.settings = settings
         self.model_config = model
         self.tokenizer = tokenizer
         self._param_shapes, self._load_params, self._build_source = param_shapes, load_params, build_source
-        self.harness = RunHarness(workdir, settings.run, progress=progress, log=log,
-                                  jsonl_outputs=(TRAJECTORY_SAMPLE,))
+        self.harness = RunHarness(workdir, settings.run, progress=progress, log=log, jsonl_outputs=(TRAJECTORY_SAMPLE,))
         self.workdir = self.harness.workdir
         self.selection = settings.selection
         self.optimizer_config = settings.optimizer
@@ -124,8 +136,9 @@ class Trainer:
         self.primary = self.harness.primary
         frozen = self.optimizer_config.frozen_prefixes
         self.optimizer = make_optimizer(self.optimizer_config)
-        init = functools.partial(init_train_state, optimizer=self.optimizer, seed=self.settings.seed,
-                                 frozen_prefixes=frozen)
+        init = functools.partial(
+            init_train_state, optimizer=self.optimizer, seed=self.settings.seed, frozen_prefixes=frozen
+        )
         abstract = jax.eval_shape(init, self._param_shapes)
         self.shardings = state_shardings(abstract, param_logical_axes(self.model_config), self.mesh)
 
@@ -134,8 +147,14 @@ class Trainer:
 
         self.state, cursors = self.harness.restore_or_init(abstract, self.shardings, fresh)
         self.source = self._group_source()
-        self.train_step = make_train_step(self.model_config, self.step_config, self.optimizer, self.mesh,
-                                          self.shardings, donate=not self.source.holds_params)
+        self.train_step = make_train_step(
+            self.model_config,
+            self.step_config,
+            self.optimizer,
+            self.mesh,
+            self.shardings,
+            donate=not self.source.holds_params,
+        )
         self.shape_floor = BatchShape()  # the largest batch shape so far: shapes only grow (fewer compiles)
         self.source.start(self.state.params, int(self.state.step), cursors)
         self._source_state = self.source.state()
@@ -157,8 +176,10 @@ class Trainer:
         source once that checkpoint is on disk (the next save's wait, or the end of the run)."""
         self.checkpoints.wait()
         self._acknowledge_covered()
-        if self.checkpoints.save(step, self.state, self._cursor_state(), force=force) or \
-                step in self.checkpoints.all_steps():
+        if (
+            self.checkpoints.save(step, self.state, self._cursor_state(), force=force)
+            or step in self.checkpoints.all_steps()
+        ):
             self._covered, self._receipts = self._receipts, []
 
     # ------------------------------------------------------------------ the loop
@@ -182,8 +203,10 @@ class Trainer:
                 failed = False
                 summary = self.harness.summary(first, last)
                 if summary.interrupted:
-                    self.log(f"stopped after step {last}, checkpoint saved; rollouts in flight were abandoned "
-                             "(a resumed run draws their tasks again)")
+                    self.log(
+                        f"stopped after step {last}, checkpoint saved; rollouts in flight were abandoned "
+                        "(a resumed run draws their tasks again)"
+                    )
                 return summary
             finally:
                 self.harness.close((self.source,), quiet=failed)
@@ -225,8 +248,7 @@ class Trainer:
         if self._stopping() or pool is None or not pool.groups:
             return
         start = time.perf_counter()
-        batch, stats = pack_batch(self.model_config, selected.rows, selected.advantages, s.batching,
-                                  self.shape_floor)
+        batch, stats = pack_batch(self.model_config, selected.rows, selected.advantages, s.batching, self.shape_floor)
         self.shape_floor = self.shape_floor.cover(stats.shape)
         self.state, out = self.train_step(self.state, shard_batch(batch, self.mesh))
         out = jax.device_get(out)
@@ -234,32 +256,46 @@ class Trainer:
         new_step = int(self.state.step)
         versions = [t.policy_version for t in selected.rows if t is not None]
         scalars = rollout_scalars(pool, selected.counts)
-        scalars.update({
-            tags.ACTOR_ENTROPY: out["entropy"], tags.ACTOR_GRAD_NORM: out["grad_norm"],
-            tags.ACTOR_CLIPFRAC: out["clip_fraction"], tags.ACTOR_APPROX_KL: out["approx_kl"],
-            tags.ACTOR_IS_RATIO_MAX: out["is_ratio_max"], tags.ACTOR_IS_RATIO_MEAN: out["is_ratio_mean"],
-            tags.PERF_STEP_TIME: step_time,
-            tags.PERF_ROLLOUT_WAIT: waited, tags.PERF_TOKENS_PER_SEC: stats.real_tokens / max(step_time, 1e-9),
-            tags.VERSION_STALENESS_MEAN: float(np.mean([step - v for v in versions])) if versions else 0.0,
-            tags.VERSION_STALENESS_MAX: float(max([step - v for v in versions], default=0)),
-            tags.ACTOR_LOSS: out["loss"], tags.ACTOR_LOSS_TOKENS: out["loss_tokens"],
-            tags.ACTOR_TRAINED_TOKEN_FRAC: out["trained_token_fraction"],
-            tags.ACTOR_UPDATED: out["updated"], tags.ACTOR_SKIPPED_NONFINITE: out["skipped_updates"],
-            tags.FILTER_GEN_ROUNDS: rounds, tags.FILTER_GROUPS_DRAWN: len(pool.groups),
-            tags.FILTER_ELIGIBLE: selected.counts.eligible, tags.BATCH_LENGTH: stats.length,
-            tags.BATCH_REAL_TOKENS: stats.real_tokens,
-            **{tags.SOURCE_STATS[name]: value for name, value in self.source.stats().items()},
-            **{tags.param_mean_tag(name): float(mean) for name, mean
-               in path_means(self.state.params, self.optimizer_config.uniform_updates).items()},
-        })
+        scalars.update(
+            {
+                tags.ACTOR_ENTROPY: out["entropy"],
+                tags.ACTOR_GRAD_NORM: out["grad_norm"],
+                tags.ACTOR_CLIPFRAC: out["clip_fraction"],
+                tags.ACTOR_APPROX_KL: out["approx_kl"],
+                tags.ACTOR_IS_RATIO_MAX: out["is_ratio_max"],
+                tags.ACTOR_IS_RATIO_MEAN: out["is_ratio_mean"],
+                tags.PERF_STEP_TIME: step_time,
+                tags.PERF_ROLLOUT_WAIT: waited,
+                tags.PERF_TOKENS_PER_SEC: stats.real_tokens / max(step_time, 1e-9),
+                tags.VERSION_STALENESS_MEAN: float(np.mean([step - v for v in versions])) if versions else 0.0,
+                tags.VERSION_STALENESS_MAX: float(max([step - v for v in versions], default=0)),
+                tags.ACTOR_LOSS: out["loss"],
+                tags.ACTOR_LOSS_TOKENS: out["loss_tokens"],
+                tags.ACTOR_TRAINED_TOKEN_FRAC: out["trained_token_fraction"],
+                tags.ACTOR_UPDATED: out["updated"],
+                tags.ACTOR_SKIPPED_NONFINITE: out["skipped_updates"],
+                tags.FILTER_GEN_ROUNDS: rounds,
+                tags.FILTER_GROUPS_DRAWN: len(pool.groups),
+                tags.FILTER_ELIGIBLE: selected.counts.eligible,
+                tags.BATCH_LENGTH: stats.length,
+                tags.BATCH_REAL_TOKENS: stats.real_tokens,
+                **{tags.SOURCE_STATS[name]: value for name, value in self.source.stats().items()},
+                **{
+                    tags.param_mean_tag(name): float(mean)
+                    for name, mean in path_means(self.state.params, self.optimizer_config.uniform_updates).items()
+                },
+            }
+        )
         self.harness.write_scalars(new_step, scalars)
         if self.primary:
             self._sample_trajectories(new_step, pool.groups)
         if not selected.full:
-            self.log(f"step {new_step}: only {selected.counts.kept}/{batch_groups} informative groups "
-                     f"({selected.counts.available} trainable rollouts) after "
-                     f"{rounds} generation round(s) (rl.max_gen_rounds={s.max_gen_rounds}); "
-                     f"trained on them with the rest masked")
+            self.log(
+                f"step {new_step}: only {selected.counts.kept}/{batch_groups} informative groups "
+                f"({selected.counts.available} trainable rollouts) after "
+                f"{rounds} generation round(s) (rl.max_gen_rounds={s.max_gen_rounds}); "
+                f"trained on them with the rest masked"
+            )
         self.log(format_console_line(new_step, scalars, s.run.steps))
         bar.update(1)
         self._source_state = self.source.state()
@@ -271,6 +307,7 @@ class Trainer:
         count = self.settings.sample_groups_per_step
         if count <= 0:
             return
-        append_jsonl(self.workdir / TRAJECTORY_SAMPLE,
-                     [{"step": step, "group": json.loads(group.to_json(None))} for group in pool[:count]])
-
+        append_jsonl(
+            self.workdir / TRAJECTORY_SAMPLE,
+            [{"step": step, "group": json.loads(group.to_json(None))} for group in pool[:count]],
+        )

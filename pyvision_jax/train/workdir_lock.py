@@ -7,6 +7,7 @@ trainer's refusal names. In a multi-host run process 0 alone takes the lock. Wit
 process the lock is reentrant (the command takes it before its held-out evaluation, the run
 harness again when training starts); the last `release` gives it back.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -52,10 +53,10 @@ class WorkdirLock:
             raise WorkdirLockedError(
                 f"{self.path.parent} is in use by another trainer (pid {holder.get('pid', '?')} on host "
                 f"{holder.get('host', '?')}, started {holder.get('started', '?')}); stop it first or use another "
-                f"--workdir") from None
+                f"--workdir"
+            ) from None
         self.previous = _read(fd) or None
-        record = {"pid": os.getpid(), "host": socket.gethostname(),
-                  "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)
         os.fsync(fd)

@@ -1,4 +1,5 @@
 """JAX's persistent compilation cache for a run's workdir."""
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """Config values checked and converted where a config becomes objects: tuples of integers
 or strings, with an error naming the field."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

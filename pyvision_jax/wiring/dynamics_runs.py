@@ -6,6 +6,7 @@ Each variant trains in WORKDIR/<name> (an ordinary trainer workdir: TensorBoard 
 held-out evaluations under heldout/), in segments: train to step n, evaluate, resume to the
 next n. A rerun resumes every variant where it stopped.
 """
+
 from __future__ import annotations
 
 import copy
@@ -35,9 +36,16 @@ def variant_config(config: ml_collections.ConfigDict, variant: Variant) -> ml_co
     return out
 
 
-def run_variant(config: ml_collections.ConfigDict, variant: Variant, workdir: str | os.PathLike, steps: int,
-                eval_every: int, before: HeldoutResult, log: Callable[[str], None] = print,
-                progress: bool = False) -> dict[str, Any]:
+def run_variant(
+    config: ml_collections.ConfigDict,
+    variant: Variant,
+    workdir: str | os.PathLike,
+    steps: int,
+    eval_every: int,
+    before: HeldoutResult,
+    log: Callable[[str], None] = print,
+    progress: bool = False,
+) -> dict[str, Any]:
     """Trains `variant` to `steps` in WORKDIR/<name>, evaluating the held-out set at
     `eval_points`; returns its curves and held-out results. `before` is the shared
     evaluation of the starting model (logged as step 0)."""
@@ -55,8 +63,15 @@ def run_variant(config: ml_collections.ConfigDict, variant: Variant, workdir: st
         log_heldout(run_dir / TB_DIR, stop, heldout[stop])
         log(f"{variant.name}: step {stop}: held-out {heldout[stop].summary()}")
     curves = read_curves(run_dir / TB_DIR)
-    return {"name": variant.name, "overrides": variant.overrides, "paper": variant.paper,
-            "heldout": {str(step): {"accuracy": r.accuracy, "tool_calls": r.tool_calls}
-                        for step, r in sorted(heldout.items())},
-            "curves": {**{tag: curves.get(tag, []) for tag in CURVES},
-                       **{tag: points for tag, points in curves.items() if tag.startswith(tags.PARAMS_PREFIX)}}}
+    return {
+        "name": variant.name,
+        "overrides": variant.overrides,
+        "paper": variant.paper,
+        "heldout": {
+            str(step): {"accuracy": r.accuracy, "tool_calls": r.tool_calls} for step, r in sorted(heldout.items())
+        },
+        "curves": {
+            **{tag: curves.get(tag, []) for tag in CURVES},
+            **{tag: points for tag, points in curves.items() if tag.startswith(tags.PARAMS_PREFIX)},
+        },
+    }

@@ -1,6 +1,7 @@
 """Samplers: the in-process JAX engine and vLLM (built only on request: the main .venv has
 no vllm; the .venv-vllm environment, `scripts/install_vllm_cpu.sh`, does), with the
 directory vLLM loads a checkpoint from."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -19,20 +20,41 @@ from pyvision_jax.rollout.vllm_engine import write_preprocessor_config
 from pyvision_jax.wiring.config_values import int_tuple
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-                   "special_tokens_map.json", "added_tokens.json", "chat_template.json",
-                   "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.json",
+    "chat_template.jinja",
+)
 
 
-def jax_engine(config: ml_collections.ConfigDict, model: ModelConfig, params: Any, tokenizer: Any, *,
-               version: int, max_total_tokens: int) -> Engine:
+def jax_engine(
+    config: ml_collections.ConfigDict,
+    model: ModelConfig,
+    params: Any,
+    tokenizer: Any,
+    *,
+    version: int,
+    max_total_tokens: int,
+) -> Engine:
     """The in-process JAX sampler with the config's rollout shapes, its KV cache long enough
     for `max_total_tokens`."""
     r = config.rollout
-    return JaxEngine(model, params, tokenizer, max_batch=r.max_batch,
-                     length_buckets=int_tuple(r.length_buckets, "rollout.length_buckets"),
-                     decode_chunk=r.decode_chunk, min_cache_length=int(max_total_tokens),
-                     compute_dtype=config.model.compute_dtype, version=version)
+    return JaxEngine(
+        model,
+        params,
+        tokenizer,
+        max_batch=r.max_batch,
+        length_buckets=int_tuple(r.length_buckets, "rollout.length_buckets"),
+        decode_chunk=r.decode_chunk,
+        min_cache_length=int(max_total_tokens),
+        compute_dtype=config.model.compute_dtype,
+        version=version,
+    )
 
 
 def require_vllm() -> None:
@@ -42,7 +64,8 @@ def require_vllm() -> None:
             "rollout.engine='vllm' needs the vllm package, which this Python environment "
             "lacks: run with the .venv-vllm environment (.venv-vllm/bin/python; built by "
             "scripts/install_vllm_cpu.sh on CPU machines, or `pip install vllm` on GPU nodes), "
-            "or use --config.rollout.engine=jax")
+            "or use --config.rollout.engine=jax"
+        )
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
@@ -52,9 +75,16 @@ def _link_or_copy(source: Path, target: Path) -> None:
         shutil.copy2(source, target)
 
 
-def vllm_model_dir(source: str | os.PathLike, target: str | os.PathLike, model: ModelConfig,
-                   tokenizer_source: str | os.PathLike, *, min_pixels: int, max_pixels: int,
-                   weight_files: Sequence[Path] = ()) -> Path:
+def vllm_model_dir(
+    source: str | os.PathLike,
+    target: str | os.PathLike,
+    model: ModelConfig,
+    tokenizer_source: str | os.PathLike,
+    *,
+    min_pixels: int,
+    max_pixels: int,
+    weight_files: Sequence[Path] = (),
+) -> Path:
     """A directory vLLM can load: `source` itself when it has a preprocessor config and a
     tokenizer and no `weight_files` live elsewhere, else `target` with `source`'s files and
     `weight_files` (hard links, or copies across file systems, so a pruned published version
@@ -78,8 +108,9 @@ def vllm_model_dir(source: str | os.PathLike, target: str | os.PathLike, model: 
     return target
 
 
-def vllm_engine(config: ml_collections.ConfigDict, model_dir: str | os.PathLike, *, version: int,
-                max_total_tokens: int) -> Engine:
+def vllm_engine(
+    config: ml_collections.ConfigDict, model_dir: str | os.PathLike, *, version: int, max_total_tokens: int
+) -> Engine:
     """A `VllmEngine` on `model_dir` with the fleet's sizing: `rollout.max_batch` sequences in
     flight (vLLM's max_num_seqs), a KV cache of `rollout.vllm_kv_cache_mb` (0: vLLM sizes it
     from `rollout.vllm_gpu_memory_utilization` of the GPU), `rollout.vllm_enforce_eager`."""
@@ -91,8 +122,14 @@ def vllm_engine(config: ml_collections.ConfigDict, model_dir: str | os.PathLike,
     options: dict[str, Any] = {"enforce_eager": True} if r.vllm_enforce_eager else {}
     if not kv_mb:
         options["gpu_memory_utilization"] = float(r.vllm_gpu_memory_utilization)
-    return VllmEngine(model_dir, version=version, dtype=config.model.compute_dtype,
-                      max_model_len=int(max_total_tokens), max_num_seqs=int(r.max_batch),
-                      max_images_per_prompt=int(config.episode.max_images) + 1,
-                      kv_cache_memory_bytes=kv_mb << 20 if kv_mb else None, seed=int(config.seed),
-                      llm_kwargs=options)
+    return VllmEngine(
+        model_dir,
+        version=version,
+        dtype=config.model.compute_dtype,
+        max_model_len=int(max_total_tokens),
+        max_num_seqs=int(r.max_batch),
+        max_images_per_prompt=int(config.episode.max_images) + 1,
+        kv_cache_memory_bytes=kv_mb << 20 if kv_mb else None,
+        seed=int(config.seed),
+        llm_kwargs=options,
+    )

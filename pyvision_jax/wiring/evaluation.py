@@ -35,18 +35,24 @@ logger = logging.getLogger(__name__)
 EngineFactory = Callable[[ml_collections.ConfigDict, LoadedPolicy, Any], Engine]
 
 
-def eval_settings(config: ml_collections.ConfigDict, k: int | None = None,
-                  progress: bool = True) -> EvalSettings:
+def eval_settings(config: ml_collections.ConfigDict, k: int | None = None, progress: bool = True) -> EvalSettings:
     v = config.eval
     return EvalSettings(
-        k=int(k if k is not None else v.k), seed=int(v.seed), temperature=float(v.temperature),
-        top_p=float(v.top_p), top_k=int(v.top_k), tasks_per_batch=int(v.tasks_per_batch),
-        report_rollouts_per_task=int(v.report_rollouts_per_task), progress=progress)
+        k=int(k if k is not None else v.k),
+        seed=int(v.seed),
+        temperature=float(v.temperature),
+        top_p=float(v.top_p),
+        top_k=int(v.top_k),
+        tasks_per_batch=int(v.tasks_per_batch),
+        report_rollouts_per_task=int(v.report_rollouts_per_task),
+        progress=progress,
+    )
 
 
 def load_policy(path: str | os.PathLike, config: ml_collections.ConfigDict, progress: bool = True) -> LoadedPolicy:
     """The weights at ``path`` (any checkpoint layout), in ``model.param_dtype``; a training
     checkpoint's architecture comes from its run's resolved config, else from ``config``."""
+
     def model_for(resolved: dict[str, Any] | None) -> ModelConfig:
         return model_config(ml_collections.ConfigDict(resolved) if resolved is not None else config)
 
@@ -55,8 +61,14 @@ def load_policy(path: str | os.PathLike, config: ml_collections.ConfigDict, prog
 
 def jax_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, tokenizer: Any) -> Engine:
     """The in-process JAX sampler with the config's rollout shapes and eval budget."""
-    return engines.jax_engine(config, policy.model_config, policy.params, tokenizer,
-                             version=policy.version, max_total_tokens=int(config.eval.max_total_tokens))
+    return engines.jax_engine(
+        config,
+        policy.model_config,
+        policy.params,
+        tokenizer,
+        version=policy.version,
+        max_total_tokens=int(config.eval.max_total_tokens),
+    )
 
 
 def vllm_eval_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, work_dir: Path) -> Engine:
@@ -70,15 +82,22 @@ def vllm_eval_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, wo
     source = Path(policy.path)
     if policy.kind != "hf":
         source = save_hf(policy.model_config, policy.params, staging / "export", progress=False)
-    model_dir = engines.vllm_model_dir(source, staging / "model", policy.model_config,
-                                      tokenizer_dir(config, policy.tokenizer_dir),
-                                      min_pixels=e.image_min_pixels, max_pixels=e.image_max_pixels)
-    return engines.vllm_engine(config, model_dir, version=policy.version,
-                              max_total_tokens=int(config.eval.max_total_tokens))
+    model_dir = engines.vllm_model_dir(
+        source,
+        staging / "model",
+        policy.model_config,
+        tokenizer_dir(config, policy.tokenizer_dir),
+        min_pixels=e.image_min_pixels,
+        max_pixels=e.image_max_pixels,
+    )
+    return engines.vllm_engine(
+        config, model_dir, version=policy.version, max_total_tokens=int(config.eval.max_total_tokens)
+    )
 
 
-def build_engine(config: ml_collections.ConfigDict, policy: LoadedPolicy, tokenizer: Any,
-                 work_dir: str | os.PathLike | None = None) -> Engine:
+def build_engine(
+    config: ml_collections.ConfigDict, policy: LoadedPolicy, tokenizer: Any, work_dir: str | os.PathLike | None = None
+) -> Engine:
     """The engine of ``rollout.engine`` ("jax" or "vllm"; vLLM exports go under ``work_dir``,
     default a new temporary directory)."""
     kind = config.rollout.engine
@@ -98,39 +117,70 @@ def config_policy(config: ml_collections.ConfigDict, progress: bool = True) -> L
     return LoadedPolicy("params", f"preset:{config.model.preset}", model, params, 0, None)
 
 
-def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str | os.PathLike | None,
-                        data: str | os.PathLike, out_dir: str | os.PathLike, *,
-                        k: int | None = None, max_tool_calls: int | None = None,
-                        progress: bool = True, engine_factory: EngineFactory | None = None,
-                        sandboxes: Any = None) -> dict[str, Any]:
+def evaluate_checkpoint(
+    config: ml_collections.ConfigDict,
+    checkpoint: str | os.PathLike | None,
+    data: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    k: int | None = None,
+    max_tool_calls: int | None = None,
+    progress: bool = True,
+    engine_factory: EngineFactory | None = None,
+    sandboxes: Any = None,
+) -> dict[str, Any]:
     """Loads the checkpoint (None: the config's own model, `config_policy`) and the tasks,
     runs the evaluation into ``out_dir``; returns the results (also in
     ``out_dir/results.json``). ``sandboxes`` replaces the config's pool."""
     tasks = task_file(config, data)
-    policy = (config_policy(config, progress) if checkpoint is None
-              else load_policy(checkpoint, config, progress=progress))
+    policy = (
+        config_policy(config, progress) if checkpoint is None else load_policy(checkpoint, config, progress=progress)
+    )
     tokenizer = load_tokenizer(config, policy.tokenizer_dir)
-    engine = (engine_factory(config, policy, tokenizer) if engine_factory
-              else build_engine(config, policy, tokenizer, work_dir=out_dir))
+    engine = (
+        engine_factory(config, policy, tokenizer)
+        if engine_factory
+        else build_engine(config, policy, tokenizer, work_dir=out_dir)
+    )
     episode = episode_config(config, policy.model_config, evaluation=True, max_tool_calls=max_tool_calls)
     settings = eval_settings(config, k, progress)
     for line in policy.skipped:
         logger.warning("%s; evaluating step %d instead (%s)", line, policy.version, policy.path)
-    run_info = {"checkpoint": policy.path, "checkpoint_kind": policy.kind, "skipped_checkpoints": list(policy.skipped),
-                "policy_version": policy.version, "data": str(Path(data).absolute()),
-                "engine_kind": config.rollout.engine}
+    run_info = {
+        "checkpoint": policy.path,
+        "checkpoint_kind": policy.kind,
+        "skipped_checkpoints": list(policy.skipped),
+        "policy_version": policy.version,
+        "data": str(Path(data).absolute()),
+        "engine_kind": config.rollout.engine,
+    }
     own_pool = sandboxes is None
     if own_pool:
         sandboxes = sandbox_pool(config)
     try:
-        evaluator = Evaluator(engine, tokenizer, sandboxes, episode, settings, run_info,
-                              temporal_patch_size=policy.model_config.vision.temporal_patch_size,
-                              routes=scorer_routes(config))
+        evaluator = Evaluator(
+            engine,
+            tokenizer,
+            sandboxes,
+            episode,
+            settings,
+            run_info,
+            temporal_patch_size=policy.model_config.vision.temporal_patch_size,
+            routes=scorer_routes(config),
+        )
         return evaluator.run(tasks, out_dir)
     finally:
         if own_pool:
             sandboxes.close()
 
 
-__all__ = ["EngineFactory", "build_engine", "config_policy", "eval_settings", "evaluate_checkpoint", "jax_engine",
-           "load_policy", "vllm_eval_engine"]
+__all__ = [
+    "EngineFactory",
+    "build_engine",
+    "config_policy",
+    "eval_settings",
+    "evaluate_checkpoint",
+    "jax_engine",
+    "load_policy",
+    "vllm_eval_engine",
+]

@@ -6,6 +6,7 @@ config's own model) and WORKDIR/heldout/step_N (the run's latest checkpoint). Bo
 ordinary `pyvision-eval` outputs (results.json, trajectories.jsonl, report.html), and a
 rerun reuses what is already there.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,19 +33,30 @@ def heldout_tasks(config: ml_collections.ConfigDict, workdir: str | os.PathLike)
     return path
 
 
-def evaluate_heldout(config: ml_collections.ConfigDict, workdir: str | os.PathLike, checkpoint: str | None,
-                     name: str, progress: bool = False) -> HeldoutResult:
+def evaluate_heldout(
+    config: ml_collections.ConfigDict,
+    workdir: str | os.PathLike,
+    checkpoint: str | None,
+    name: str,
+    progress: bool = False,
+) -> HeldoutResult:
     """Evaluates `checkpoint` (None: the config's own model) on the held-out tasks into
     WORKDIR/heldout/`name`."""
     held = heldout_config(config)
     out_dir = Path(workdir) / HELDOUT_DIR / name
-    results = evaluate_checkpoint(config, checkpoint, heldout_tasks(config, workdir), out_dir, k=held.k,
-                                  progress=progress)
+    results = evaluate_checkpoint(
+        config, checkpoint, heldout_tasks(config, workdir), out_dir, k=held.k, progress=progress
+    )
     return HeldoutResult.from_results(results, out_dir)
 
 
-def train_with_heldout(config: ml_collections.ConfigDict, workdir: str | os.PathLike, train: Callable[..., Any],
-                       progress: bool = True, log: Callable[[str], None] = print) -> tuple[Any, list[HeldoutResult]]:
+def train_with_heldout(
+    config: ml_collections.ConfigDict,
+    workdir: str | os.PathLike,
+    train: Callable[..., Any],
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> tuple[Any, list[HeldoutResult]]:
     """`train(config, workdir, progress=...)` between two held-out evaluations (none when
     `eval.heldout_per_kind` is 0); returns the training summary and the evaluations."""
     if not heldout_config(config).per_kind:
@@ -56,6 +68,8 @@ def train_with_heldout(config: ml_collections.ConfigDict, workdir: str | os.Path
         log(f"training stopped at step {summary.last_step}: the held-out evaluation after training is skipped")
         return summary, [before]
     after = evaluate_heldout(config, workdir, str(workdir), f"step_{summary.last_step}", progress)
-    log(f"held-out after step {summary.last_step}: {after.summary()} ({after.out_dir}); "
-        f"accuracy {before.accuracy:.3f} -> {after.accuracy:.3f}")
+    log(
+        f"held-out after step {summary.last_step}: {after.summary()} ({after.out_dir}); "
+        f"accuracy {before.accuracy:.3f} -> {after.accuracy:.3f}"
+    )
     return summary, [before, after]

@@ -1,5 +1,6 @@
 """The `model` section: the checkpoint directory, the tokenizer, the architecture and its
 attention kernel, and the initial params."""
+
 from __future__ import annotations
 
 import functools
@@ -27,10 +28,12 @@ def hf_dir(config: ml_collections.ConfigDict) -> str:
     name = config.model.hf_dir
     if not name.startswith(PACKAGED_PREFIX):
         return name
-    path = ASSETS_DIR / name[len(PACKAGED_PREFIX):]
+    path = ASSETS_DIR / name[len(PACKAGED_PREFIX) :]
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"model.hf_dir={name!r}: no packaged checkpoint at {path}; packaged ones: "
-                                f"{sorted(p.name for p in ASSETS_DIR.iterdir() if (p / 'config.json').is_file())}")
+        raise FileNotFoundError(
+            f"model.hf_dir={name!r}: no packaged checkpoint at {path}; packaged ones: "
+            f"{sorted(p.name for p in ASSETS_DIR.iterdir() if (p / 'config.json').is_file())}"
+        )
     return str(path)
 
 
@@ -42,8 +45,10 @@ def tokenizer_dir(config: ml_collections.ConfigDict, carried: str | os.PathLike 
         return Path(carried) if carried else TINY_TOKENIZER_DIR
     source = name or carried or hf_dir(config)
     if not source:
-        raise ValueError("model.tokenizer is empty and neither the checkpoint nor model.hf_dir has a tokenizer; "
-                         "set --config.model.tokenizer=DIR (or 'tiny')")
+        raise ValueError(
+            "model.tokenizer is empty and neither the checkpoint nor model.hf_dir has a tokenizer; "
+            "set --config.model.tokenizer=DIR (or 'tiny')"
+        )
     return Path(source)
 
 
@@ -54,8 +59,9 @@ def load_tokenizer(config: ml_collections.ConfigDict, carried: str | os.PathLike
 
 def attention_config(model: ml_collections.ConfigDict) -> AttentionConfig:
     """From the `model` section: attention, attention_block_q, attention_block_kv."""
-    return AttentionConfig(implementation=model.attention, block_q=model.attention_block_q,
-                           block_kv=model.attention_block_kv)
+    return AttentionConfig(
+        implementation=model.attention, block_q=model.attention_block_q, block_kv=model.attention_block_kv
+    )
 
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:

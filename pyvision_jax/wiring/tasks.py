@@ -1,4 +1,5 @@
 """The `data` section: the training tasks (files or synthetic suites) and their order's seed."""
+
 from __future__ import annotations
 
 import logging
@@ -39,12 +40,21 @@ def training_tasks(config: ml_collections.ConfigDict, workdir: str | os.PathLike
 def task_file(config: ml_collections.ConfigDict, path: str | os.PathLike) -> tuple[Task, ...]:
     """The tasks of one file under `data.skip_bad_rows` / `data.extra_fields`; skipped rows are
     reported (how many, and the first reasons), never dropped silently."""
-    loaded = load_tasks(path, skip_bad_rows=bool(config.data.skip_bad_rows),
-                        extra_fields=str_tuple(config.data.extra_fields, "data.extra_fields"))
+    loaded = load_tasks(
+        path,
+        skip_bad_rows=bool(config.data.skip_bad_rows),
+        extra_fields=str_tuple(config.data.extra_fields, "data.extra_fields"),
+    )
     if loaded.skipped:
         reasons = "; ".join(row.reason for row in loaded.skipped[:3])
-        logger.warning("%s: skipped %d bad row(s) of %d (data.skip_bad_rows): %s%s", path, loaded.num_skipped,
-                       loaded.num_skipped + len(loaded.tasks), reasons, " ..." if loaded.num_skipped > 3 else "")
+        logger.warning(
+            "%s: skipped %d bad row(s) of %d (data.skip_bad_rows): %s%s",
+            path,
+            loaded.num_skipped,
+            loaded.num_skipped + len(loaded.tasks),
+            reasons,
+            " ..." if loaded.num_skipped > 3 else "",
+        )
     if not loaded.tasks:
         raise ValueError(f"{path}: no usable tasks ({loaded.num_skipped} row(s) skipped)")
     return loaded.tasks

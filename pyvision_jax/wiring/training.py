@@ -1,5 +1,6 @@
 """The training jobs from a config: GRPO (`build_trainer`, `train`) and SFT (`train_sft`),
 each given its typed settings and the objects it runs on."""
+
 from __future__ import annotations
 
 import os
@@ -27,11 +28,19 @@ from pyvision_jax.wiring.rollouts import group_source
 from pyvision_jax.wiring.settings import grpo_settings, sft_settings, synthetic_sft_settings
 
 
-def build_trainer(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
-                  model: tuple[ModelConfig, Any] | None = None, tokenizer: Any = None,
-                  engine: Engine | None = None, sandboxes: SandboxSource | None = None,
-                  tasks: Sequence[Task] | None = None, source: GroupSource | None = None,
-                  progress: bool = True, log: Callable[[str], None] | None = None) -> Trainer:
+def build_trainer(
+    config: ml_collections.ConfigDict,
+    workdir: str | os.PathLike,
+    *,
+    model: tuple[ModelConfig, Any] | None = None,
+    tokenizer: Any = None,
+    engine: Engine | None = None,
+    sandboxes: SandboxSource | None = None,
+    tasks: Sequence[Task] | None = None,
+    source: GroupSource | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> Trainer:
     """The GRPO `Trainer` of `config` in `workdir`. `model` ((ModelConfig, initial params))
     and `tokenizer` replace what the config would build; `engine`, `sandboxes` and `tasks` go
     to `group_source` (tests pass a scripted engine or a fake sandbox pool); `source`
@@ -54,11 +63,21 @@ def build_trainer(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
             return load_model(config, sharding=sharding)[1]
 
     def build_source(params: Any) -> GroupSource:
-        return source or group_source(config, workdir, architecture, params, tokenizer, engine=engine,
-                                      sandboxes=sandboxes, tasks=tasks)
+        return source or group_source(
+            config, workdir, architecture, params, tokenizer, engine=engine, sandboxes=sandboxes, tasks=tasks
+        )
 
-    return Trainer(settings, workdir, model=architecture, tokenizer=tokenizer, param_shapes=shapes,
-                   load_params=load_params, build_source=build_source, progress=progress, log=log)
+    return Trainer(
+        settings,
+        workdir,
+        model=architecture,
+        tokenizer=tokenizer,
+        param_shapes=shapes,
+        load_params=load_params,
+        build_source=build_source,
+        progress=progress,
+        log=log,
+    )
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, **kwargs: Any) -> TrainSummary:
@@ -66,26 +85,52 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, **kwarg
     return build_trainer(config, workdir, **kwargs).run()
 
 
-def sft_samples(config: ml_collections.ConfigDict, workdir: str | os.PathLike, model: ModelConfig, tokenizer: Any,
-                log: Callable[[str], None] = print) -> SftSamples:
+def sft_samples(
+    config: ml_collections.ConfigDict,
+    workdir: str | os.PathLike,
+    model: ModelConfig,
+    tokenizer: Any,
+    log: Callable[[str], None] = print,
+) -> SftSamples:
     """Every sample of `sft.train_files` (or, when empty, of the synthetic SFT file made on
     first use under WORKDIR/sft_data), rendered as the RL episode renders turns."""
     episode = episode_config(config, model)
     files = str_tuple(config.sft.train_files, "sft.train_files")
     if not files:
-        files = (str(synthetic_sft_file(synthetic_sft_settings(config), workdir, tokenizer=tokenizer,
-                                        sandboxes=lambda: sandbox_pool(config), episode=episode, log=log)),)
+        files = (
+            str(
+                synthetic_sft_file(
+                    synthetic_sft_settings(config),
+                    workdir,
+                    tokenizer=tokenizer,
+                    sandboxes=lambda: sandbox_pool(config),
+                    episode=episode,
+                    log=log,
+                )
+            ),
+        )
     longest = max(int_tuple(config.train.length_buckets, "train.length_buckets"))
     return load_sft_samples(files, SftRenderer(tokenizer, episode), longest)
 
 
-def train_sft(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *, progress: bool = True,
-              log: Callable[[str], None] | None = None) -> TrainSummary:
+def train_sft(
+    config: ml_collections.ConfigDict,
+    workdir: str | os.PathLike,
+    *,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> TrainSummary:
     """Runs (or resumes) the SFT stage of `config` in `workdir` (`train.sft`)."""
     settings = sft_settings(config, workdir)
     settings.run.distributed.initialize()  # before any other JAX call of this process
     tokenizer = load_tokenizer(config)
     model, params = load_model(config)
-    return run_sft(settings, workdir, model=model, params=params,
-                   load_samples=lambda write: sft_samples(config, workdir, model, tokenizer, write),
-                   progress=progress, log=log)
+    return run_sft(
+        settings,
+        workdir,
+        model=model,
+        params=params,
+        load_samples=lambda write: sft_samples(config, workdir, model, tokenizer, write),
+        progress=progress,
+        log=log,
+    )

@@ -4,6 +4,7 @@ section (through the same builders the run uses), every number finite, every inp
 an existing workdir trained with the same model. Each problem is one `ConfigError` line that
 names the config key, or the file, row and field.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -78,8 +79,10 @@ def check_same_model(config: ml_collections.ConfigDict, workdir: str | os.PathLi
         if old != new:
             differing.append(f"{key}={new!r} (the workdir's run: {old!r})")
     if differing and _architecture(before) != _architecture(config):
-        raise ConfigError(f"{workdir} holds checkpoints of another model: {'; '.join(differing)}; use another "
-                          f"--workdir or the workdir's own config ({resolved})")
+        raise ConfigError(
+            f"{workdir} holds checkpoints of another model: {'; '.join(differing)}; use another "
+            f"--workdir or the workdir's own config ({resolved})"
+        )
 
 
 def _architecture(config: ml_collections.ConfigDict) -> tuple[Any, ...] | None:
@@ -102,8 +105,10 @@ def check_prompt_fits(tasks: list[Task], episode: EpisodeConfig, tokenizer: Any,
     for task in {task.id: task for task in (tasks[0], longest)}.values():
         length = len(machine.render_prompt(task).token_ids)
         if length >= episode.max_total_tokens:
-            raise ConfigError(f"{budget_key}={episode.max_total_tokens} cannot hold the prompt of task {task.id!r} "
-                              f"({length} tokens): raise it above {length}")
+            raise ConfigError(
+                f"{budget_key}={episode.max_total_tokens} cannot hold the prompt of task {task.id!r} "
+                f"({length} tokens): raise it above {length}"
+            )
 
 
 def startup_notices(config: ml_collections.ConfigDict) -> list[str]:
@@ -114,12 +119,16 @@ def startup_notices(config: ml_collections.ConfigDict) -> list[str]:
     if config.episode.get("observation_format") == "released":
         for key, default in (("image_prompt_file", "image.txt"), ("video_prompt_file", "video.txt")):
             if not config.episode[key]:
-                notices.append(f"notice: --config.episode.{key} is empty: the project's own prompt "
-                               f"(configs/prompts/{default}) is used, not the released text")
+                notices.append(
+                    f"notice: --config.episode.{key} is empty: the project's own prompt "
+                    f"(configs/prompts/{default}) is used, not the released text"
+                )
     judged = any(str(route[-1]) == "judge" for route in config.grading.routes)
     if judged and config.grading.judge_url and own_judge_prompt(config):
-        notices.append("notice: no --config.grading.judge_prompt_files: the project's own judge prompt "
-                       "(configs/prompts/judge.txt) and its Yes/No verdicts are used, not the released few-shot text")
+        notices.append(
+            "notice: no --config.grading.judge_prompt_files: the project's own judge prompt "
+            "(configs/prompts/judge.txt) and its Yes/No verdicts are used, not the released few-shot text"
+        )
     return notices
 
 
@@ -152,19 +161,23 @@ def validate_run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) 
     _check_inputs(config, workdir, model, episode)
 
 
-def _check_inputs(config: ml_collections.ConfigDict, workdir: str | os.PathLike, model: ModelConfig,
-                  episode: EpisodeConfig) -> None:
+def _check_inputs(
+    config: ml_collections.ConfigDict, workdir: str | os.PathLike, model: ModelConfig, episode: EpisodeConfig
+) -> None:
     if config.algorithm == "sft":
         for path in str_tuple(config.sft.train_files, "sft.train_files"):
             load_sft_rows(path)
         return
-    tasks = [task for path in str_tuple(config.data.train_files, "data.train_files") for task in task_file(config, path)]
+    tasks = [
+        task for path in str_tuple(config.data.train_files, "data.train_files") for task in task_file(config, path)
+    ]
     if tasks and config.rollout.mode != "external":
         check_prompt_fits(tasks, episode, load_tokenizer(config), "--config.episode.max_total_tokens")
 
 
-def validate_evaluation(config: ml_collections.ConfigDict, data: str | os.PathLike,
-                        checkpoint: str | os.PathLike | None = None) -> None:
+def validate_evaluation(
+    config: ml_collections.ConfigDict, data: str | os.PathLike, checkpoint: str | os.PathLike | None = None
+) -> None:
     """Checks an evaluation's config, checkpoint layout and task file before any model loads."""
     check_finite(config)
     try:

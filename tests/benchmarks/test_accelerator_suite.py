@@ -1,4 +1,5 @@
 """benchmarks/accelerator_suite.py at its CPU sizes, end to end, and the arithmetic it reports."""
+
 import json
 import math
 import os
@@ -22,8 +23,9 @@ def suite_run(tmp_path_factory):
     """(results, stdout) of one whole run at CPU sizes."""
     out = tmp_path_factory.mktemp("accelerator") / "results.json"
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, str(SUITE), "--out", str(out)], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, str(SUITE), "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return json.loads(out.read_text()), result.stdout
 
@@ -36,7 +38,7 @@ def test_every_section_finishes_at_cpu_sizes_and_prints_one_table(suite_run):
     results, stdout = suite_run
     assert results["suite"]["sizes"] == "cpu"
     assert {name: s["status"] for name, s in results["sections"].items()} == dict.fromkeys(sizes.SECTIONS, "done")
-    table = stdout[stdout.index("section  "):]
+    table = stdout[stdout.index("section  ") :]
     for name in sizes.SECTIONS:
         assert f"\n{name} " in table
 
@@ -122,16 +124,27 @@ def test_packed_rows_are_segments_with_their_own_positions_and_generated_tails()
 
 
 def test_profile_ops_are_put_in_categories():
-    events = [("dot.1", "dot.1 gemm", 3.0), ("fusion.2", "fusion.2 loop_fusion", 1.0),
-              ("custom-call.3", "custom-call.3 __cudnn$fmhaSoftmax", 4.0), ("copy.4", "copy.4", 2.0)]
+    events = [
+        ("dot.1", "dot.1 gemm", 3.0),
+        ("fusion.2", "fusion.2 loop_fusion", 1.0),
+        ("custom-call.3", "custom-call.3 __cudnn$fmhaSoftmax", 4.0),
+        ("copy.4", "copy.4", 2.0),
+    ]
     summary = profile_summary.summarize(events, top=2)
     assert summary["category_share"] == {"attention": 0.4, "matmul": 0.3, "copy": 0.2, "other": 0.1}
     assert summary["top_ops"] == [("custom-call.3", 4.0), ("dot.1", 3.0)]
 
 
 def test_the_table_names_a_section_that_did_not_finish():
-    sections = {"step": {"status": "timed out", "error": None, "wall_s": 255.0, "timeout_s": 255.0,
-                         "records": [{"case": "L=2 T=8192", "summary": "step 210 ms"}]}}
+    sections = {
+        "step": {
+            "status": "timed out",
+            "error": None,
+            "wall_s": 255.0,
+            "timeout_s": 255.0,
+            "records": [{"case": "L=2 T=8192", "summary": "step 210 ms"}],
+        }
+    }
     lines = report.table(sections).splitlines()
     assert lines[2].split() == ["step", "L=2", "T=8192", "step", "210", "ms"]
     assert "(timed out)" in lines[3] and "after 255 s of 255 s" in lines[3]

@@ -1,5 +1,6 @@
 """benchmarks/temperature_baseline.py end to end at tiny sizes, and the arithmetic of
 benchmarks/param_movement.py."""
+
 import json
 import os
 import subprocess
@@ -15,8 +16,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_parameter_movement_per_group_and_per_vocabulary_entry():
-    before = {"lm_head/kernel": np.ones((2, 4)), "model/norm/scale": np.full(3, 2.0),
-              "model/layers/mlp/up_proj/kernel": np.ones((2, 2)), "visual/patch_embed/proj/kernel": np.ones(5)}
+    before = {
+        "lm_head/kernel": np.ones((2, 4)),
+        "model/norm/scale": np.full(3, 2.0),
+        "model/layers/mlp/up_proj/kernel": np.ones((2, 2)),
+        "visual/patch_embed/proj/kernel": np.ones(5),
+    }
     after = {name: value.copy() for name, value in before.items()}
     after["lm_head/kernel"][:, 1] += [0.3, 0.4]  # one token's output row moved by norm 0.5
     after["model/norm/scale"][0] = 3.0
@@ -29,20 +34,38 @@ def test_parameter_movement_per_group_and_per_vocabulary_entry():
     assert groups["mlp"]["relative_update"] == groups["visual"]["relative_update"] == 0.0
     assert result["vocabulary_update_norm_quantiles"]["1"] == pytest.approx(0.5)
     assert result["vocabulary_update_norm_quantiles"]["0.5"] == 0.0
-    assert [group_of(n) for n in ("model/embed_tokens/embedding", "model/layers/self_attn/q_proj/bias",
-                                  "model/layers/input_layernorm/scale")] == ["embed", "attention", "norms"]
+    assert [
+        group_of(n)
+        for n in (
+            "model/embed_tokens/embedding",
+            "model/layers/self_attn/q_proj/bias",
+            "model/layers/input_layernorm/scale",
+        )
+    ] == ["embed", "attention", "norms"]
     with pytest.raises(ValueError, match="different parameters"):
         parameter_movement(before, {"lm_head/kernel": before["lm_head/kernel"]})
 
 
 def test_temperature_baseline_at_tiny_sizes(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    command = [sys.executable, str(REPO / "benchmarks" / "temperature_baseline.py"),
-               "--config", str(REPO / "tests" / "tiny_random_cpu.py"), "--workdir", str(tmp_path),
-               "--temperatures", "0.5,1.0", "--per-kind", "1", "--k", "1",
-               "--config.data.synthetic_kinds=('counting',)",
-               "--config.eval.max_new_tokens_per_turn=8", "--config.eval.max_total_tokens=512",
-               "--config.eval.max_tool_calls=1"]
+    command = [
+        sys.executable,
+        str(REPO / "benchmarks" / "temperature_baseline.py"),
+        "--config",
+        str(REPO / "tests" / "tiny_random_cpu.py"),
+        "--workdir",
+        str(tmp_path),
+        "--temperatures",
+        "0.5,1.0",
+        "--per-kind",
+        "1",
+        "--k",
+        "1",
+        "--config.data.synthetic_kinds=('counting',)",
+        "--config.eval.max_new_tokens_per_turn=8",
+        "--config.eval.max_total_tokens=512",
+        "--config.eval.max_tool_calls=1",
+    ]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     results = json.loads((tmp_path / "results.json").read_text())
@@ -62,8 +85,15 @@ def test_temperature_baseline_at_tiny_sizes(tmp_path):
 
 
 def test_temperature_baseline_refuses_to_choose_on_the_heldout_seed(tmp_path):
-    command = [sys.executable, str(REPO / "benchmarks" / "temperature_baseline.py"), "--workdir", str(tmp_path),
-               "--validation-seed", "4242"]
-    result = subprocess.run(command, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
-                            text=True, timeout=300)
+    command = [
+        sys.executable,
+        str(REPO / "benchmarks" / "temperature_baseline.py"),
+        "--workdir",
+        str(tmp_path),
+        "--validation-seed",
+        "4242",
+    ]
+    result = subprocess.run(
+        command, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True, timeout=300
+    )
     assert result.returncode != 0 and "must differ from the held-out seed 4242" in result.stderr

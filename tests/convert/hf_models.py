@@ -15,17 +15,38 @@ IMAGE_TOKEN, VISION_START, VISION_END = 2012, 2009, 2010
 
 def tiny_hf_config(tie_word_embeddings: bool = False) -> Qwen2_5_VLConfig:
     text = dict(
-        vocab_size=2048, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
-        tie_word_embeddings=tie_word_embeddings, bos_token_id=2000, eos_token_id=2002, pad_token_id=2000,
+        vocab_size=2048,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=2000,
+        eos_token_id=2002,
+        pad_token_id=2000,
     )
     vision = dict(
-        depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
-        fullatt_block_indexes=[1], window_size=56, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+        depth=2,
+        hidden_size=32,
+        intermediate_size=48,
+        num_heads=2,
+        out_hidden_size=64,
+        fullatt_block_indexes=[1],
+        window_size=56,
+        patch_size=14,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
     )
     return Qwen2_5_VLConfig(
-        text_config=text, vision_config=vision, image_token_id=IMAGE_TOKEN, video_token_id=2013,
-        vision_start_token_id=VISION_START, vision_end_token_id=VISION_END, tie_word_embeddings=tie_word_embeddings,
+        text_config=text,
+        vision_config=vision,
+        image_token_id=IMAGE_TOKEN,
+        video_token_id=2013,
+        vision_start_token_id=VISION_START,
+        vision_end_token_id=VISION_END,
+        tie_word_embeddings=tie_word_embeddings,
     )
 
 

@@ -17,8 +17,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _convert(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
-    return subprocess.run([sys.executable, str(REPO / "launch" / "convert.py"), *args],
-                          capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(REPO / "launch" / "convert.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 def test_cli_hf2flax_then_flax2hf_is_bit_exact(hf_dir, tmp_path):
@@ -66,5 +71,8 @@ def test_params_checkpoint_of_another_config_is_rejected(hf_dir, tmp_path):
     hf_config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     hf_config["num_hidden_layers"] = 3
     (tmp_path / "ckpt" / "config.json").write_text(json.dumps(hf_config))
-    with pytest.raises(ValueError, match=r"model/layers/self_attn/q_proj/kernel \(stored shape \[2, 64, 64\], config needs \[3, 64, 64\]\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"model/layers/self_attn/q_proj/kernel \(stored shape \[2, 64, 64\], config needs \[3, 64, 64\]\)",
+    ):
         load_params(tmp_path / "ckpt")

@@ -46,14 +46,23 @@ def test_load_gives_the_contract_tree(hf_dir, hf_model):
     assert np.array_equal(kernel, state["model.language_model.layers.1.self_attn.q_proj.weight"].T)
     patch = flat[("visual", "patch_embed", "proj", "kernel")]
     assert np.array_equal(patch, state["model.visual.patch_embed.proj.weight"].reshape(32, -1).T)
-    assert np.array_equal(flat[("model", "embed_tokens", "embedding")], state["model.language_model.embed_tokens.weight"])
+    assert np.array_equal(
+        flat[("model", "embed_tokens", "embedding")], state["model.language_model.embed_tokens.weight"]
+    )
     assert np.array_equal(flat[("visual", "merger", "ln_q", "scale")], state["model.visual.merger.ln_q.weight"])
     assert np.array_equal(flat[("lm_head", "kernel")], state["lm_head.weight"].T)
 
 
 def test_round_trip_is_bit_exact_and_loads_in_transformers(hf_dir, hf_model, tmp_path):
     config, params = _load(hf_dir)
-    out = save_hf(config, params, tmp_path / "export", max_shard_bytes=300_000, extra_files=[hf_dir / "tokenizer_config.json"], progress=False)
+    out = save_hf(
+        config,
+        params,
+        tmp_path / "export",
+        max_shard_bytes=300_000,
+        extra_files=[hf_dir / "tokenizer_config.json"],
+        progress=False,
+    )
     index = json.loads((out / "model.safetensors.index.json").read_text())
     shards = sorted(p.name for p in out.glob("*.safetensors"))
     assert len(shards) > 1 and sorted(set(index["weight_map"].values())) == shards
@@ -82,8 +91,10 @@ def test_transformers_v5_in_memory_names_load_the_same(hf_dir, hf_model, tmp_pat
     half = sorted(state)[: len(state) // 2]
     save_file({k: state[k] for k in half}, v5_dir / "part-1.safetensors")
     save_file({k: v for k, v in state.items() if k not in half}, v5_dir / "part-2.safetensors")
-    json.dump({"metadata": {}, "weight_map": {k: "part-1.safetensors" if k in half else "part-2.safetensors" for k in state}},
-              open(v5_dir / "model.safetensors.index.json", "w"))
+    json.dump(
+        {"metadata": {}, "weight_map": {k: "part-1.safetensors" if k in half else "part-2.safetensors" for k in state}},
+        open(v5_dir / "model.safetensors.index.json", "w"),
+    )
     nested = json.loads((hf_dir / "config.json").read_text())
     assert "text_config" in nested
     (v5_dir / "config.json").write_text(json.dumps(nested))
@@ -169,8 +180,10 @@ def test_bf16_target_dtype_and_bf16_checkpoints(hf_dir, hf_model, tmp_path):
     assert_same_tensors(read_tensors(tmp_path / "bf16"), read_tensors(out))
 
     _, up = _load(tmp_path / "bf16", dtype=jnp.float32)
-    assert np.array_equal(np.asarray(flatten_params(up)[("model", "norm", "scale")]),
-                          np.asarray(flatten_params(bf16_params)[("model", "norm", "scale")]).astype(np.float32))
+    assert np.array_equal(
+        np.asarray(flatten_params(up)[("model", "norm", "scale")]),
+        np.asarray(flatten_params(bf16_params)[("model", "norm", "scale")]).astype(np.float32),
+    )
     assert read_tensors(tmp_path / "bf16")["model.norm.weight"].dtype == ml_dtypes.bfloat16
 
 
@@ -215,10 +228,19 @@ print("ok")
 
 
 def test_sharded_load_and_export_on_an_8_device_mesh(hf_dir, tmp_path):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    done = subprocess.run([sys.executable, "-c", _MESH_SCRIPT, str(hf_dir), str(tmp_path / "export")], capture_output=True, text=True,
-                          env=env, timeout=120)
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _MESH_SCRIPT, str(hf_dir), str(tmp_path / "export")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
     assert_same_tensors(read_tensors(hf_dir), read_tensors(tmp_path / "export"))
 
@@ -234,5 +256,7 @@ def test_tensor_the_index_promises_but_the_shard_lacks_is_named(hf_dir, tmp_path
     (shard / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(CheckpointMismatchError) as info:
         _load(shard)
-    assert info.value.missing == [f"{lost} (model.safetensors.index.json places it in model-00001-of-00001.safetensors)"]
+    assert info.value.missing == [
+        f"{lost} (model.safetensors.index.json places it in model-00001-of-00001.safetensors)"
+    ]
     assert not info.value.unexpected and not info.value.mis_shaped

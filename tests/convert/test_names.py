@@ -15,7 +15,10 @@ def test_paths_follow_the_contract():
     assert names.flax_path("visual.merger.mlp.2.bias") == ("visual", "merger", "mlp", 2, "bias")
     assert names.flax_path("visual.merger.ln_q.weight") == ("visual", "merger", "ln_q", "scale")
     assert names.flax_path("model.embed_tokens.weight") == ("model", "embed_tokens", "embedding")
-    assert names.flax_slot("model.layers.5.input_layernorm.weight") == (("model", "layers", "input_layernorm", "scale"), 5)
+    assert names.flax_slot("model.layers.5.input_layernorm.weight") == (
+        ("model", "layers", "input_layernorm", "scale"),
+        5,
+    )
     assert names.flax_path("model.norm.weight") == ("model", "norm", "scale")
     assert names.flax_path("lm_head.weight") == ("lm_head", "kernel")
     assert names.flax_path("visual.patch_embed.proj.weight") == ("visual", "patch_embed", "proj", "kernel")

@@ -1,4 +1,5 @@
 """The released SFT schema: loading, writing, and errors naming the row and the field."""
+
 import json
 
 import pytest
@@ -7,13 +8,19 @@ from PIL import Image
 from pyvision_jax.data.sft_rows import SftFormatError, load_sft_rows, write_sft_rows
 
 FIRST = "<image_clue_0><image></image_clue_0>\n\nHow many dots?"
-TOOL = "<tool_response>\n<interpreter>\nText Result:\n3\nImage Result:\n<image_clue_1><image></image_clue_1></interpreter>\n\n</tool_response>"
+TOOL = (
+    "<tool_response>\n<interpreter>\nText Result:\n3\nImage Result:\n<image_clue_1><image></image_clue_1></interpreter>"
+    "\n\n</tool_response>"
+)
 
 
 def _row(images=("a.png", "b.png"), roles=("user", "assistant", "user", "assistant")):
     contents = (FIRST, "<code>\n```python\nprint(3)\n```\n</code>", TOOL, "<answer>\n\\boxed{3}\n</answer>")
-    return {"conversations": [{"role": r, "content": c} for r, c in zip(roles, contents)],
-            "images": list(images), "source_dataset": "hand_made"}
+    return {
+        "conversations": [{"role": r, "content": c} for r, c in zip(roles, contents)],
+        "images": list(images),
+        "source_dataset": "hand_made",
+    }
 
 
 @pytest.fixture
@@ -50,12 +57,18 @@ def test_write_then_load_is_the_same_rows(folder):
     assert load_sft_rows(out)[0].messages == rows[0].messages
 
 
-@pytest.mark.parametrize("row, message", [
-    (_row(images=("a.png",)), r"line 2: field images: 1 images for 2 <image> placeholders"),
-    (_row(images=("a.png", "missing.png")), r"line 2: field images\[1\]: image file 'missing.png' not found"),
-    (_row(roles=("user", "assistant", "tool", "assistant")), r"line 2: field conversations\[2\].role: unknown role 'tool'"),
-    ({"images": []}, r"line 2: field conversations: expected a non-empty list"),
-])
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        (_row(images=("a.png",)), r"line 2: field images: 1 images for 2 <image> placeholders"),
+        (_row(images=("a.png", "missing.png")), r"line 2: field images\[1\]: image file 'missing.png' not found"),
+        (
+            _row(roles=("user", "assistant", "tool", "assistant")),
+            r"line 2: field conversations\[2\].role: unknown role 'tool'",
+        ),
+        ({"images": []}, r"line 2: field conversations: expected a non-empty list"),
+    ],
+)
 def test_malformed_rows_name_the_row_and_field(folder, row, message):
     path = _write(folder, [_row(), row])
     with pytest.raises(SftFormatError, match=message) as caught:

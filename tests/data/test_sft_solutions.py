@@ -1,4 +1,5 @@
 """Scripted SFT plans: the guess and wrong-measure shares are what the config asks for."""
+
 import numpy as np
 import pytest
 
@@ -14,14 +15,18 @@ def tasks(tmp_path_factory):
 
 
 def _plans(tasks, draws, **shares):
-    return [solution_plan(task, np.random.default_rng([t, k]), **shares)
-            for t, task in enumerate(tasks) for k in range(draws)]
+    return [
+        solution_plan(task, np.random.default_rng([t, k]), **shares)
+        for t, task in enumerate(tasks)
+        for k in range(draws)
+    ]
 
 
 def test_guesses_answer_in_one_turn_without_code_and_code_plans_read_the_result(tasks):
     guesses = _plans(tasks, 3, guess_share=1.0, wrong_share=0.0)
-    assert all(p.strategy == "guess" and p.imperfect and len(p.turns) == 1 and "<code>" not in p.turns[0]
-               for p in guesses)
+    assert all(
+        p.strategy == "guess" and p.imperfect and len(p.turns) == 1 and "<code>" not in p.turns[0] for p in guesses
+    )
     code = _plans(tasks, 3, guess_share=0.0, wrong_share=0.0)
     assert all(not p.imperfect and "<code>" in p.turns[-2] and RESULT_SLOT in p.turns[-1] for p in code)
     wrong = _plans(tasks, 3, guess_share=0.0, wrong_share=1.0)

@@ -16,8 +16,7 @@ from pyvision_jax.data.tasks import load_tasks
 
 
 def files(directory):
-    return {p.relative_to(directory).as_posix(): p.read_bytes()
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
 def test_generators_are_reproducible_from_the_seed(tmp_path):
@@ -28,7 +27,7 @@ def test_generators_are_reproducible_from_the_seed(tmp_path):
     assert len(a) == 3 * 3 + 3 and a == b
     assert a.keys() == c.keys()
     assert all(a[k] != c[k] for k in a)
-    for kind, path in first.items():
+    for _kind, path in first.items():
         loaded = load_tasks(path)
         assert len(loaded.tasks) == 3 and loaded.num_skipped == 0
         assert len({t.id for t in loaded.tasks}) == 3
@@ -36,8 +35,7 @@ def test_generators_are_reproducible_from_the_seed(tmp_path):
 
 def test_visual_search_target_is_small_unique_and_answers_match(tmp_path):
     tasks = load_tasks(generate_visual_search(tmp_path, 6, seed=5)).tasks
-    assert {t.ability for t in tasks} == {"visual_search_colour", "visual_search_shape",
-                                          "visual_search_position"}
+    assert {t.ability for t in tasks} == {"visual_search_colour", "visual_search_shape", "visual_search_position"}
     for task in tasks:
         pixels = np.asarray(Image.open(task.image_path)).astype(int)
         assert pixels.shape == (960, 1280, 3)

@@ -1,18 +1,21 @@
 """Loading a task file through the config: skipped rows are reported, never silent."""
+
 import json
 import logging
 
 import pytest
 from PIL import Image
 
-from tests.tiny_random_cpu import get_config
 from pyvision_jax import wiring
+from tests.tiny_random_cpu import get_config
 
 
 def test_skipped_rows_are_reported_with_count_and_reasons(tmp_path, caplog):
     Image.new("RGB", (32, 32)).save(tmp_path / "a.png")
-    rows = [{"id": "1", "question": "?", "answer": "A", "image_path": "a.png"},
-            {"id": "2", "question": "?", "answer": "A", "image_path": "missing.png"}]
+    rows = [
+        {"id": "1", "question": "?", "answer": "A", "image_path": "a.png"},
+        {"id": "2", "question": "?", "answer": "A", "image_path": "missing.png"},
+    ]
     (tmp_path / "t.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     config = get_config()
     config.data.skip_bad_rows = True
@@ -23,8 +26,9 @@ def test_skipped_rows_are_reported_with_count_and_reasons(tmp_path, caplog):
 
 
 def test_a_file_whose_rows_are_all_bad_is_an_error_naming_it(tmp_path):
-    (tmp_path / "t.jsonl").write_text(json.dumps({"id": "1", "question": "?", "answer": "A",
-                                                  "image_path": "missing.png"}) + "\n")
+    (tmp_path / "t.jsonl").write_text(
+        json.dumps({"id": "1", "question": "?", "answer": "A", "image_path": "missing.png"}) + "\n"
+    )
     config = get_config()
     config.data.skip_bad_rows = True
     with pytest.raises(ValueError, match=r"t.jsonl: no usable tasks \(1 row\(s\) skipped\)"):

@@ -23,27 +23,42 @@ def write_jsonl(path, rows):
 
 
 def test_official_simple_schema_loads_with_inferred_answer_types(media):
-    path = write_jsonl(media / "tasks.jsonl", [
-        {"id": 1, "question": "Which?", "answer": "B", "ability": "search",
-         "data_source": "vstar", "image_path": "a.png", "options": ["x", "y"]},
-        {"id": "2", "question": "How many?", "answer": "3", "ability": "count",
-         "data_source": "s", "image_path": str(media / "a.png")},
-        {"id": "3", "question": "Who?", "answer": "the cat", "data_source": "s",
-         "video_path": "v.mp4"},
-    ])
+    path = write_jsonl(
+        media / "tasks.jsonl",
+        [
+            {
+                "id": 1,
+                "question": "Which?",
+                "answer": "B",
+                "ability": "search",
+                "data_source": "vstar",
+                "image_path": "a.png",
+                "options": ["x", "y"],
+            },
+            {
+                "id": "2",
+                "question": "How many?",
+                "answer": "3",
+                "ability": "count",
+                "data_source": "s",
+                "image_path": str(media / "a.png"),
+            },
+            {"id": "3", "question": "Who?", "answer": "the cat", "data_source": "s", "video_path": "v.mp4"},
+        ],
+    )
     loaded = load_tasks(path)
     a, b, c = loaded.tasks
     assert loaded.num_skipped == 0
-    assert (a.id, a.answer_type, a.options, a.ability) == ("1", "multiple_choice", ("x", "y"),
-                                                            "search")
+    assert (a.id, a.answer_type, a.options, a.ability) == ("1", "multiple_choice", ("x", "y"), "search")
     assert a.image_path == str(media / "a.png") and not a.is_video
     assert b.answer_type == "numeric" and c.answer_type == "text" and c.is_video
     assert c.video_path == str(media / "v.mp4")
 
 
 def test_json_list_files_load_and_round_trip_through_jsonl(media):
-    rows = [{"id": "q", "question": "Q?", "answer": "4", "data_source": "s",
-             "image_path": "a.png", "answer_type": "text"}]
+    rows = [
+        {"id": "q", "question": "Q?", "answer": "4", "data_source": "s", "image_path": "a.png", "answer_type": "text"}
+    ]
     (media / "tasks.json").write_text(json.dumps(rows))
     (task,) = load_tasks(media / "tasks.json").tasks
     assert task.answer_type == "text"
@@ -55,25 +70,34 @@ def test_json_list_files_load_and_round_trip_through_jsonl(media):
 BAD_ROWS = [
     ({"question": "Q?", "answer": "1", "image_path": "a.png"}, "field 'id': missing"),
     ({"id": "x", "answer": "1", "image_path": "a.png"}, "field 'question': missing"),
-    ({"id": "x", "question": "  ", "answer": "1", "image_path": "a.png"},
-     "field 'question': empty"),
-    ({"id": "x", "question": "Q", "answer": None, "image_path": "a.png"},
-     "field 'answer': expected a string, got NoneType"),
+    ({"id": "x", "question": "  ", "answer": "1", "image_path": "a.png"}, "field 'question': empty"),
+    (
+        {"id": "x", "question": "Q", "answer": None, "image_path": "a.png"},
+        "field 'answer': expected a string, got NoneType",
+    ),
     ({"id": "x", "question": "Q", "answer": "1"}, "field 'image_path': exactly one of"),
-    ({"id": "x", "question": "Q", "answer": "1", "image_path": "a.png",
-      "video_path": "v.mp4"}, "field 'image_path': exactly one of"),
-    ({"id": "x", "question": "Q", "answer": "1", "image_path": "a.png", "options": "AB"},
-     "field 'options': expected a list of strings"),
-    ({"id": "x", "question": "Q", "answer": "1", "image_path": "a.png",
-      "answer_type": "free"}, "field 'answer_type': 'free' is not one of"),
-    ({"id": "x", "question": "Q", "answer": "1", "image_path": "missing.png"},
-     "field 'image_path': file not found"),
-    ({"id": "x", "question": "Q", "answer": "1", "image_path": "broken.png"},
-     "field 'image_path': cannot decode image"),
-    ({"id": "x", "question": "Q", "answer": "1", "video_path": "broken.mp4"},
-     "field 'video_path': cannot decode video"),
-    ({"id": "x", "question": "Q", "answer": "1", "video_path": "nope.mp4"},
-     "field 'video_path': file not found"),
+    (
+        {"id": "x", "question": "Q", "answer": "1", "image_path": "a.png", "video_path": "v.mp4"},
+        "field 'image_path': exactly one of",
+    ),
+    (
+        {"id": "x", "question": "Q", "answer": "1", "image_path": "a.png", "options": "AB"},
+        "field 'options': expected a list of strings",
+    ),
+    (
+        {"id": "x", "question": "Q", "answer": "1", "image_path": "a.png", "answer_type": "free"},
+        "field 'answer_type': 'free' is not one of",
+    ),
+    ({"id": "x", "question": "Q", "answer": "1", "image_path": "missing.png"}, "field 'image_path': file not found"),
+    (
+        {"id": "x", "question": "Q", "answer": "1", "image_path": "broken.png"},
+        "field 'image_path': cannot decode image",
+    ),
+    (
+        {"id": "x", "question": "Q", "answer": "1", "video_path": "broken.mp4"},
+        "field 'video_path': cannot decode video",
+    ),
+    ({"id": "x", "question": "Q", "answer": "1", "video_path": "nope.mp4"}, "field 'video_path': file not found"),
     ("{not json", "field '<row>': not valid JSON"),
     ("[1, 2]", "field '<row>': expected an object, got list"),
 ]
@@ -91,19 +115,18 @@ def test_bad_rows_name_file_row_and_field(media, row, message):
 
 def test_skip_bad_rows_counts_what_it_skipped(media):
     good = {"id": "ok", "question": "Q", "answer": "1", "image_path": "a.png"}
-    path = write_jsonl(media / "tasks.jsonl",
-                       [good] + [row for row, _ in BAD_ROWS] + [good | {"id": "ok2"}, good])
+    path = write_jsonl(media / "tasks.jsonl", [good] + [row for row, _ in BAD_ROWS] + [good | {"id": "ok2"}, good])
     loaded = load_tasks(path, skip_bad_rows=True)
     assert [t.id for t in loaded.tasks] == ["ok", "ok2"]
     assert loaded.num_skipped == len(BAD_ROWS) + 1  # the last row repeats id "ok"
-    assert [s.row for s in loaded.skipped] == list(range(2, len(BAD_ROWS) + 2)) + [
-        len(BAD_ROWS) + 3]
+    assert [s.row for s in loaded.skipped] == list(range(2, len(BAD_ROWS) + 2)) + [len(BAD_ROWS) + 3]
     assert "field 'id': duplicate id 'ok'" in loaded.skipped[-1].reason
 
 
 def test_check_media_can_be_disabled(media):
-    path = write_jsonl(media / "tasks.jsonl", [
-        {"id": "x", "question": "Q", "answer": "1", "image_path": "missing.png"}])
+    path = write_jsonl(
+        media / "tasks.jsonl", [{"id": "x", "question": "Q", "answer": "1", "image_path": "missing.png"}]
+    )
     assert load_tasks(path, check_media=False).tasks[0].image_path == str(media / "missing.png")
 
 

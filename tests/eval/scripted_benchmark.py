@@ -15,8 +15,10 @@ from tests.agent.fake_sandbox import FakePool
 from tests.agent.turns import answer_turn, code_turn
 
 K = 2
-HOSTILE = ("<script>document.body.setAttribute('data-pwned','1')</script>"
-           "<img src=x onerror=\"document.body.setAttribute('data-pwned','2')\">")
+HOSTILE = (
+    "<script>document.body.setAttribute('data-pwned','1')</script>"
+    "<img src=x onerror=\"document.body.setAttribute('data-pwned','2')\">"
+)
 
 # Two rollouts per task. Expected per task (correct fraction, mean score):
 #   mc-1:  correct A; wrong B (hostile text)         -> 0.5, 0.5
@@ -44,16 +46,40 @@ def write_benchmark(root: Path) -> list[Task]:
     frames[:, 8:24, 8:24] = (30, 70, 220)
     write_mp4(video, frames, fps=4.0)
     return [
-        Task(id="mc-1", question="What colour is the square?", answer="A",
-             answer_type="multiple_choice", data_source="src_a", image_path=str(image),
-             options=("red", "blue")),
-        Task(id="num-1", question="How many squares?", answer="10", answer_type="numeric",
-             data_source="src_b", image_path=str(image)),
-        Task(id="vid-1", question="How many objects appear?", answer="3", answer_type="numeric",
-             data_source="src_video", video_path=str(video)),
-        Task(id="mc-2", question="What shape is it?", answer="A",
-             answer_type="multiple_choice", data_source="src_a", image_path=str(image),
-             options=("square", "circle")),
+        Task(
+            id="mc-1",
+            question="What colour is the square?",
+            answer="A",
+            answer_type="multiple_choice",
+            data_source="src_a",
+            image_path=str(image),
+            options=("red", "blue"),
+        ),
+        Task(
+            id="num-1",
+            question="How many squares?",
+            answer="10",
+            answer_type="numeric",
+            data_source="src_b",
+            image_path=str(image),
+        ),
+        Task(
+            id="vid-1",
+            question="How many objects appear?",
+            answer="3",
+            answer_type="numeric",
+            data_source="src_video",
+            video_path=str(video),
+        ),
+        Task(
+            id="mc-2",
+            question="What shape is it?",
+            answer="A",
+            answer_type="multiple_choice",
+            data_source="src_a",
+            image_path=str(image),
+            options=("square", "circle"),
+        ),
     ]
 
 

@@ -1,5 +1,6 @@
 """The ablation runner (eval/ablations.py), its figures, and benchmarks/reproduce_dynamics.py
 end to end on the tiny random-init model (two variants, one step each)."""
+
 import json
 import os
 import subprocess
@@ -45,9 +46,15 @@ def fake_run(name, accuracy_end, calls):
     curves = {tag: [(s, float(s)) for s in steps] for tag in CURVES}
     curves[tags.TOOLS_CALLS_PER_TRAJ] = list(zip(steps, calls))
     curves[HELDOUT_ACCURACY] = [(0, 0.2), (len(calls), accuracy_end)]
-    return {"name": name, "paper": "p", "curves": curves,
-            "heldout": {"0": {"accuracy": 0.2, "tool_calls": 1.0},
-                        str(len(calls)): {"accuracy": accuracy_end, "tool_calls": 1.0}}}
+    return {
+        "name": name,
+        "paper": "p",
+        "curves": curves,
+        "heldout": {
+            "0": {"accuracy": 0.2, "tool_calls": 1.0},
+            str(len(calls)): {"accuracy": accuracy_end, "tool_calls": 1.0},
+        },
+    }
 
 
 def test_figure_and_table(tmp_path):
@@ -64,12 +71,27 @@ def test_figure_and_table(tmp_path):
 
 
 def test_reproduce_dynamics_end_to_end(tmp_path):
-    command = [sys.executable, str(ROOT / "benchmarks" / "reproduce_dynamics.py"), f"--workdir={tmp_path}",
-               "--steps=2", "--eval-every=1", "--variants=full,no_tool_reward", "--config",
-               str(ROOT / "tests" / "tiny_random_cpu.py"), *TINY, "--config.eval.heldout_per_kind=1",
-               "--config.eval.heldout_k=1", "--config.eval.max_new_tokens_per_turn=8"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=COMPILATION_CACHE,
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "reproduce_dynamics.py"),
+        f"--workdir={tmp_path}",
+        "--steps=2",
+        "--eval-every=1",
+        "--variants=full,no_tool_reward",
+        "--config",
+        str(ROOT / "tests" / "tiny_random_cpu.py"),
+        *TINY,
+        "--config.eval.heldout_per_kind=1",
+        "--config.eval.heldout_k=1",
+        "--config.eval.max_new_tokens_per_turn=8",
+    ]
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        JAX_PLATFORMS="cpu",
+        JAX_COMPILATION_CACHE_DIR=COMPILATION_CACHE,
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
+    )
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())

@@ -1,4 +1,5 @@
 """Bootstrap intervals over tasks against loop-based numpy references."""
+
 import numpy as np
 import pytest
 
@@ -77,15 +78,21 @@ def test_paired_difference_refuses_different_tasks_and_bad_arguments():
 
 
 def test_results_carry_the_interval_over_tasks():
-    outcomes = [RolloutOutcome(task, "s", k, float(ok), ok, 1, "DONE", 4, 10)
-                for task, oks in {"a": [True, True], "b": [False, False], "c": [True, False]}.items()
-                for k, ok in enumerate(oks)]
+    outcomes = [
+        RolloutOutcome(task, "s", k, float(ok), ok, 1, "DONE", 4, 10)
+        for task, oks in {"a": [True, True], "b": [False, False], "c": [True, False]}.items()
+        for k, ok in enumerate(oks)
+    ]
     results = summarize(outcomes)
     assert results["accuracy_ci95"] == pytest.approx(accuracy_interval([1.0, 0.0, 0.5]).as_list())
     assert results["accuracy_ci95"][0] < results["accuracy"] < results["accuracy_ci95"][1]
 
 
 def test_record_task_accuracies_leave_out_failed_gradings():
-    records = [{"task_id": "a", "correct": True}, {"task_id": "a", "correct": False},
-               {"task_id": "b", "correct": True, "grading_failed": True}, {"task_id": "c", "correct": True}]
+    records = [
+        {"task_id": "a", "correct": True},
+        {"task_id": "a", "correct": False},
+        {"task_id": "b", "correct": True, "grading_failed": True},
+        {"task_id": "c", "correct": True},
+    ]
     assert record_task_accuracies(records) == {"a": 0.5, "c": 1.0}

@@ -1,5 +1,6 @@
 """`launch/eval.py` without --checkpoint evaluates the config's own model: model.hf_dir (an HF
 directory, or "packaged:NAME" under pyvision_jax/assets), else a random init of the preset."""
+
 import jax
 import numpy as np
 import pytest
@@ -33,8 +34,11 @@ def test_an_hf_dir_is_loaded_as_it_is(tmp_path):
 def test_a_missing_packaged_checkpoint_is_named_in_the_error():
     config = get_config()
     config.model.hf_dir = "packaged:no_such_checkpoint"
-    with pytest.raises(FileNotFoundError, match=r"model.hf_dir='packaged:no_such_checkpoint': no packaged "
-                                                r"checkpoint at .*assets/no_such_checkpoint"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"model.hf_dir='packaged:no_such_checkpoint': no packaged "
+        r"checkpoint at .*assets/no_such_checkpoint",
+    ):
         config_policy(config, progress=False)
 
 

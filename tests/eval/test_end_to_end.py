@@ -38,8 +38,9 @@ def checkpoints(tmp_path_factory):
     config = ModelConfig.preset("tiny")
     # random values of the right shapes: much cheaper than the eager init on a busy CPU
     rng = np.random.default_rng(1)
-    params = jax.tree.map(lambda a: (0.05 * rng.standard_normal(a.shape)).astype(a.dtype),
-                          jax.eval_shape(lambda: init_params(config)))
+    params = jax.tree.map(
+        lambda a: (0.05 * rng.standard_normal(a.shape)).astype(a.dtype), jax.eval_shape(lambda: init_params(config))
+    )
     tokenizer_files = sorted(p for p in TINY_TOKENIZER_DIR.iterdir() if p.is_file())
     save_hf(config, params, root / "hf", extra_files=tokenizer_files, progress=False)
     save_params(config, params, root / "flax")
@@ -66,8 +67,7 @@ def test_every_layout_loads_the_same_weights(checkpoints):
     step_dir = checkpoints["train"] / "checkpoints" / str(TRAIN_STEP)
     assert load_policy(step_dir, config, progress=False).version == TRAIN_STEP
     assert load_policy(step_dir.parent, config, progress=False).version == TRAIN_STEP
-    assert load_policy(checkpoints["hf"], config, progress=False).tokenizer_dir == str(
-        checkpoints["hf"])
+    assert load_policy(checkpoints["hf"], config, progress=False).tokenizer_dir == str(checkpoints["hf"])
     config.model.param_dtype = "bfloat16"
     cast = load_policy(checkpoints["train"], config, progress=False).params
     assert {leaf.dtype.name for leaf in jax.tree.leaves(cast)} == {"bfloat16"}
@@ -82,8 +82,7 @@ def test_mismatched_architecture_is_a_clear_error(checkpoints, tmp_path):
     """The trainer's resolved config names the architecture; here a wider vocabulary."""
     wider = tmp_path / "wider"
     wider.mkdir()
-    (wider / "config.json").write_text(
-        json.dumps(ModelConfig.preset("tiny").replace(vocab_size=4096).to_hf_dict()))
+    (wider / "config.json").write_text(json.dumps(ModelConfig.preset("tiny").replace(vocab_size=4096).to_hf_dict()))
     workdir = tmp_path / "workdir"
     workdir.mkdir()
     trained = get_config()
@@ -94,8 +93,7 @@ def test_mismatched_architecture_is_a_clear_error(checkpoints, tmp_path):
         load_policy(workdir, get_config(), progress=False)
 
 
-def test_tiny_model_evaluates_end_to_end_through_the_jax_engine(checkpoints, benchmark,
-                                                                tmp_path):
+def test_tiny_model_evaluates_end_to_end_through_the_jax_engine(checkpoints, benchmark, tmp_path):
     data = tmp_path / "tasks.jsonl"
     write_tasks_jsonl(data, benchmark[:3])
     config = get_config()
@@ -111,16 +109,16 @@ def test_tiny_model_evaluates_end_to_end_through_the_jax_engine(checkpoints, ben
         return built[-1]
 
     out = tmp_path / "eval"
-    results = evaluate_checkpoint(config, checkpoints["train"], data, out, progress=False,
-                                  engine_factory=engine_factory, sandboxes=FakePool())
+    results = evaluate_checkpoint(
+        config, checkpoints["train"], data, out, progress=False, engine_factory=engine_factory, sandboxes=FakePool()
+    )
     (engine,) = built
     assert isinstance(engine, JaxEngine) and engine.version == TRAIN_STEP
     assert results["complete"] and results["num_tasks"] == 3 and results["num_rollouts"] == 6
     assert results["policy_version"] == TRAIN_STEP
     assert results["run"]["checkpoint_kind"] == "train"
     assert sum(results["end_reasons"].values()) == 6
-    assert set(results["end_reasons"]) <= {"DONE", "OVER_LENGTH", "ERROR_IN_ACTION",
-                                           "EXCEED_MAX_TURNS"}
+    assert set(results["end_reasons"]) <= {"DONE", "OVER_LENGTH", "ERROR_IN_ACTION", "EXCEED_MAX_TURNS"}
     assert results["mean_response_tokens"] > 0
     assert results["video_token_efficiency"]["num_video_tasks"] == 1
     records = [json.loads(line) for line in (out / TRAJECTORIES_FILE).read_text().splitlines()]

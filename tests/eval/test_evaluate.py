@@ -15,9 +15,19 @@ from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 from tests.agent.fake_sandbox import FakePool
 from tests.eval.scripted_benchmark import HOSTILE, SCRIPT, K, run_scripted_evaluation
 
-METRIC_KEYS = ("accuracy", "avg_at_k", "pass_at_k", "num_tasks", "num_rollouts",
-               "per_data_source", "tool_calls", "end_reasons", "mean_visual_tokens_per_task",
-               "mean_response_tokens", "video_token_efficiency")
+METRIC_KEYS = (
+    "accuracy",
+    "avg_at_k",
+    "pass_at_k",
+    "num_tasks",
+    "num_rollouts",
+    "per_data_source",
+    "tool_calls",
+    "end_reasons",
+    "mean_visual_tokens_per_task",
+    "mean_response_tokens",
+    "video_token_efficiency",
+)
 
 
 def metrics_of(results):
@@ -51,9 +61,9 @@ def test_scripted_benchmark_gives_the_hand_computed_metrics(tokenizer, benchmark
     assert uniform > 0
     video = results["video_token_efficiency"]
     assert video["num_video_tasks"] == 1
-    assert video["per_task"] == {"vid-1": {"agent_visual_tokens": 4.0,
-                                           "uniform_1fps_tokens": uniform,
-                                           "ratio": pytest.approx(4.0 / uniform)}}
+    assert video["per_task"] == {
+        "vid-1": {"agent_visual_tokens": 4.0, "uniform_1fps_tokens": uniform, "ratio": pytest.approx(4.0 / uniform)}
+    }
     assert video["mean_agent_visual_tokens"] == 4.0
     assert video["mean_uniform_1fps_tokens"] == uniform
     assert json.loads((tmp_path / RESULTS_FILE).read_text())["accuracy"] == results["accuracy"]
@@ -92,21 +102,18 @@ def crash_on(task_id):
 
 
 def test_resume_after_a_crash_runs_only_unfinished_tasks(tokenizer, benchmark, tmp_path):
-    straight, _ = run_scripted_evaluation(tokenizer, benchmark, tmp_path / "straight",
-                                          report=False)
+    straight, _ = run_scripted_evaluation(tokenizer, benchmark, tmp_path / "straight", report=False)
 
     out = tmp_path / "resumed"
     crashing = ScriptedEngine(tokenizer, SCRIPT, on_generate=crash_on("vid-1"))
     with pytest.raises(RuntimeError, match="engine died"):
-        run_scripted_evaluation(tokenizer, benchmark, out, engine=crashing, tasks_per_batch=1,
-                                report=False)
+        run_scripted_evaluation(tokenizer, benchmark, out, engine=crashing, tasks_per_batch=1, report=False)
     partial = json.loads((out / RESULTS_FILE).read_text())
     assert not partial["complete"] and partial["num_tasks_done"] == 2
     with (out / TRAJECTORIES_FILE).open("a") as f:  # a write torn by the crash
         f.write('{"task_id": "vid-1", "rollout_index": 0, "sco')
 
-    resumed, engine = run_scripted_evaluation(tokenizer, benchmark, out, tasks_per_batch=1,
-                                              report=False)
+    resumed, engine = run_scripted_evaluation(tokenizer, benchmark, out, tasks_per_batch=1, report=False)
     asked = {request_id.split("/")[0] for call in engine.calls for request_id in call}
     assert asked == {"vid-1", "mc-2"}
     assert resumed["num_tasks_skipped_as_finished"] == 2
@@ -128,8 +135,9 @@ def test_rerun_with_other_settings_is_refused(tokenizer, benchmark, tmp_path):
 
 
 def test_unknown_answer_type_is_a_clear_error(tokenizer, benchmark):
-    (trajectory,) = EpisodeRunner(ScriptedEngine(tokenizer, SCRIPT), tokenizer, FakePool()
-                                  ).run_trajectories([(benchmark[0], 0)])
+    (trajectory,) = EpisodeRunner(ScriptedEngine(tokenizer, SCRIPT), tokenizer, FakePool()).run_trajectories(
+        [(benchmark[0], 0)]
+    )
     odd = dataclasses.replace(benchmark[0])
     object.__setattr__(odd, "answer_type", "chemistry")  # Task validates; bypass for the test
     with pytest.raises(ValueError, match="chemistry"):
@@ -140,6 +148,5 @@ def test_a_bad_ground_truth_stops_before_any_generation(tokenizer, benchmark, tm
     bad = dataclasses.replace(benchmark[1], id="num-bad", answer="many")
     engine = ScriptedEngine(tokenizer, SCRIPT)
     with pytest.raises(ValueError, match="task num-bad .*'many'"):
-        run_scripted_evaluation(tokenizer, [benchmark[0], bad], tmp_path, engine=engine,
-                                seed=0, report=False)
+        run_scripted_evaluation(tokenizer, [benchmark[0], bad], tmp_path, engine=engine, seed=0, report=False)
     assert engine.calls == []

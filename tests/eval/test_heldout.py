@@ -1,5 +1,6 @@
 """Held-out evaluation around training (eval/heldout.py): the seed guard, the switch, and
 launch/train.py printing the accuracy before and after on the tiny model."""
+
 import json
 import os
 import re
@@ -37,18 +38,34 @@ def test_heldout_evaluation_is_refused_in_a_multi_process_run():
 
 def test_without_heldout_tasks_only_the_training_runs(tmp_path):
     calls = []
-    summary, results = train_with_heldout(get_config(), tmp_path, lambda c, w, progress: calls.append(w) or "done",
-                                          progress=False)
+    summary, results = train_with_heldout(
+        get_config(), tmp_path, lambda c, w, progress: calls.append(w) or "done", progress=False
+    )
     assert (summary, results, calls) == ("done", [], [tmp_path])
     assert not (tmp_path / "heldout").exists()
 
 
 def test_launch_train_prints_heldout_accuracy_before_and_after(tmp_path):
-    command = [sys.executable, str(ROOT / "launch" / "train.py"), "--config", str(ROOT / "tests" / "tiny_random_cpu.py"),
-               f"--workdir={tmp_path}", "--progress=false", *TINY, "--config.train.steps=1",
-               "--config.eval.heldout_per_kind=1", "--config.eval.heldout_k=1", "--config.eval.max_new_tokens_per_turn=8"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=COMPILATION_CACHE,
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
+    command = [
+        sys.executable,
+        str(ROOT / "launch" / "train.py"),
+        "--config",
+        str(ROOT / "tests" / "tiny_random_cpu.py"),
+        f"--workdir={tmp_path}",
+        "--progress=false",
+        *TINY,
+        "--config.train.steps=1",
+        "--config.eval.heldout_per_kind=1",
+        "--config.eval.heldout_k=1",
+        "--config.eval.max_new_tokens_per_turn=8",
+    ]
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        JAX_PLATFORMS="cpu",
+        JAX_COMPILATION_CACHE_DIR=COMPILATION_CACHE,
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
+    )
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     before = json.loads((tmp_path / "heldout" / "before" / "results.json").read_text())

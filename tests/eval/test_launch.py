@@ -33,28 +33,57 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 def launch(tmp_path, *args):
     record = tmp_path / "call.json"
-    command = [sys.executable, "-c", RECORDER, str(record), str(ROOT / "launch" / "eval.py"),
-               *args]
+    command = [sys.executable, "-c", RECORDER, str(record), str(ROOT / "launch" / "eval.py"), *args]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
     return done, (json.loads(record.read_text()) if record.is_file() else None)
 
 
 def test_flags_and_overrides_reach_the_evaluation(tmp_path):
-    done, call = launch(tmp_path, "--config", str(ROOT / "configs" / "tiny_cpu.py"),
-                        "--checkpoint", "/ckpt", "--data", "/data.jsonl", "--out", "/out",
-                        "--k", "32", "--max-tool-calls", "7", "--config.eval.temperature=0.5",
-                        "--config.rollout.max_batch=3", "--config.eval.seed=5",
-                        "--config.eval.top_k=3", "--config.eval.tasks_per_batch=2",
-                        "--config.eval.report_rollouts_per_task=1",
-                        "--config.eval.max_total_tokens=2048", "--noprogress")
+    done, call = launch(
+        tmp_path,
+        "--config",
+        str(ROOT / "configs" / "tiny_cpu.py"),
+        "--checkpoint",
+        "/ckpt",
+        "--data",
+        "/data.jsonl",
+        "--out",
+        "/out",
+        "--k",
+        "32",
+        "--max-tool-calls",
+        "7",
+        "--config.eval.temperature=0.5",
+        "--config.rollout.max_batch=3",
+        "--config.eval.seed=5",
+        "--config.eval.top_k=3",
+        "--config.eval.tasks_per_batch=2",
+        "--config.eval.report_rollouts_per_task=1",
+        "--config.eval.max_total_tokens=2048",
+        "--noprogress",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert call == {"checkpoint": "/ckpt", "data": "/data.jsonl", "out": "/out",
-                    "kwargs": {"k": 32, "max_tool_calls": 7, "progress": False},
-                    "temperature": 0.5, "max_batch": 3, "max_total_tokens": 2048,
-                    "settings": {"k": 4, "seed": 5, "temperature": 0.5, "top_p": 1.0, "top_k": 3,
-                                 "tasks_per_batch": 2, "report": True,
-                                 "report_rollouts_per_task": 1, "progress": False}}
-    assert json.loads(done.stdout[:done.stdout.index("}") + 1])["wall_time_s"] == 1.5
+    assert call == {
+        "checkpoint": "/ckpt",
+        "data": "/data.jsonl",
+        "out": "/out",
+        "kwargs": {"k": 32, "max_tool_calls": 7, "progress": False},
+        "temperature": 0.5,
+        "max_batch": 3,
+        "max_total_tokens": 2048,
+        "settings": {
+            "k": 4,
+            "seed": 5,
+            "temperature": 0.5,
+            "top_p": 1.0,
+            "top_k": 3,
+            "tasks_per_batch": 2,
+            "report": True,
+            "report_rollouts_per_task": 1,
+            "progress": False,
+        },
+    }
+    assert json.loads(done.stdout[: done.stdout.index("}") + 1])["wall_time_s"] == 1.5
     assert "report:  /out/report.html" in done.stdout
 
 

@@ -37,10 +37,19 @@ def report(tokenizer, benchmark, tmp_path_factory):
 def headless_chromium(profile, *arguments):
     """Runs headless Chromium (offline: file:// pages only) with a private profile."""
     assert shutil.which(CHROMIUM), "Debian's chromium is required (apt-get install chromium)"
-    command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-               "--no-first-run", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}",
-               *arguments]
+    command = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        *arguments,
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
@@ -53,22 +62,26 @@ def dump_dom(path, profile, fragment=""):
 
 def charts(page):
     """The page's inline SVG charts by id, parsed as XML."""
-    found = {match.group(1): ET.fromstring(match.group(0)) for match in
-             re.finditer(r'<svg [^>]*id="(chart-[\w-]+)".*?</svg>', page, re.DOTALL)}
+    found = {
+        match.group(1): ET.fromstring(match.group(0))
+        for match in re.finditer(r'<svg [^>]*id="(chart-[\w-]+)".*?</svg>', page, re.DOTALL)
+    }
     assert all(svg.tag == f"{SVG}svg" for svg in found.values())
     return found
 
 
 def bars(svg):
     """(label, value, rect) of each bar, in drawing order."""
-    return [(rect.get("data-label"), float(rect.get("data-value")), rect)
-            for rect in svg.iter(f"{SVG}rect") if rect.get("class") == "bar"]
+    return [
+        (rect.get("data-label"), float(rect.get("data-value")), rect)
+        for rect in svg.iter(f"{SVG}rect")
+        if rect.get("class") == "bar"
+    ]
 
 
 def ticks(svg):
     """{tick value: the tick line}."""
-    return {float(line.get("data-value")): line for line in svg.iter(f"{SVG}line")
-            if line.get("class") == "tick"}
+    return {float(line.get("data-value")): line for line in svg.iter(f"{SVG}line") if line.get("class") == "tick"}
 
 
 def geometry(rect):
@@ -110,30 +123,50 @@ def test_fragment_filters_by_correctness_and_source(report, tmp_path):
     dom = dump_dom(report, tmp_path / "profile", "#correct=1&source=src_a")
     assert element_text(dom, "js-errors") == ""
     assert element_text(dom, "shown-count") == "1"
-    visible = re.findall(r'<section class="trajectory correct" id="[^"]+" data-correct="1" '
-                         r'data-source="src_a">', dom)
+    visible = re.findall(
+        r'<section class="trajectory correct" id="[^"]+" data-correct="1" '
+        r'data-source="src_a">',
+        dom,
+    )
     assert len(visible) == 1
     assert len(re.findall(r'<section class="trajectory \w+ hidden"', dom)) == 7
 
 
 def test_report_escapes_every_model_field():
-    record = {"task_id": "<i>t</i>", "data_source": '"><script>x()</script>', "rollout_index": 0,
-              "score": 1.0, "correct": True, "end_reason": "DONE",
-              "task": {"question": "<b>q</b>", "answer": "<u>A</u>", "options": ["<s>o</s>"],
-                       "image_path": "<p>.png"},
-              "prompt": "</pre><script>p()</script>", "extracted": "<em>A</em>",
-              "turns": [{"text": "<h1>r</h1>", "code": "</pre><script>c()</script>",
-                         "action": "code", "finish_reason": "stop",
-                         "interpreter_text": "<script>i()</script>", "image_labels": [1],
-                         "tool_error": "<script>e()</script>"}],
-              "images": [{"label": 1, "source": "code", "num_tokens": 4,
-                          "png_base64": 'AAAA" onerror="x()'}]}
+    record = {
+        "task_id": "<i>t</i>",
+        "data_source": '"><script>x()</script>',
+        "rollout_index": 0,
+        "score": 1.0,
+        "correct": True,
+        "end_reason": "DONE",
+        "task": {"question": "<b>q</b>", "answer": "<u>A</u>", "options": ["<s>o</s>"], "image_path": "<p>.png"},
+        "prompt": "</pre><script>p()</script>",
+        "extracted": "<em>A</em>",
+        "turns": [
+            {
+                "text": "<h1>r</h1>",
+                "code": "</pre><script>c()</script>",
+                "action": "code",
+                "finish_reason": "stop",
+                "interpreter_text": "<script>i()</script>",
+                "image_labels": [1],
+                "tool_error": "<script>e()</script>",
+            }
+        ],
+        "images": [{"label": 1, "source": "code", "num_tokens": 4, "png_base64": 'AAAA" onerror="x()'}],
+    }
     page = render_report({"settings": {"k": 1, "note": "<script>s()</script>"}}, [record])
     assert page.count("<script>") == 1  # the report's own
     for tag in ("<i>", "<b>q", "<u>", "<s>", "<p>", "<h1>r", "<em>", '"><script'):
         assert tag not in page
-    for text in ("&lt;i&gt;t&lt;/i&gt;", "&lt;h1&gt;r&lt;/h1&gt;", "&lt;script&gt;i()",
-                 "&lt;/pre&gt;&lt;script&gt;c()", "&quot;&gt;&lt;script&gt;x()"):
+    for text in (
+        "&lt;i&gt;t&lt;/i&gt;",
+        "&lt;h1&gt;r&lt;/h1&gt;",
+        "&lt;script&gt;i()",
+        "&lt;/pre&gt;&lt;script&gt;c()",
+        "&quot;&gt;&lt;script&gt;x()",
+    ):
         assert text in page
     assert "[image data not valid base64]" in page and "onerror" not in page
 
@@ -141,8 +174,7 @@ def test_report_escapes_every_model_field():
 def test_script_errors_would_be_reported(report, tmp_path):
     """The error capture is live: a failing script after the report's own shows up."""
     broken = tmp_path / "broken.html"
-    broken.write_text(report.read_text().replace("</body>",
-                                                 "<script>null.missing();</script></body>"))
+    broken.write_text(report.read_text().replace("</body>", "<script>null.missing();</script></body>"))
     dom = dump_dom(broken, tmp_path / "profile")
     assert "null" in element_text(dom, "js-errors")
 
@@ -152,7 +184,11 @@ def test_report_can_show_fewer_rollouts_per_task(report, tmp_path):
         (tmp_path / name).write_bytes((report.parent / name).read_bytes())
     page = write_report(tmp_path, max_rollouts_per_task=1).read_text()
     assert re.findall(r"<b>([\w-]+)</b> rollout (\d)<", page) == [
-        ("mc-1", "0"), ("num-1", "0"), ("vid-1", "0"), ("mc-2", "0")]
+        ("mc-1", "0"),
+        ("num-1", "0"),
+        ("vid-1", "0"),
+        ("mc-2", "0"),
+    ]
 
 
 def test_charts_draw_the_results_on_their_axes(report):
@@ -164,7 +200,10 @@ def test_charts_draw_the_results_on_their_axes(report):
     accuracy = found["chart-accuracy"]
     # scripted_benchmark: src_a = mc-1 (1 of 2 correct) and mc-2 (0 of 2); num-1 and vid-1 alone
     assert [(label, value) for label, value, _ in bars(accuracy)] == [
-        ("src_a", 0.25), ("src_b", 1.0), ("src_video", 0.5)]
+        ("src_a", 0.25),
+        ("src_b", 1.0),
+        ("src_video", 0.5),
+    ]
     axis = ticks(accuracy)
     assert sorted(axis) == [0, 0.25, 0.5, 0.75, 1]
     zero, one = int(axis[0].get("x1")), int(axis[1].get("x1"))
@@ -196,13 +235,19 @@ def test_charts_draw_the_results_on_their_axes(report):
 
 
 def test_charts_fill_empty_bins_escape_names_and_are_left_out_without_data():
-    results = {"per_data_source": {"<b>x</b>": {"accuracy": 0.5}, "plain": {"accuracy": 0.0}},
-               "tool_calls": {"distribution": {"0": 3, "3": 5}},
-               "end_reasons": {"OVER_LENGTH": 1}}
+    results = {
+        "per_data_source": {"<b>x</b>": {"accuracy": 0.5}, "plain": {"accuracy": 0.0}},
+        "tool_calls": {"distribution": {"0": 3, "3": 5}},
+        "end_reasons": {"OVER_LENGTH": 1},
+    }
     page = render_report(results, [])
     found = charts(page)
     assert [(label, value) for label, value, _ in bars(found["chart-tool-calls"])] == [
-        ("0", 3), ("1", 0), ("2", 0), ("3", 5)]
+        ("0", 3),
+        ("1", 0),
+        ("2", 0),
+        ("3", 5),
+    ]
     assert [geometry(rect)[3] == 0 for _, _, rect in bars(found["chart-tool-calls"])] == [False, True, True, False]
     assert [label for label, _, _ in bars(found["chart-accuracy"])] == ["<b>x</b>", "plain"]
     assert geometry(bars(found["chart-accuracy"])[1][2])[2] == 0
@@ -214,22 +259,35 @@ def test_charts_fill_empty_bins_escape_names_and_are_left_out_without_data():
 def test_screenshot_shows_every_chart(report, tmp_path):
     """The charts as Chromium paints them: each bar colour covers the area of its bars."""
     shot = tmp_path / "report.png"
-    headless_chromium(tmp_path / "profile", "--hide-scrollbars", "--force-device-scale-factor=1",
-                      f"--window-size={SCREEN[0]},{SCREEN[1]}", f"--screenshot={shot}",
-                      f"file://{report}")
+    headless_chromium(
+        tmp_path / "profile",
+        "--hide-scrollbars",
+        "--force-device-scale-factor=1",
+        f"--window-size={SCREEN[0]},{SCREEN[1]}",
+        f"--screenshot={shot}",
+        f"file://{report}",
+    )
     image = Image.open(shot)
     assert image.size == SCREEN
     pixels = np.asarray(image.convert("RGB")).astype(int)
     found = charts(report.read_text())
-    colours = {ACCURACY_COLOUR: ["chart-accuracy"], TOOL_CALLS_COLOUR: ["chart-tool-calls"],
-               DONE_COLOUR: ["chart-end-reasons"], OTHER_END_COLOUR: ["chart-end-reasons"]}
+    colours = {
+        ACCURACY_COLOUR: ["chart-accuracy"],
+        TOOL_CALLS_COLOUR: ["chart-tool-calls"],
+        DONE_COLOUR: ["chart-end-reasons"],
+        OTHER_END_COLOUR: ["chart-end-reasons"],
+    }
     for colour, chart_ids in colours.items():
-        rgb = np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)])
+        rgb = np.array([int(colour[i : i + 2], 16) for i in (1, 3, 5)])
         painted = np.all(np.abs(pixels - rgb) <= 3, axis=-1)
-        sizes = [geometry(rect)[2:] for chart_id in chart_ids for _, _, rect in bars(found[chart_id])
-                 if rect.get("fill") == colour]
+        sizes = [
+            geometry(rect)[2:]
+            for chart_id in chart_ids
+            for _, _, rect in bars(found[chart_id])
+            if rect.get("fill") == colour
+        ]
         # Whole-pixel bars; an offset of the page layout may blend their edge pixels.
         assert sum((w - 1) * (h - 1) for w, h in sizes) <= painted.sum() <= sum((w + 1) * (h + 1) for w, h in sizes)
         rows, columns = np.nonzero(painted)
-        around = pixels[max(0, rows.min() - 40):rows.max() + 40, max(0, columns.min() - 60):columns.max() + 60]
+        around = pixels[max(0, rows.min() - 40) : rows.max() + 40, max(0, columns.min() - 60) : columns.max() + 60]
         assert np.all(around < 120, axis=-1).sum() > 50  # the labels and axes beside the bars

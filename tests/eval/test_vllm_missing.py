@@ -24,8 +24,14 @@ def test_this_suite_runs_without_vllm():
 def test_eval_engine_names_the_vllm_environment(tmp_path):
     config = get_config()
     config.rollout.engine = "vllm"
-    policy = LoadedPolicy(kind="hf", path=str(tmp_path), model_config=ModelConfig.preset("tiny"),
-                          params=None, version=0, tokenizer_dir=None)
+    policy = LoadedPolicy(
+        kind="hf",
+        path=str(tmp_path),
+        model_config=ModelConfig.preset("tiny"),
+        params=None,
+        version=0,
+        tokenizer_dir=None,
+    )
     with pytest.raises(RuntimeError, match=NAMES_THE_ENVIRONMENT):
         build_engine(config, policy, None, work_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -33,8 +39,18 @@ def test_eval_engine_names_the_vllm_environment(tmp_path):
 
 def test_rollout_worker_names_the_vllm_environment(tmp_path):
     done = subprocess.run(
-        [sys.executable, str(ROOT / "launch" / "rollout_worker.py"), "--config.rollout.engine=vllm",
-         "--workdir", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        [
+            sys.executable,
+            str(ROOT / "launch" / "rollout_worker.py"),
+            "--config.rollout.engine=vllm",
+            "--workdir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert done.returncode != 0
     assert ".venv-vllm" in done.stderr and "scripts/install_vllm_cpu.sh" in done.stderr
     assert list(tmp_path.iterdir()) == []

@@ -1,4 +1,5 @@
 """Fixtures for the grading tests: a stub OpenAI-compatible judge on 127.0.0.1."""
+
 import importlib.util
 
 import pytest

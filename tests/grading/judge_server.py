@@ -26,16 +26,27 @@ from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR
 from tests.rollout.redis_server import free_loopback_port
 
 SERVED_NAME = "judge"
-TEXT_ONLY_DROPPED = ("vision_config", "vision_start_token_id", "vision_end_token_id",
-                     "vision_token_id", "image_token_id", "video_token_id", "rope_scaling")
+TEXT_ONLY_DROPPED = (
+    "vision_config",
+    "vision_start_token_id",
+    "vision_end_token_id",
+    "vision_token_id",
+    "image_token_id",
+    "video_token_id",
+    "rope_scaling",
+)
 
 
 def write_text_judge_model(directory: Path) -> Path:
     """A Qwen2ForCausalLM directory (config, weights, tokenizer) from the tiny Qwen2.5-VL."""
-    config = ModelConfig.preset("tiny").replace(num_attention_heads=2, num_key_value_heads=1,
-                                                mrope_section=(4, 6, 6))
-    vl_dir = save_hf(config, init_params(config, seed=0), directory / "vl",
-                     extra_files=sorted(TINY_TOKENIZER_DIR.iterdir()), progress=False)
+    config = ModelConfig.preset("tiny").replace(num_attention_heads=2, num_key_value_heads=1, mrope_section=(4, 6, 6))
+    vl_dir = save_hf(
+        config,
+        init_params(config, seed=0),
+        directory / "vl",
+        extra_files=sorted(TINY_TOKENIZER_DIR.iterdir()),
+        progress=False,
+    )
     text_dir = directory / "text"
     text_dir.mkdir()
     hf_config = json.loads((vl_dir / "config.json").read_text())
@@ -44,8 +55,11 @@ def write_text_judge_model(directory: Path) -> Path:
     hf_config |= {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}
     (text_dir / "config.json").write_text(json.dumps(hf_config, indent=1))
     tensors = load_file(vl_dir / "model.safetensors")
-    save_file({k: v for k, v in tensors.items() if not k.startswith("visual.")},
-              text_dir / "model.safetensors", metadata={"format": "pt"})
+    save_file(
+        {k: v for k, v in tensors.items() if not k.startswith("visual.")},
+        text_dir / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     for entry in vl_dir.iterdir():
         if entry.name not in ("config.json", "model.safetensors"):
             (text_dir / entry.name).write_bytes(entry.read_bytes())
@@ -58,16 +72,43 @@ class JudgeServer:
     def __init__(self, model_dir: Path, log_path: Path, start_timeout_s: float = 300.0):
         self.port = free_loopback_port()
         self.log_path = log_path
-        env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING",
-                            "VLLM_WORKER_MULTIPROC_METHOD": "spawn", "OMP_NUM_THREADS": "1"}
+        env = os.environ | {
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_LOGGING_LEVEL": "WARNING",
+            "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+            "OMP_NUM_THREADS": "1",
+        }
         with open(log_path, "wb") as log:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-                 str(model_dir), "--served-model-name", SERVED_NAME, "--host", "127.0.0.1",
-                 "--port", str(self.port), "--dtype", "float32", "--max-model-len", "2048",
-                 "--max-num-seqs", "8", "--enforce-eager", "--generation-config", "vllm",
-                 "--seed", "0"],
-                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "vllm.entrypoints.openai.api_server",
+                    "--model",
+                    str(model_dir),
+                    "--served-model-name",
+                    SERVED_NAME,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--dtype",
+                    "float32",
+                    "--max-model-len",
+                    "2048",
+                    "--max-num-seqs",
+                    "8",
+                    "--enforce-eager",
+                    "--generation-config",
+                    "vllm",
+                    "--seed",
+                    "0",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         self._wait_ready(start_timeout_s)
 
     @property

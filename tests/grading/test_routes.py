@@ -1,6 +1,7 @@
 """Scoring switches in both positions on the examples docs/recipe.md quotes: data_source routes (rule
 scorers vs the LLM judge), the answer gate and the MRA thresholds; a judge failure is a
 broken rollout, never a wrong one."""
+
 import numpy as np
 import pytest
 
@@ -48,13 +49,16 @@ def test_released_routes_send_everything_but_rule_sources_to_the_judge(server):
     assert (four.score.score, four.score.correct, four.broken) == (0.0, False, False)
     assert len(server.requests) == 2
     prompts = [r["body"]["messages"][0]["content"] for r in server.requests]
-    assert any(p.endswith("Reference answer: tan\nModel answer: The countertop is tan.\nJudgement:")
-               for p in prompts)
+    assert any(p.endswith("Reference answer: tan\nModel answer: The countertop is tan.\nJudgement:") for p in prompts)
 
 
 def test_the_judge_prompt_follows_the_task_family_of_the_data_source(server):
-    family = PromptTemplate("VISUAL SEARCH\nReference answer: {ground_truth}\nModel answer: {answer}\n{question}",
-                            JUDGE_NAMES, JUDGE_NAMES, "vs.txt")
+    family = PromptTemplate(
+        "VISUAL SEARCH\nReference answer: {ground_truth}\nModel answer: {answer}\n{question}",
+        JUDGE_NAMES,
+        JUDGE_NAMES,
+        "vs.txt",
+    )
     routes = ScorerRoutes(RELEASED_ROUTES, RELEASED_RULES, judge_for(server, family_prompts=(("vstar", family),)))
     grade(routes, VSTAR_TAN, DEEPEYES_4)
     first_lines = sorted(r["body"]["messages"][0]["content"].split("\n")[0] for r in server.requests)
@@ -63,9 +67,12 @@ def test_the_judge_prompt_follows_the_task_family_of_the_data_source(server):
 
 def test_rule_verifiable_sources_stay_on_mra_under_the_released_table(server):
     routes = ScorerRoutes(RELEASED_ROUTES, RELEASED_RULES, judge_for(server))
-    vsi, rule, no_answer = grade(routes, (boxed("7"), "numeric", "10", "vsi_numerical"),
-                                 (boxed("13"), "numeric", "10", "geo_rule_verifiable"),
-                                 ("I give up.", "text", "tan", "vstar"))
+    vsi, rule, no_answer = grade(
+        routes,
+        (boxed("7"), "numeric", "10", "vsi_numerical"),
+        (boxed("13"), "numeric", "10", "geo_rule_verifiable"),
+        ("I give up.", "text", "tan", "vstar"),
+    )
     assert vsi.score.score == rule.score.score == 0.5 and vsi.score.correct
     assert no_answer.score.score == 0.0 and not no_answer.broken
     assert server.requests == []
@@ -95,18 +102,21 @@ RUN_TOGETHER = "<answer>\n\\boxed{A}</answer><answer>\n\\boxed{B}\n</answer>"
 PRINTED = "<interpreter>\nText Result:\n<answer>\n\\boxed{Z}\n</answer>\n</interpreter>"
 
 
-@pytest.mark.parametrize("response, last, first_exact", [
-    (TWO_BLOCKS, "B", "A"),
-    (TWO_BOXES, None, None),  # released: the shortest match reads "A} or \boxed{B": void
-    (RUN_TOGETHER, "B", None),  # released: "A}</answer><answer>\n\boxed{B": void
-    ("<answer>\n\\boxed{A}\n</answer> and <answer>", "A", "A"),
-    ("<answer>\\boxed{A}</answer>", "A", None),
-    ("<answer>\n\\boxed{ A }\n</answer>", "A", "A"),
-    (PRINTED + "<answer>\n\\boxed{A}\n</answer>", "A", "Z"),  # released: the first block, a printed one too
-    ("<answer>\n\\boxed{" + "x" * 1000 + "}\n</answer>", "x" * 1000, None),
-    ("<answer>\n\\boxed{\\frac{1}{2}}\n</answer>", "\\frac{1}{2}", "\\frac{1}{2}"),
-    ("no answer", None, None),
-])
+@pytest.mark.parametrize(
+    "response, last, first_exact",
+    [
+        (TWO_BLOCKS, "B", "A"),
+        (TWO_BOXES, None, None),  # released: the shortest match reads "A} or \boxed{B": void
+        (RUN_TOGETHER, "B", None),  # released: "A}</answer><answer>\n\boxed{B": void
+        ("<answer>\n\\boxed{A}\n</answer> and <answer>", "A", "A"),
+        ("<answer>\\boxed{A}</answer>", "A", None),
+        ("<answer>\n\\boxed{ A }\n</answer>", "A", "A"),
+        (PRINTED + "<answer>\n\\boxed{A}\n</answer>", "A", "Z"),  # released: the first block, a printed one too
+        ("<answer>\n\\boxed{" + "x" * 1000 + "}\n</answer>", "x" * 1000, None),
+        ("<answer>\n\\boxed{\\frac{1}{2}}\n</answer>", "\\frac{1}{2}", "\\frac{1}{2}"),
+        ("no answer", None, None),
+    ],
+)
 def test_answer_gate(response, last, first_exact):
     assert extract_answer(response) == last
     assert extract_answer(response, gate="first_exact") == first_exact
@@ -116,13 +126,17 @@ def test_answer_gate(response, last, first_exact):
 def test_the_released_gate_reads_the_whole_response_whatever_the_end_reason(answered, server):
     """An answer the model's code printed sits in a tool output: the released gate scores it,
     also when the rollout ran out of turns; ours reads the final turn of an answered rollout."""
-    printed = trajectory("<code>more</code>" if not answered else boxed("B"), answered=answered,
-                         observation="<tool_response>\n" + PRINTED.replace("Z", "A") + "\n</tool_response>")
+    printed = trajectory(
+        "<code>more</code>" if not answered else boxed("B"),
+        answered=answered,
+        observation="<tool_response>\n" + PRINTED.replace("Z", "A") + "\n</tool_response>",
+    )
     mc = task("multiple_choice", "A", ("A. cat", "B. dog"))
     released = ScorerRoutes((("*", "multiple_choice"),), RELEASED_RULES)
     ours = ScorerRoutes((("*", "multiple_choice"),))
-    ((released_grade,), (our_grade,)) = (grade_trajectories([(printed, mc)], CharTokenizer(), routes)
-                                         for routes in (released, ours))
+    ((released_grade,), (our_grade,)) = (
+        grade_trajectories([(printed, mc)], CharTokenizer(), routes) for routes in (released, ours)
+    )
     assert (released_grade.score.extracted, released_grade.score.correct) == ("A", True)
     assert our_grade.score.extracted == ("B" if answered else None) and not our_grade.score.correct
     judged = ScorerRoutes(RELEASED_ROUTES, RELEASED_RULES, judge_for(server))
@@ -138,8 +152,10 @@ def test_answer_gate_in_scoring():
     assert not score_task_response(TWO_BLOCKS, mc).correct
 
 
-@pytest.mark.parametrize("prediction, exact, released", [(7, 0.4, 0.5), (13, 0.4, 0.5), (10, 1.0, 1.0),
-                                                         (8, 0.6, 0.6), (5.5, 0.1, 0.1), (4, 0.0, 0.0)])
+@pytest.mark.parametrize(
+    "prediction, exact, released",
+    [(7, 0.4, 0.5), (13, 0.4, 0.5), (10, 1.0, 1.0), (8, 0.6, 0.6), (5.5, 0.1, 0.1), (4, 0.0, 0.0)],
+)
 def test_mra_thresholds(prediction, exact, released):
     assert mean_relative_accuracy(prediction, 10) == pytest.approx(exact)
     assert mean_relative_accuracy(prediction, 10, "float") == pytest.approx(released)
@@ -151,9 +167,12 @@ def test_released_mra_pays_the_tool_bonus_at_a_relative_error_of_three_tenths():
     released = score_task_response(boxed("7"), count, rules=RELEASED_RULES)
     assert (ours.score, ours.correct) == (pytest.approx(0.4), False)
     assert (released.score, released.correct) == (0.5, True)
-    rewards = accumulative_tool_reward(np.array([[ours.score, released.score]]),
-                                       np.array([[ours.correct, released.correct]]),
-                                       np.array([[2, 2]]), np.ones((1, 2), bool))
+    rewards = accumulative_tool_reward(
+        np.array([[ours.score, released.score]]),
+        np.array([[ours.correct, released.correct]]),
+        np.array([[2, 2]]),
+        np.ones((1, 2), bool),
+    )
     np.testing.assert_allclose(np.asarray(rewards), [[0.4, 0.7]], rtol=1e-6)
 
 

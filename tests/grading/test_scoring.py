@@ -88,9 +88,23 @@ def test_multiple_choice_unlabelled_options_and_missing_answer():
 
 @pytest.mark.parametrize(
     "text, value",
-    [("12", 12.0), ("12 cm", 12.0), ("-3.5 m^2", -3.5), ("1,234", 1234.0), ("\\frac{3}{4}", 0.75),
-     ("-\\frac{1}{2}", -0.5), ("3/4", 0.75), ("2.5e3", 2500.0), ("$7$", 7.0), ("\\text{8 apples}", 8.0),
-     ("two", 2.0), (".5", 0.5), ("about", None), ("", None), ("1/0", None)],
+    [
+        ("12", 12.0),
+        ("12 cm", 12.0),
+        ("-3.5 m^2", -3.5),
+        ("1,234", 1234.0),
+        ("\\frac{3}{4}", 0.75),
+        ("-\\frac{1}{2}", -0.5),
+        ("3/4", 0.75),
+        ("2.5e3", 2500.0),
+        ("$7$", 7.0),
+        ("\\text{8 apples}", 8.0),
+        ("two", 2.0),
+        (".5", 0.5),
+        ("about", None),
+        ("", None),
+        ("1/0", None),
+    ],
 )
 def test_parse_number(text, value):
     assert parse_number(text) == value
@@ -98,8 +112,19 @@ def test_parse_number(text, value):
 
 @pytest.mark.parametrize(
     "prediction, truth, mra",
-    [(10, 10, 1.0), (10.4, 10, 1.0), (10.5, 10, 0.9), (12.5, 10, 0.5), (7.5, 10, 0.5), (14.9, 10, 0.1),
-     (15, 10, 0.0), (0, 0, 1.0), (0.001, 0, 0.0), (-10, 10, 0.0), (float("inf"), 10, 0.0)],
+    [
+        (10, 10, 1.0),
+        (10.4, 10, 1.0),
+        (10.5, 10, 0.9),
+        (12.5, 10, 0.5),
+        (7.5, 10, 0.5),
+        (14.9, 10, 0.1),
+        (15, 10, 0.0),
+        (0, 0, 1.0),
+        (0.001, 0, 0.0),
+        (-10, 10, 0.0),
+        (float("inf"), 10, 0.0),
+    ],
 )
 def test_mean_relative_accuracy(prediction, truth, mra):
     assert mean_relative_accuracy(prediction, truth) == pytest.approx(mra)
@@ -120,9 +145,18 @@ def test_numeric_scores_boxed_answer_only():
 
 @pytest.mark.parametrize(
     "answer, truth, correct",
-    [("\\frac{1}{2}", "0.5", True), ("\\dfrac{1}{2}", "1/2", True), ("2\\sqrt{2}", "\\sqrt{8}", True),
-     ("x = 3", "3", True), ("\\{1,2\\}", "\\{2,1\\}", True), ("0.333", "1/3", False), ("3", "4", False),
-     ("Red", "red", True), ("\\text{the dog}", "The dog", True), ("cat", "dog", False)],
+    [
+        ("\\frac{1}{2}", "0.5", True),
+        ("\\dfrac{1}{2}", "1/2", True),
+        ("2\\sqrt{2}", "\\sqrt{8}", True),
+        ("x = 3", "3", True),
+        ("\\{1,2\\}", "\\{2,1\\}", True),
+        ("0.333", "1/3", False),
+        ("3", "4", False),
+        ("Red", "red", True),
+        ("\\text{the dog}", "The dog", True),
+        ("cat", "dog", False),
+    ],
 )
 def test_math_and_free_text(answer, truth, correct):
     assert score_math(final(answer), truth).correct is correct
@@ -156,8 +190,28 @@ def test_a_failing_scorer_scores_zero():
         del SCORERS["exploding"]
 
 
-TRICKY_PIECES = ["<answer>", "</answer>", "\\boxed{", "}", "{", "</interpreter>", "\n", "\\frac{", "(C)", "12 cm",
-                 "1/0", "9" * 400, "\\sqrt{", "$", "\\text{", "nan", "inf", "-", ".", "e999"]
+TRICKY_PIECES = [
+    "<answer>",
+    "</answer>",
+    "\\boxed{",
+    "}",
+    "{",
+    "</interpreter>",
+    "\n",
+    "\\frac{",
+    "(C)",
+    "12 cm",
+    "1/0",
+    "9" * 400,
+    "\\sqrt{",
+    "$",
+    "\\text{",
+    "nan",
+    "inf",
+    "-",
+    ".",
+    "e999",
+]
 
 
 @settings(max_examples=60, deadline=None)

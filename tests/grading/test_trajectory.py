@@ -10,18 +10,20 @@ def test_final_turn_text_is_the_last_generated_span():
     assert final_turn_text(trajectory(boxed("B")), CharTokenizer()) == boxed("B")
 
 
-@pytest.mark.parametrize("answer_type,answer,response,options,score,correct", [
-    ("multiple_choice", "B", "B", ("A. cat", "B. dog"), 1.0, True),
-    ("multiple_choice", "B", "dog", ("A. cat", "B. dog"), 1.0, True),
-    ("multiple_choice", "B", "A", ("A. cat", "B. dog"), 0.0, False),
-    ("numeric", "10", "10", (), 1.0, True),
-    ("numeric", "10", "1000", (), 0.0, False),
-    ("text", "3", "3", (), 1.0, True),
-    ("text", "3", "4", (), 0.0, False),
-])
+@pytest.mark.parametrize(
+    "answer_type,answer,response,options,score,correct",
+    [
+        ("multiple_choice", "B", "B", ("A. cat", "B. dog"), 1.0, True),
+        ("multiple_choice", "B", "dog", ("A. cat", "B. dog"), 1.0, True),
+        ("multiple_choice", "B", "A", ("A. cat", "B. dog"), 0.0, False),
+        ("numeric", "10", "10", (), 1.0, True),
+        ("numeric", "10", "1000", (), 0.0, False),
+        ("text", "3", "3", (), 1.0, True),
+        ("text", "3", "4", (), 0.0, False),
+    ],
+)
 def test_answer_types_use_their_scorer(answer_type, answer, response, options, score, correct):
-    result = score_trajectory(trajectory(boxed(response)), task(answer_type, answer, options),
-                              CharTokenizer())
+    result = score_trajectory(trajectory(boxed(response)), task(answer_type, answer, options), CharTokenizer())
     assert (result.score, result.correct) == (pytest.approx(score), correct)
 
 

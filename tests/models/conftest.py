@@ -1,9 +1,9 @@
 """Shared fixtures: random tiny transformers models (built once per session) and their params."""
+
 import pytest
 
 from tests.models.hf_reference import build_hf_model, hf_dir_to_params
 from tests.models.model_configs import RAGGED, TIED, TINY
-
 
 
 def _reference(tmp_path_factory, config, name):

@@ -1,4 +1,5 @@
 """Test-side reference: a random tiny transformers Qwen2.5-VL and its weights as Flax params."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,8 +27,9 @@ def build_hf_model(config: ModelConfig, out_dir: Path, seed: int = 0) -> Qwen2_5
             else:
                 p.copy_(torch.randn_like(p) / np.sqrt(p.shape[-1] if p.ndim == 2 else p[0].numel()))
     model.save_pretrained(out_dir)
-    loaded = Qwen2_5_VLForConditionalGeneration.from_pretrained(out_dir, attn_implementation="eager",
-                                                                dtype=torch.float32)
+    loaded = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        out_dir, attn_implementation="eager", dtype=torch.float32
+    )
     return loaded.eval()
 
 
@@ -58,14 +60,14 @@ def hf_dir_to_params(hf_dir: Path, config: ModelConfig) -> dict:
         node[key] = np.ascontiguousarray(value)
     for group, stack in (("model", "layers"), ("visual", "blocks")):
         numbered = params[group][stack]
-        params[group][stack] = jax.tree.map(lambda *layers: np.stack(layers),
-                                            *(numbered[i] for i in sorted(numbered)))
+        params[group][stack] = jax.tree.map(lambda *layers: np.stack(layers), *(numbered[i] for i in sorted(numbered)))
     return params
 
 
 def mm_token_types(input_ids: np.ndarray, config: ModelConfig) -> np.ndarray:
-    return np.where(input_ids == config.image_token_id, 1,
-                    np.where(input_ids == config.video_token_id, 2, 0)).astype(np.int64)
+    return np.where(input_ids == config.image_token_id, 1, np.where(input_ids == config.video_token_id, 2, 0)).astype(
+        np.int64
+    )
 
 
 def hf_logits(model, inputs: dict, config: ModelConfig, position_ids: np.ndarray | None = None) -> np.ndarray:

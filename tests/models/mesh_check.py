@@ -1,4 +1,5 @@
 """Run in a subprocess with 8 host devices: sharded (fsdp 4 x tensor 2) vs 1-device logits."""
+
 import os
 import sys
 import time
@@ -17,13 +18,16 @@ def main() -> None:
     config = ModelConfig.preset("tiny")
     start = time.perf_counter()
     rng = np.random.default_rng(3)
-    params = jax.tree.map(lambda s: (rng.standard_normal(s.shape) / np.sqrt(s.shape[0])).astype(np.float32),
-                          param_shapes(config))
+    params = jax.tree.map(
+        lambda s: (rng.standard_normal(s.shape) / np.sqrt(s.shape[0])).astype(np.float32), param_shapes(config)
+    )
     timings = {"init": time.perf_counter() - start}
     rng = np.random.default_rng(0)
     grids = np.array([[1, 8, 12], [1, 4, 4]])
-    rows = [list(rng.integers(0, 2000, 3)) + [2009] + [2012] * 24 + [2010] + [7, 8],
-            list(rng.integers(0, 2000, 6)) + [2009] + [2012] * 4 + [2010] + [9]]
+    rows = [
+        list(rng.integers(0, 2000, 3)) + [2009] + [2012] * 24 + [2010] + [7, 8],
+        list(rng.integers(0, 2000, 6)) + [2009] + [2012] * 4 + [2010] + [9],
+    ]
     width = max(map(len, rows))
     ids = np.array([[0] * (width - len(r)) + r for r in rows])
     mask = np.array([[0] * (width - len(r)) + [1] * len(r) for r in rows])

@@ -1,4 +1,5 @@
 """The tiny model configurations the model tests compare against transformers."""
+
 from pyvision_jax.models.config import ModelConfig
 
 TINY = ModelConfig.preset("tiny")

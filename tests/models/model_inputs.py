@@ -1,4 +1,5 @@
 """Token ids and patches of text, image and video inputs for the model tests."""
+
 import numpy as np
 
 V_START, V_END, IMAGE, VIDEO = 2009, 2010, 2012, 2013

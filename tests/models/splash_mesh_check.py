@@ -1,6 +1,7 @@
 """Run in a subprocess with 4 host devices: splash attention (Pallas interpret mode) under a
 data x fsdp mesh, rows sharded, equals the dense reference; the kernel runs per shard (no
 all-gather of the inputs)."""
+
 import os
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
@@ -17,8 +18,14 @@ def main() -> None:
     assert jax.device_count() == 4, jax.devices()
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((4, 150, n, 16)).astype(np.float32) for n in (4, 2, 2))
-    segments = np.stack([np.repeat([1, 2, 0], [60, 70, 20]), np.repeat([3, 0], [150, 0]),
-                         np.repeat([0, 4], [10, 140]), np.zeros(150, int)]).astype(np.int32)
+    segments = np.stack(
+        [
+            np.repeat([1, 2, 0], [60, 70, 20]),
+            np.repeat([3, 0], [150, 0]),
+            np.repeat([0, 4], [10, 140]),
+            np.zeros(150, int),
+        ]
+    ).astype(np.int32)
 
     def loss_and_grads(config):
         loss = lambda q, k, v, s: jnp.sum(attention(q, k, v, s, s, causal=True, scale=0.25, config=config) ** 2)

@@ -1,5 +1,6 @@
 """Attention implementations against the dense reference: forward and gradients on packed,
 ragged, causal and non-causal inputs with GQA; padding rows; compiled memory of blockwise."""
+
 import functools
 import os
 import subprocess
@@ -13,18 +14,22 @@ import numpy as np
 import pytest
 
 import pyvision_jax.models.attention as attention_module
+from pyvision_jax import wiring
 from pyvision_jax.models import init_params, logits
 from pyvision_jax.models.attention import AttentionConfig, attention
 from pyvision_jax.models.blockwise_attention import live_blocks
-from pyvision_jax import wiring
 from tests.models.model_configs import TINY
 from tests.models.model_inputs import image_tokens, patches, right_padded, text
 
 REPO = Path(__file__).resolve().parents[2]
 SCALE = 0.3
-PACKED = np.stack([np.repeat([1, 2, 3, 0], [20, 30, 15, 10]),  # three trajectories, right padding
-                   np.repeat([0, 4, 0], [5, 60, 10]),          # left and right padding
-                   np.zeros(75, int)])                         # all padding
+PACKED = np.stack(
+    [
+        np.repeat([1, 2, 3, 0], [20, 30, 15, 10]),  # three trajectories, right padding
+        np.repeat([0, 4, 0], [5, 60, 10]),  # left and right padding
+        np.zeros(75, int),
+    ]
+)  # all padding
 
 
 def qkv(t, s, heads=4, kv_heads=2, d=16, batch=3, seed=0, dtype=jnp.float32):
@@ -61,8 +66,7 @@ def test_blockwise_matches_dense_for_cross_attention_and_one_kv_head():
     q, k, v, weights = qkv(40, 57, heads=3, kv_heads=1, seed=1, batch=2)
     q_segments = jnp.asarray(np.stack([np.repeat([1, 2], [25, 15]), np.repeat([3, 0], [30, 10])]))
     kv_segments = jnp.asarray(np.stack([np.repeat([2, 1, 0], [20, 30, 7]), np.repeat([0, 3], [7, 50])]))
-    assert_matches_dense(AttentionConfig("blockwise", 16, 16), q, k, v, weights, q_segments, kv_segments,
-                         causal=False)
+    assert_matches_dense(AttentionConfig("blockwise", 16, 16), q, k, v, weights, q_segments, kv_segments, causal=False)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -75,8 +79,14 @@ def test_splash_in_interpret_mode_matches_dense(causal):
 
 def test_splash_under_a_four_device_mesh_runs_per_shard_and_matches_dense():
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-m", "tests.models.splash_mesh_check"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.models.splash_mesh_check"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert "OK splash sharded" in result.stdout
 
@@ -85,8 +95,9 @@ def test_splash_under_a_four_device_mesh_runs_per_shard_and_matches_dense():
 def test_padding_rows_are_zero_and_their_gradients_finite(implementation):
     q, k, v, weights = qkv(75, 75)
     segments = jnp.asarray(PACKED)
-    out, grads = output_and_grads(AttentionConfig(implementation, 128, 128), q, k, v, weights, segments,
-                                  segments, causal=True)
+    out, grads = output_and_grads(
+        AttentionConfig(implementation, 128, 128), q, k, v, weights, segments, segments, causal=True
+    )
     padding = PACKED == 0
     assert np.all(np.asarray(out)[padding] == 0)
     assert np.all(np.abs(np.asarray(out)[~padding]).max(axis=-1) > 0)
@@ -100,8 +111,9 @@ def test_bfloat16_blockwise_is_close_to_the_float32_reference():
     segments = jnp.asarray(PACKED)
     out, grads = output_and_grads(AttentionConfig("blockwise", 16, 24), q, k, v, weights, segments, segments, True)
     as32 = lambda x: x.astype(jnp.float32)
-    ref_out, ref_grads = output_and_grads(AttentionConfig("dense"), as32(q), as32(k), as32(v), weights,
-                                          segments, segments, True)
+    ref_out, ref_grads = output_and_grads(
+        AttentionConfig("dense"), as32(q), as32(k), as32(v), weights, segments, segments, True
+    )
     assert out.dtype == jnp.bfloat16 and all(g.dtype == jnp.bfloat16 for g in grads)
     for actual, expected in zip((out, *grads), (ref_out, *ref_grads)):
         actual, expected = np.asarray(as32(actual)), np.asarray(expected)
@@ -122,8 +134,11 @@ def compiled_temp_bytes(implementation, t):
     config = AttentionConfig(implementation, 256, 256)
     loss = lambda q, k, v, s: jnp.sum(attention(q, k, v, s, s, causal=True, scale=SCALE, config=config))
     spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
-    compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(
-        spec(1, t, 4, 32), spec(1, t, 2, 32), spec(1, t, 2, 32), jax.ShapeDtypeStruct((1, t), jnp.int32)).compile()
+    compiled = (
+        jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        .lower(spec(1, t, 4, 32), spec(1, t, 2, 32), spec(1, t, 2, 32), jax.ShapeDtypeStruct((1, t), jnp.int32))
+        .compile()
+    )
     return compiled.memory_analysis().temp_size_in_bytes
 
 
@@ -158,8 +173,16 @@ def test_bad_inputs_and_configs_are_named():
     with pytest.raises(ValueError, match="model.attention_block_kv must be a positive integer, got 0"):
         AttentionConfig("blockwise", 64, 0)
     with pytest.raises(ValueError, match="model.attention_block_q to be a multiple of 128, got 100"):
-        attention(q, k, v, segments, jnp.ones((1, 12), jnp.int32), causal=False, scale=SCALE,
-                  config=AttentionConfig("splash", 100, 128))
+        attention(
+            q,
+            k,
+            v,
+            segments,
+            jnp.ones((1, 12), jnp.int32),
+            causal=False,
+            scale=SCALE,
+            config=AttentionConfig("splash", 100, 128),
+        )
 
 
 def test_from_config_reads_the_model_section():
@@ -169,10 +192,15 @@ def test_from_config_reads_the_model_section():
 
 def test_model_logits_with_images_are_the_same_for_dense_and_blockwise_attention():
     grids = [(1, 10, 12), (1, 4, 8)]  # two images: window blocks and full blocks over two frames
-    ids, mask = right_padded(text(2, 40) + image_tokens(grids[0]) + text(3, 41) + image_tokens(grids[1]) + text(2, 42),
-                             length=60)
-    inputs = {"input_ids": ids, "attention_mask": mask, "pixel_values": patches(TINY, grids, 43),
-              "image_grid_thw": np.array(grids)}
+    ids, mask = right_padded(
+        text(2, 40) + image_tokens(grids[0]) + text(3, 41) + image_tokens(grids[1]) + text(2, 42), length=60
+    )
+    inputs = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "pixel_values": patches(TINY, grids, 43),
+        "image_grid_thw": np.array(grids),
+    }
     params = init_params(TINY, seed=1)
     run = lambda config: np.asarray(logits(TINY.replace(attention=config), params, inputs))[mask.astype(bool)]
     dense, blockwise = run(AttentionConfig("dense")), run(AttentionConfig("blockwise", 16, 16))
@@ -192,6 +220,7 @@ def fake_packed_kernel(calls, output="dense"):
     """Stands in for cuDNN's packed-layout kernel on CPU, with its documented contract: the
     output outside every segment is undefined (NaN here); fewer kv heads than query heads
     only where jax converts their offsets right."""
+
     def kernel(q, k, v, *, q_seqlen, kv_seqlen, q_offsets, kv_offsets, scale, mask_type, qkv_layout):
         assert qkv_layout == "BTNH" and (k.shape[2] == q.shape[2] or attention_module.cudnn_packed_gqa_safe())
         calls.append((mask_type.name, k.shape[2]))
@@ -199,8 +228,14 @@ def fake_packed_kernel(calls, output="dense"):
         kv_seg = segment_of_tokens(kv_seqlen, kv_offsets, k.shape[1])
         causal = mask_type.name == "PADDING_CAUSAL"
         out = attention_module.dense_attention(
-            attention_module.query_groups(q, k.shape[2]), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
-            q_seg, kv_seg, causal=causal, scale=scale)
+            attention_module.query_groups(q, k.shape[2]),
+            k.transpose(0, 2, 1, 3),
+            v.transpose(0, 2, 1, 3),
+            q_seg,
+            kv_seg,
+            causal=causal,
+            scale=scale,
+        )
         out = out.transpose(0, 3, 1, 2, 4).reshape(q.shape)
         if output == "zeros":
             out = jnp.zeros_like(out)
@@ -229,12 +264,15 @@ def test_packed_segments_give_each_run_its_offset_and_length():
     assert bool(fits)
 
 
-@pytest.mark.parametrize("row, max_segments", [
-    ([1, 1, 0, 1, 1], 4),   # one id in two runs: the runs would not see each other
-    ([2, 2, 1, 1, 0], 4),   # ids not increasing: the same id could come back
-    ([1, 2, 3, 4, 5], 4),   # more runs than the compiled number of segments
-    ([0, 0, 0, 0, 0], 4),   # no segment at all
-])
+@pytest.mark.parametrize(
+    "row, max_segments",
+    [
+        ([1, 1, 0, 1, 1], 4),  # one id in two runs: the runs would not see each other
+        ([2, 2, 1, 1, 0], 4),  # ids not increasing: the same id could come back
+        ([1, 2, 3, 4, 5], 4),  # more runs than the compiled number of segments
+        ([0, 0, 0, 0, 0], 4),  # no segment at all
+    ],
+)
 def test_packed_segments_reject_what_the_layout_cannot_express(row, max_segments):
     assert not bool(attention_module.packed_segments(jnp.asarray([row], jnp.int32), max_segments)[3])
 
@@ -287,6 +325,7 @@ def array_shapes(jaxpr):
 @pytest.mark.skipif(not attention_module.cudnn_packed_layout_available(), reason="needs jax's packed cuDNN layout")
 def test_cudnn_path_never_builds_a_t_by_s_array(monkeypatch):
     monkeypatch.setattr(attention_module.jax, "default_backend", lambda: "gpu")
+
     def opaque_kernel(q, k, v, *, q_seqlen, kv_seqlen, q_offsets, kv_offsets, scale, mask_type, qkv_layout):
         return q * jnp.sum(k[:, :1] * v[:, :1])
 
@@ -294,8 +333,12 @@ def test_cudnn_path_never_builds_a_t_by_s_array(monkeypatch):
     t = 256
     q, k, v, weights = qkv(t, t, batch=1, dtype=jnp.bfloat16)
     segments = jnp.asarray([np.repeat([1, 2, 0], [100, 120, 36])])
-    loss = lambda q, k, v: jnp.sum(attention(q, k, v, segments, segments, causal=True, scale=SCALE,
-                                             config=AttentionConfig("cudnn", 64, 64)).astype(jnp.float32) * weights)
+    loss = lambda q, k, v: jnp.sum(
+        attention(
+            q, k, v, segments, segments, causal=True, scale=SCALE, config=AttentionConfig("cudnn", 64, 64)
+        ).astype(jnp.float32)
+        * weights
+    )
     shapes = array_shapes(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr)
     assert any(shape[:2] == (1, t) for shape in shapes)  # the walk sees the attention's arrays
     assert not [shape for shape in shapes if sum(d == t for d in shape) >= 2]

@@ -1,4 +1,5 @@
 """ModelConfig: both HF layouts, presets, round trip through transformers, clear errors."""
+
 import json
 
 import pytest
@@ -20,20 +21,45 @@ def test_preset_round_trips_through_flat_and_transformers_nested_layouts(name):
 
 def test_released_7b_hub_config_parses():
     hub = {
-        "architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
-        "bos_token_id": 151643, "eos_token_id": 151645, "vision_start_token_id": 151652,
-        "vision_end_token_id": 151653, "vision_token_id": 151654, "image_token_id": 151655,
-        "video_token_id": 151656, "hidden_act": "silu", "hidden_size": 3584,
-        "intermediate_size": 18944, "max_position_embeddings": 128000, "max_window_layers": 28,
-        "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
-        "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
-        "tie_word_embeddings": False, "use_sliding_window": False, "vocab_size": 152064,
-        "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280,
-                          "intermediate_size": 3420, "num_heads": 16, "in_chans": 3,
-                          "out_hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2,
-                          "spatial_patch_size": 14, "window_size": 112,
-                          "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2,
-                          "temporal_patch_size": 2},
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "model_type": "qwen2_5_vl",
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "vision_start_token_id": 151652,
+        "vision_end_token_id": 151653,
+        "vision_token_id": 151654,
+        "image_token_id": 151655,
+        "video_token_id": 151656,
+        "hidden_act": "silu",
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "max_position_embeddings": 128000,
+        "max_window_layers": 28,
+        "num_attention_heads": 28,
+        "num_hidden_layers": 28,
+        "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "sliding_window": 32768,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "vocab_size": 152064,
+        "vision_config": {
+            "depth": 32,
+            "hidden_act": "silu",
+            "hidden_size": 1280,
+            "intermediate_size": 3420,
+            "num_heads": 16,
+            "in_chans": 3,
+            "out_hidden_size": 3584,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "spatial_patch_size": 14,
+            "window_size": 112,
+            "fullatt_block_indexes": [7, 15, 23, 31],
+            "tokens_per_second": 2,
+            "temporal_patch_size": 2,
+        },
         "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
     }
     assert ModelConfig.from_hf_dict(hub) == ModelConfig.preset("7b")
@@ -42,8 +68,7 @@ def test_released_7b_hub_config_parses():
 def test_tiny_preset_uses_contract_token_ids():
     c = ModelConfig.preset("tiny")
     assert (c.vocab_size, c.image_token_id, c.video_token_id) == (2048, 2012, 2013)
-    assert (c.vision_start_token_id, c.vision_end_token_id, c.eos_token_id, c.pad_token_id) == (
-        2009, 2010, 2002, 2000)
+    assert (c.vision_start_token_id, c.vision_end_token_id, c.eos_token_id, c.pad_token_id) == (2009, 2010, 2002, 2000)
 
 
 def test_from_hf_dir_errors_name_file_and_field(tmp_path):

@@ -1,6 +1,7 @@
 """The decoder's remat policies leave values and gradients unchanged, and never make the
 blockwise attention's memory quadratic: remat wraps everything in a layer but the attention
 kernel (under remat inside the layer scan, JAX would otherwise keep every block's scores)."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np

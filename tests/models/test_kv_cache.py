@@ -1,4 +1,5 @@
 """Incremental decoding with the KV cache equals the full forward pass."""
+
 import numpy as np
 
 from pyvision_jax.models import decode_step, logits, prefill
@@ -8,8 +9,7 @@ from tests.models.model_inputs import image_tokens, patches, text
 def test_token_by_token_decoding_matches_full_forward(tiny_reference):
     config, _, params, _ = tiny_reference
     grids = [(1, 4, 8), (1, 4, 4)]
-    rows = [text(2, 30) + image_tokens(grids[0]) + text(2, 31),
-            text(5, 32) + image_tokens(grids[1]) + text(3, 33)]
+    rows = [text(2, 30) + image_tokens(grids[0]) + text(2, 31), text(5, 32) + image_tokens(grids[1]) + text(3, 33)]
     width = max(map(len, rows))
     prompt = np.array([[config.pad_token_id] * (width - len(r)) + r for r in rows])
     prompt_mask = np.array([[0] * (width - len(r)) + [1] * len(r) for r in rows])
@@ -20,11 +20,13 @@ def test_token_by_token_decoding_matches_full_forward(tiny_reference):
     full_mask = np.concatenate([prompt_mask, np.ones_like(generated)], axis=1)
     full = np.asarray(logits(config, params, {"input_ids": full_ids, "attention_mask": full_mask, **visual}))
 
-    out, cache, deltas = prefill(config, params, {"input_ids": prompt, "attention_mask": prompt_mask, **visual},
-                                 max_length=width + 8)
-    np.testing.assert_allclose(np.asarray(out)[prompt_mask.astype(bool)],
-                               full[:, :width][prompt_mask.astype(bool)], atol=1e-4, rtol=0)
+    out, cache, deltas = prefill(
+        config, params, {"input_ids": prompt, "attention_mask": prompt_mask, **visual}, max_length=width + 8
+    )
+    np.testing.assert_allclose(
+        np.asarray(out)[prompt_mask.astype(bool)], full[:, :width][prompt_mask.astype(bool)], atol=1e-4, rtol=0
+    )
     for step in range(generated.shape[1]):
-        out, cache = decode_step(config, params, generated[:, step:step + 1], cache, deltas)
+        out, cache = decode_step(config, params, generated[:, step : step + 1], cache, deltas)
         np.testing.assert_allclose(np.asarray(out)[:, 0], full[:, width + step], atol=1e-4, rtol=0)
     assert int(cache.index) == width + generated.shape[1]

@@ -1,5 +1,6 @@
 """Stacked layers: one leading "layers" axis, a scan equal to the layer-by-layer loop, and
 remat policies that change memory, never values or gradients."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -1,4 +1,5 @@
 """Logits parity with transformers' Qwen2_5_VLForConditionalGeneration (torch fp32, eager)."""
+
 import numpy as np
 import pytest
 
@@ -34,38 +35,59 @@ def test_one_image(tiny_reference):
     config = tiny_reference[0]
     grid = (1, 10, 12)  # 5x6 merged units: one full 4x4 window, three cut at the borders
     ids, mask = right_padded(text(3, 4) + image_tokens(grid) + text(5, 5))
-    assert_parity(tiny_reference, {"input_ids": ids, "attention_mask": mask,
-                                   "pixel_values": patches(config, [grid], 6), "image_grid_thw": np.array([grid])})
+    assert_parity(
+        tiny_reference,
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "pixel_values": patches(config, [grid], 6),
+            "image_grid_thw": np.array([grid]),
+        },
+    )
 
 
 def test_two_images_of_different_sizes_in_one_sequence(tiny_reference):
     config = tiny_reference[0]
     grids = [(1, 10, 8), (1, 4, 12)]
-    ids, mask = right_padded(text(2, 7) + image_tokens(grids[0]) + text(3, 8) + image_tokens(grids[1])
-                             + text(4, 9))
-    assert_parity(tiny_reference, {"input_ids": ids, "attention_mask": mask,
-                                   "pixel_values": patches(config, grids, 10), "image_grid_thw": np.array(grids)})
+    ids, mask = right_padded(text(2, 7) + image_tokens(grids[0]) + text(3, 8) + image_tokens(grids[1]) + text(4, 9))
+    assert_parity(
+        tiny_reference,
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "pixel_values": patches(config, grids, 10),
+            "image_grid_thw": np.array(grids),
+        },
+    )
 
 
 def test_left_padded_batch_with_images(tiny_reference):
     config = tiny_reference[0]
     grids = [(1, 4, 4), (1, 6, 4)]
-    rows = [text(2, 11) + image_tokens(grids[0]) + text(3, 12),
-            text(4, 13) + image_tokens(grids[1]) + text(6, 14)]
+    rows = [text(2, 11) + image_tokens(grids[0]) + text(3, 12), text(4, 13) + image_tokens(grids[1]) + text(6, 14)]
     width = 19  # the shape of the full forward in test_kv_cache
     ids = np.array([[config.pad_token_id] * (width - len(r)) + r for r in rows])
     mask = np.array([[0] * (width - len(r)) + [1] * len(r) for r in rows])
     assert mask[0].sum() < width
-    assert_parity(tiny_reference, {"input_ids": ids, "attention_mask": mask,
-                                   "pixel_values": patches(config, grids, 15), "image_grid_thw": np.array(grids)})
+    assert_parity(
+        tiny_reference,
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "pixel_values": patches(config, grids, 15),
+            "image_grid_thw": np.array(grids),
+        },
+    )
 
 
 def test_windows_ragged_at_image_borders(ragged_reference):
     config = ragged_reference[0]
     grids = [(1, 10, 14), (1, 8, 4)]  # 5x7 and 4x2 merged units against 3x3-unit windows
     ids = text(2, 16) + image_tokens(grids[0]) + text(2, 17) + image_tokens(grids[1]) + text(3, 18)
-    assert_parity(ragged_reference, {"input_ids": np.array([ids]), "pixel_values": patches(config, grids, 19),
-                                     "image_grid_thw": np.array(grids)})
+    assert_parity(
+        ragged_reference,
+        {"input_ids": np.array([ids]), "pixel_values": patches(config, grids, 19), "image_grid_thw": np.array(grids)},
+    )
 
 
 @pytest.mark.parametrize("seconds", [1.5, 1 / 3])
@@ -74,13 +96,22 @@ def test_video_with_our_position_ids(tiny_reference, seconds):
     config = tiny_reference[0]
     video, image = (3, 4, 8), (1, 4, 4)
     ids, mask = right_padded(text(2, 20) + video_tokens(video) + text(2, 21) + image_tokens(image) + text(3, 22))
-    inputs = {"input_ids": ids, "attention_mask": mask, "pixel_values_videos": patches(config, [video], 23),
-              "video_grid_thw": np.array([video]), "second_per_grid_ts": np.array([seconds], np.float32),
-              "pixel_values": patches(config, [image], 24), "image_grid_thw": np.array([image])}
-    positions, _ = rope_index_for(config, ids, mask, inputs["image_grid_thw"], inputs["video_grid_thw"],
-                                  inputs["second_per_grid_ts"])
+    inputs = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "pixel_values_videos": patches(config, [video], 23),
+        "video_grid_thw": np.array([video]),
+        "second_per_grid_ts": np.array([seconds], np.float32),
+        "pixel_values": patches(config, [image], 24),
+        "image_grid_thw": np.array([image]),
+    }
+    positions, _ = rope_index_for(
+        config, ids, mask, inputs["image_grid_thw"], inputs["video_grid_thw"], inputs["second_per_grid_ts"]
+    )
     assert_parity(tiny_reference, inputs, position_ids=positions)
     # and logits() computes those same positions by itself
     config, model, params, _ = tiny_reference
-    np.testing.assert_array_equal(np.asarray(logits(config, params, inputs)),
-                                  np.asarray(logits(config, params, dict(inputs, position_ids=positions))))
+    np.testing.assert_array_equal(
+        np.asarray(logits(config, params, inputs)),
+        np.asarray(logits(config, params, dict(inputs, position_ids=positions))),
+    )

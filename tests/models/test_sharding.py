@@ -1,4 +1,5 @@
 """Logical-axis sharding: every parameter is annotated; an 8-device mesh gives 1-device logits."""
+
 import os
 import subprocess
 import sys
@@ -17,9 +18,10 @@ def test_every_parameter_has_one_known_logical_axis_per_dimension():
     config = ModelConfig.preset("tiny")
     axes, shapes = param_logical_axes(config), param_shapes(config)
     known = {name for name, _ in LOGICAL_AXIS_RULES}
-    pairs = jax.tree.leaves(jax.tree.map(lambda a, s: (a, s.shape), axes, shapes,
-                                         is_leaf=lambda x: isinstance(x, tuple)),
-                            is_leaf=lambda x: isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], tuple))
+    pairs = jax.tree.leaves(
+        jax.tree.map(lambda a, s: (a, s.shape), axes, shapes, is_leaf=lambda x: isinstance(x, tuple)),
+        is_leaf=lambda x: isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], tuple),
+    )
     assert len(pairs) == len(jax.tree.leaves(shapes))
     for names, shape in pairs:
         assert len(names) == len(shape) and all(n in known for n in names), (names, shape)
@@ -48,8 +50,14 @@ def test_mesh_axes_that_do_not_divide_are_dropped():
 
 def test_eight_device_mesh_matches_one_device():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-m", "tests.models.mesh_check"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.models.mesh_check"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert "max_abs_diff=" in result.stdout
     assert np.isfinite(float(result.stdout.split("max_abs_diff=")[1].split()[0]))

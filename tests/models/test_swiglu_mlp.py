@@ -1,4 +1,5 @@
 """The decoder MLP's hand-written gradient against autodiff of its formula and numerics."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,14 +20,12 @@ def draw(seed, *shapes):
 
 @pytest.mark.parametrize("lead", [(7,), (2, 5), (3, 1, 4)])
 def test_value_and_gradient_equal_autodiff_of_the_formula(lead):
-    x, w_gate, w_up, w_down, weights = draw(len(lead), lead + (8,), (8, 12), (8, 12), (12, 8),
-                                            lead + (8,))
-    np.testing.assert_allclose(swiglu_mlp(x, w_gate, w_up, w_down),
-                               formula(x, w_gate, w_up, w_down), rtol=1e-6, atol=1e-6)
-    ours = jax.grad(lambda *a: jnp.sum(swiglu_mlp(*a) * weights), argnums=(0, 1, 2, 3))(
-        x, w_gate, w_up, w_down)
-    reference = jax.grad(lambda *a: jnp.sum(formula(*a) * weights), argnums=(0, 1, 2, 3))(
-        x, w_gate, w_up, w_down)
+    x, w_gate, w_up, w_down, weights = draw(len(lead), lead + (8,), (8, 12), (8, 12), (12, 8), lead + (8,))
+    np.testing.assert_allclose(
+        swiglu_mlp(x, w_gate, w_up, w_down), formula(x, w_gate, w_up, w_down), rtol=1e-6, atol=1e-6
+    )
+    ours = jax.grad(lambda *a: jnp.sum(swiglu_mlp(*a) * weights), argnums=(0, 1, 2, 3))(x, w_gate, w_up, w_down)
+    reference = jax.grad(lambda *a: jnp.sum(formula(*a) * weights), argnums=(0, 1, 2, 3))(x, w_gate, w_up, w_down)
     for name, a, b in zip(["x", "w_gate", "w_up", "w_down"], ours, reference):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
 
@@ -39,7 +38,6 @@ def test_gradient_passes_a_numerical_check():
 def test_gradient_under_jit_keeps_the_parameter_dtypes():
     x, w_gate, w_up, w_down = draw(3, (2, 3, 8), (8, 12), (8, 12), (12, 8))
     bf16 = [a.astype(jnp.bfloat16) for a in (x, w_gate, w_up, w_down)]
-    grads = jax.jit(jax.grad(lambda *a: jnp.sum(swiglu_mlp(*a).astype(jnp.float32)),
-                             argnums=(0, 1, 2, 3)))(*bf16)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(swiglu_mlp(*a).astype(jnp.float32)), argnums=(0, 1, 2, 3)))(*bf16)
     assert [g.dtype for g in grads] == [jnp.bfloat16] * 4
     assert all(g.shape == a.shape for g, a in zip(grads, bf16))

@@ -1,4 +1,5 @@
 """The padded window layout: buckets, the inverse permutation, and no retrace within a bucket."""
+
 import numpy as np
 
 from pyvision_jax.models import forward, logits
@@ -36,9 +37,16 @@ def test_new_image_sizes_within_a_bucket_do_not_retrace(tiny_reference):
 
     def run(grid, seed):  # the shared shape of the parity tests, whose compilation this may reuse
         ids, mask = right_padded(text(3, seed) + image_tokens(grid))
-        return logits(config, params, {"input_ids": ids, "attention_mask": mask,
-                                       "pixel_values": patches(config, [grid], seed),
-                                       "image_grid_thw": np.array([grid])})
+        return logits(
+            config,
+            params,
+            {
+                "input_ids": ids,
+                "attention_mask": mask,
+                "pixel_values": patches(config, [grid], seed),
+                "image_grid_thw": np.array([grid]),
+            },
+        )
 
     run((1, 10, 12), 1)  # 5x6 merged units: 4 windows, 30 merged tokens (bucket 32)
     before = forward._cache_size()

@@ -5,6 +5,8 @@ import pytest
 from PIL import Image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
     Qwen2VLImageProcessorPil,
+)
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
     smart_resize as reference_smart_resize,
 )
 
@@ -23,10 +25,22 @@ def _reference(images, min_pixels, max_pixels):
     return out["pixel_values"], out["image_grid_thw"]
 
 
-@pytest.mark.parametrize("height,width", [
-    (1, 1), (27, 29), (28, 28), (57, 91), (300, 200), (1000, 1500), (3000, 4000), (10, 1999),
-    (4000, 21), (123457, 1000), (56, 56 * 199),
-])
+@pytest.mark.parametrize(
+    "height,width",
+    [
+        (1, 1),
+        (27, 29),
+        (28, 28),
+        (57, 91),
+        (300, 200),
+        (1000, 1500),
+        (3000, 4000),
+        (10, 1999),
+        (4000, 21),
+        (123457, 1000),
+        (56, 56 * 199),
+    ],
+)
 @pytest.mark.parametrize("min_pixels,max_pixels", [(3136, 2_000_000), (256 * 28 * 28, 1280 * 28 * 28)])
 def test_smart_resize_matches_reference(height, width, min_pixels, max_pixels):
     ours = smart_resize(height, width, 28, min_pixels, max_pixels)
@@ -45,9 +59,13 @@ def test_smart_resize_rejects_extreme_aspect_ratio():
 def test_preprocess_images_is_bit_identical_to_transformers(min_pixels, max_pixels):
     rng = np.random.default_rng(min_pixels + max_pixels)
     images = [
-        _random_image(rng, 57, 91), _random_image(rng, 300, 200), _random_image(rng, 613, 417),
-        _random_image(rng, 28, 28), _random_image(rng, 12, 700),
-        _random_image(rng, 77, 130, "RGBA"), _random_image(rng, 90, 45, "L"),
+        _random_image(rng, 57, 91),
+        _random_image(rng, 300, 200),
+        _random_image(rng, 613, 417),
+        _random_image(rng, 28, 28),
+        _random_image(rng, 12, 700),
+        _random_image(rng, 77, 130, "RGBA"),
+        _random_image(rng, 90, 45, "L"),
         _random_image(rng, 64, 64, "LA"),
     ]
     palette = _random_image(rng, 40, 50).convert("P")
@@ -65,8 +83,7 @@ def test_uint8_arrays_match_pil_inputs():
     array = rng.integers(0, 256, (70, 110, 3), dtype=np.uint8)
     gray = rng.integers(0, 256, (70, 110), dtype=np.uint8)
     ours, grid = preprocess_images([array, gray])
-    reference, reference_grid = _reference([Image.fromarray(array), Image.fromarray(gray)],
-                                           3136, 2_000_000)
+    reference, reference_grid = _reference([Image.fromarray(array), Image.fromarray(gray)], 3136, 2_000_000)
     np.testing.assert_array_equal(ours, reference)
     np.testing.assert_array_equal(grid, reference_grid)
 
@@ -88,5 +105,4 @@ def test_patch_rows_hold_merge_windows_in_c_t_p_p_order():
     row = patches[3].reshape(3, 2, 14, 14)
     np.testing.assert_array_equal(row, frames[:, :, 14:28, 14:28].transpose(1, 0, 2, 3))
     # Row 4 starts the next merge window to the right: patch (0, 2).
-    np.testing.assert_array_equal(patches[4].reshape(3, 2, 14, 14),
-                                  frames[:, :, 0:14, 28:42].transpose(1, 0, 2, 3))
+    np.testing.assert_array_equal(patches[4].reshape(3, 2, 14, 14), frames[:, :, 0:14, 28:42].transpose(1, 0, 2, 3))

@@ -12,13 +12,28 @@ from transformers import AutoTokenizer
 from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR
 
 QWEN_SPECIAL_IDS = {
-    "<|endoftext|>": 2000, "<|im_start|>": 2001, "<|im_end|>": 2002,
-    "<|object_ref_start|>": 2003, "<|object_ref_end|>": 2004, "<|box_start|>": 2005,
-    "<|box_end|>": 2006, "<|quad_start|>": 2007, "<|quad_end|>": 2008,
-    "<|vision_start|>": 2009, "<|vision_end|>": 2010, "<|vision_pad|>": 2011,
-    "<|image_pad|>": 2012, "<|video_pad|>": 2013, "<tool_call>": 2014, "</tool_call>": 2015,
-    "<|fim_prefix|>": 2016, "<|fim_middle|>": 2017, "<|fim_suffix|>": 2018,
-    "<|fim_pad|>": 2019, "<|repo_name|>": 2020, "<|file_sep|>": 2021,
+    "<|endoftext|>": 2000,
+    "<|im_start|>": 2001,
+    "<|im_end|>": 2002,
+    "<|object_ref_start|>": 2003,
+    "<|object_ref_end|>": 2004,
+    "<|box_start|>": 2005,
+    "<|box_end|>": 2006,
+    "<|quad_start|>": 2007,
+    "<|quad_end|>": 2008,
+    "<|vision_start|>": 2009,
+    "<|vision_end|>": 2010,
+    "<|vision_pad|>": 2011,
+    "<|image_pad|>": 2012,
+    "<|video_pad|>": 2013,
+    "<tool_call>": 2014,
+    "</tool_call>": 2015,
+    "<|fim_prefix|>": 2016,
+    "<|fim_middle|>": 2017,
+    "<|fim_suffix|>": 2018,
+    "<|fim_pad|>": 2019,
+    "<|repo_name|>": 2020,
+    "<|file_sep|>": 2021,
 }
 
 PROTOCOL_TEXTS = [
@@ -66,8 +81,7 @@ def test_skip_special_tokens_drops_qwen_specials_only(tokenizer):
 
 def test_chat_template_is_qwen2_5_vl(tokenizer):
     messages = [
-        {"role": "user", "content": [
-            {"type": "image"}, {"type": "text", "text": "What colour is the star?"}]},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is the star?"}]},
         {"role": "assistant", "content": "<answer>\n\\boxed{red}\n</answer>"},
         {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "Count."}]},
     ]
@@ -77,12 +91,13 @@ def test_chat_template_is_qwen2_5_vl(tokenizer):
         "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What colour is the star?"
         "<|im_end|>\n<|im_start|>assistant\n<answer>\n\\boxed{red}\n</answer><|im_end|>\n"
         "<|im_start|>user\n<|vision_start|><|video_pad|><|vision_end|>Count.<|im_end|>\n"
-        "<|im_start|>assistant\n")
+        "<|im_start|>assistant\n"
+    )
     with_system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     assert tokenizer.apply_chat_template(with_system, tokenize=False) == (
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n")
-    ids = tokenizer.apply_chat_template(messages[:1], tokenize=True, add_generation_prompt=True,
-                                        return_dict=False)
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+    )
+    ids = tokenizer.apply_chat_template(messages[:1], tokenize=True, add_generation_prompt=True, return_dict=False)
     assert ids[-4:] == [2001] + tokenizer.encode("assistant\n")
     assert ids.count(2012) == 1
 
@@ -91,7 +106,6 @@ def test_rebuilding_gives_identical_files(tmp_path: Path):
     script = Path(__file__).resolve().parents[2] / "scripts" / "build_tiny_tokenizer.py"
     subprocess.run([sys.executable, str(script), "--out", str(tmp_path)], check=True, capture_output=True)
     written = sorted(tmp_path.iterdir())
-    assert sorted(path.name for path in written) == sorted(
-        path.name for path in TINY_TOKENIZER_DIR.iterdir())
+    assert sorted(path.name for path in written) == sorted(path.name for path in TINY_TOKENIZER_DIR.iterdir())
     for path in written:
         assert path.read_bytes() == (TINY_TOKENIZER_DIR / path.name).read_bytes(), path.name

@@ -46,5 +46,4 @@ def test_video_token_count_agrees_with_preprocessing():
     count = sample_frame_count(total, fps, 2.0)
     frames = video[sample_frame_indices(total, count)]
     patches = preprocess_video(frames, sample_fps=count / total * fps)
-    assert video_token_count(total, 100, 60, fps, sample_fps=2.0) == num_visual_tokens(
-        patches.video_grid_thw)
+    assert video_token_count(total, 100, 60, fps, sample_fps=2.0) == num_visual_tokens(patches.video_grid_thw)

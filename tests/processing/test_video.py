@@ -18,15 +18,18 @@ from pyvision_jax.processing.video import (
 )
 
 
-@pytest.mark.parametrize("total,video_fps,sample_fps,expected", [
-    (300, 30.0, 2.0, 20),      # 10 s at 2 fps
-    (300, 30.0, 1.0, 10),
-    (301, 30.0, 1.0, 10),      # 10.03 frames floored to a multiple of 2
-    (300, 30.0, 0.1, 4),       # at least min_frames
-    (3, 30.0, 2.0, 2),         # never more than the video has, rounded down to 2
-    (108000, 30.0, 2.0, 768),  # one hour: capped at max_frames
-    (50, 25.0, 30.0, 50),      # more than the video's own rate: every frame
-])
+@pytest.mark.parametrize(
+    "total,video_fps,sample_fps,expected",
+    [
+        (300, 30.0, 2.0, 20),  # 10 s at 2 fps
+        (300, 30.0, 1.0, 10),
+        (301, 30.0, 1.0, 10),  # 10.03 frames floored to a multiple of 2
+        (300, 30.0, 0.1, 4),  # at least min_frames
+        (3, 30.0, 2.0, 2),  # never more than the video has, rounded down to 2
+        (108000, 30.0, 2.0, 768),  # one hour: capped at max_frames
+        (50, 25.0, 30.0, 50),  # more than the video's own rate: every frame
+    ],
+)
 def test_sample_frame_count(total, video_fps, sample_fps, expected):
     assert sample_frame_count(total, video_fps, sample_fps) == expected
 
@@ -84,7 +87,8 @@ def test_video_grid_follows_the_total_pixel_budget():
     np.testing.assert_array_equal(video.video_grid_thw, [[4, 308 // 14, 588 // 14]])
     # A tiny total budget is floored at 1.05 * min_pixels per frame.
     assert video_frame_size(8, 360, 640, total_pixels=1000) == smart_resize(
-        360, 640, 28, VIDEO_MIN_PIXELS, int(VIDEO_MIN_PIXELS * 1.05))
+        360, 640, 28, VIDEO_MIN_PIXELS, int(VIDEO_MIN_PIXELS * 1.05)
+    )
     assert video.second_per_grid_ts == 2.0
 
 

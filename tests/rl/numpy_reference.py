@@ -1,4 +1,5 @@
 """Plain, loop-based numpy references for the jitted RL kernels (float64, one item at a time)."""
+
 from __future__ import annotations
 
 import math
@@ -48,11 +49,16 @@ def group_outcomes(rewards, valid, broken, *, std_eps, min_members, drop_groups_
     return outcomes, std, unbiased
 
 
-def select(rewards, valid, broken, num_select, *, mode="group", std_eps=1e-6, min_members=2,
-           drop_groups_with_broken=False):
+def select(
+    rewards, valid, broken, num_select, *, mode="group", std_eps=1e-6, min_members=2, drop_groups_with_broken=False
+):
     """Real selections only, best first: group ids (group mode) or flat rollout ids."""
     outcomes, std, unbiased = group_outcomes(
-        rewards, valid, broken, std_eps=std_eps, min_members=min_members,
+        rewards,
+        valid,
+        broken,
+        std_eps=std_eps,
+        min_members=min_members,
         drop_groups_with_broken=drop_groups_with_broken,
     )
     group_size = rewards.shape[1]
@@ -61,14 +67,17 @@ def select(rewards, valid, broken, num_select, *, mode="group", std_eps=1e-6, mi
     else:
         candidates = [
             (-unbiased[p], p * group_size + g)
-            for p in range(len(outcomes)) if outcomes[p] == "eligible"
-            for g in range(group_size) if valid[p, g] and not broken[p, g]
+            for p in range(len(outcomes))
+            if outcomes[p] == "eligible"
+            for g in range(group_size)
+            if valid[p, g] and not broken[p, g]
         ]
     return [index for _, index in sorted(candidates)[:num_select]], outcomes
 
 
-def advantages(rewards, valid, broken, *, normalize_std=False, std_eps=1e-6, mean_over_full_group=False,
-               negative_weight=1.0):
+def advantages(
+    rewards, valid, broken, *, normalize_std=False, std_eps=1e-6, mean_over_full_group=False, negative_weight=1.0
+):
     out = np.zeros(rewards.shape)
     for p in range(rewards.shape[0]):
         usable = [g for g in range(rewards.shape[1]) if valid[p, g] and not broken[p, g]]
@@ -102,14 +111,16 @@ def ppo_loss(logprobs, old, advantages, mask, config, behaviour=None, ref=None, 
     sequence_sums, sequence_tokens, clipped_tokens = [], [], 0
     for b in range(batch):
         total, tokens = 0.0, 0
-        sequence_is_log = (sum(old[b, t] - behaviour[b, t] for t in range(length) if mask[b, t])
-                           if behaviour is not None else 0.0)
+        sequence_is_log = (
+            sum(old[b, t] - behaviour[b, t] for t in range(length) if mask[b, t]) if behaviour is not None else 0.0
+        )
         for t in range(length):
             if not mask[b, t]:
                 continue
             a = float(advantages[b, t])
-            loss = ppo_token_loss(float(logprobs[b, t]), float(old[b, t]), a,
-                                  config.eps_low, config.eps_high, config.dual_clip)
+            loss = ppo_token_loss(
+                float(logprobs[b, t]), float(old[b, t]), a, config.eps_low, config.eps_high, config.dual_clip
+            )
             ratio = math.exp(logprobs[b, t] - old[b, t])
             clipped_tokens += -a * min(max(ratio, 1 - config.eps_low), 1 + config.eps_high) > -a * ratio
             if entropy is not None and entropy[b, t] < config.min_entropy:

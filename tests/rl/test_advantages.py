@@ -19,14 +19,30 @@ def random_batch(seed):
 
 
 @settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), normalize_std=st.booleans(), mean_over_full_group=st.booleans(),
-       negative_weight=st.sampled_from([1.0, 0.25, 0.0]))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    normalize_std=st.booleans(),
+    mean_over_full_group=st.booleans(),
+    negative_weight=st.sampled_from([1.0, 0.25, 0.0]),
+)
 def test_matches_reference(seed, normalize_std, mean_over_full_group, negative_weight):
     rewards, valid, broken = random_batch(seed)
-    got = advantages(rewards, valid, broken, normalize_std=normalize_std, mean_over_full_group=mean_over_full_group,
-                     negative_weight=negative_weight)
-    expected = ref.advantages(rewards, valid, broken, normalize_std=normalize_std,
-                              mean_over_full_group=mean_over_full_group, negative_weight=negative_weight)
+    got = advantages(
+        rewards,
+        valid,
+        broken,
+        normalize_std=normalize_std,
+        mean_over_full_group=mean_over_full_group,
+        negative_weight=negative_weight,
+    )
+    expected = ref.advantages(
+        rewards,
+        valid,
+        broken,
+        normalize_std=normalize_std,
+        mean_over_full_group=mean_over_full_group,
+        negative_weight=negative_weight,
+    )
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
     assert np.all(np.asarray(got)[~(valid & ~broken)] == 0)
 
@@ -82,8 +98,9 @@ def test_padding_never_changes_advantages(seed):
     padded_broken = rng.random((P + 3, G + 2)) < 0.5
     padded_broken[:P, :G] = broken
     plain = advantages(rewards, valid, broken, normalize_std=normalize_std, mean_over_full_group=False)
-    padded = advantages(padded_rewards, padded_valid, padded_broken, normalize_std=normalize_std,
-                        mean_over_full_group=False)
+    padded = advantages(
+        padded_rewards, padded_valid, padded_broken, normalize_std=normalize_std, mean_over_full_group=False
+    )
     np.testing.assert_allclose(np.asarray(padded)[:P, :G], plain, rtol=1e-6, atol=1e-6)
     assert not np.asarray(padded)[P:].any() and not np.asarray(padded)[:, G:].any()
 
@@ -103,6 +120,7 @@ def test_equal_rewards_give_exactly_zero_advantage_even_normalized():
     rewards = np.repeat(values[:, None], G, axis=1)
     valid = np.arange(G)[None, :] < np.array([3, 3, 3, 5, 5, 5, 6, 6, 6, 4, 3, 5])[:, None]
     for normalize_std in (False, True):
-        got = np.asarray(advantages(rewards, valid, np.zeros_like(valid), normalize_std=normalize_std,
-                                    mean_over_full_group=False))
+        got = np.asarray(
+            advantages(rewards, valid, np.zeros_like(valid), normalize_std=normalize_std, mean_over_full_group=False)
+        )
         assert not got.any()

@@ -1,5 +1,6 @@
 """Reward controls in every position: "" (the recipe) leaves rewards and advantages alone,
 "random" replaces rewards with seeded Bernoulli(0.5) draws, "entropy_min" zeroes advantages."""
+
 import jax
 import numpy as np
 import pytest

@@ -15,8 +15,13 @@ CONFIGS = [
     PPOLossConfig(eps_low=0.1, eps_high=0.28, aggregation="seq-mean-token-mean"),
     PPOLossConfig(dual_clip=None, aggregation="seq-mean-token-sum-norm", norm_length=16),
     PPOLossConfig(importance_sampling="token", is_truncation=1.5, kl_coef=0.05, kl_estimator="k1"),
-    PPOLossConfig(importance_sampling="sequence", kl_coef=0.1, kl_estimator="k3", entropy_coef=0.01,
-                  aggregation="seq-mean-token-mean"),
+    PPOLossConfig(
+        importance_sampling="sequence",
+        kl_coef=0.1,
+        kl_estimator="k3",
+        entropy_coef=0.01,
+        aggregation="seq-mean-token-mean",
+    ),
     PPOLossConfig(min_entropy=1.0, kl_coef=0.05, entropy_coef=-0.1),
 ]
 
@@ -32,13 +37,28 @@ def random_tokens(seed, batch=B, length=T):
     lengths = rng.integers(0, length + 1, batch)
     mask = np.arange(length)[None, :] < lengths[:, None]
     mask[:, 0] &= rng.random(batch) < 0.5  # gaps, like tool-output tokens inside a trajectory
-    return dict(logprobs=logprobs, old=old, behaviour=behaviour, reference=reference,
-                entropy=entropy, advantages=advantages, mask=mask)
+    return dict(
+        logprobs=logprobs,
+        old=old,
+        behaviour=behaviour,
+        reference=reference,
+        entropy=entropy,
+        advantages=advantages,
+        mask=mask,
+    )
 
 
 def run(config, data, fn=loss_fn):
-    return fn(data["logprobs"], data["old"], data["advantages"], data["mask"], config=config,
-              behaviour_logprobs=data["behaviour"], ref_logprobs=data["reference"], entropy=data["entropy"])
+    return fn(
+        data["logprobs"],
+        data["old"],
+        data["advantages"],
+        data["mask"],
+        config=config,
+        behaviour_logprobs=data["behaviour"],
+        ref_logprobs=data["reference"],
+        entropy=data["entropy"],
+    )
 
 
 @settings(max_examples=20, deadline=None)
@@ -48,8 +68,13 @@ def test_matches_reference(seed, config_index):
     data = random_tokens(seed)
     out = run(config, data)
     loss_sum, denominator, clipped = ref.ppo_loss(
-        data["logprobs"].astype(np.float64), data["old"].astype(np.float64), data["advantages"], data["mask"],
-        config, behaviour=data["behaviour"].astype(np.float64), ref=data["reference"].astype(np.float64),
+        data["logprobs"].astype(np.float64),
+        data["old"].astype(np.float64),
+        data["advantages"],
+        data["mask"],
+        config,
+        behaviour=data["behaviour"].astype(np.float64),
+        ref=data["reference"].astype(np.float64),
         entropy=data["entropy"],
     )
     np.testing.assert_allclose(out.loss_sum, loss_sum, rtol=1e-4, atol=1e-4)
@@ -116,8 +141,9 @@ def test_micro_batch_accumulation_equals_full_batch(seed, config_index):
 
 
 def loss_sum_of_logprobs(logprobs, old, advantages, mask, behaviour, reference, entropy, config):
-    return ppo_loss(logprobs, old, advantages, mask, config, behaviour_logprobs=behaviour,
-                    ref_logprobs=reference, entropy=entropy).loss_sum
+    return ppo_loss(
+        logprobs, old, advantages, mask, config, behaviour_logprobs=behaviour, ref_logprobs=reference, entropy=entropy
+    ).loss_sum
 
 
 loss_grad = jax.jit(jax.grad(loss_sum_of_logprobs), static_argnames="config")
@@ -128,8 +154,7 @@ def test_accumulated_gradient_equals_full_batch_gradient():
     config = CONFIGS[4]
     data = random_tokens(11, batch=8)
     full_grad = loss_grad(*(data[k] for k in GRAD_KEYS), config=config)
-    micro_grads = [loss_grad(*(data[k][part] for k in GRAD_KEYS), config=config)
-                   for part in (slice(0, 4), slice(4, 8))]
+    micro_grads = [loss_grad(*(data[k][part] for k in GRAD_KEYS), config=config) for part in (slice(0, 4), slice(4, 8))]
     np.testing.assert_allclose(np.concatenate(micro_grads), full_grad, rtol=1e-5, atol=1e-7)
 
 
@@ -203,7 +228,8 @@ def test_bad_settings_raise_clear_errors():
         PPOLossConfig(dual_clip=0.5)
     data = random_tokens(0)
     with pytest.raises(ValueError, match="needs behaviour_logprobs"):
-        ppo_loss(data["logprobs"], data["old"], data["advantages"], data["mask"],
-                 PPOLossConfig(importance_sampling="token"))
+        ppo_loss(
+            data["logprobs"], data["old"], data["advantages"], data["mask"], PPOLossConfig(importance_sampling="token")
+        )
     with pytest.raises(ValueError, match="needs ref_logprobs"):
         ppo_loss(data["logprobs"], data["old"], data["advantages"], data["mask"], PPOLossConfig(kl_coef=0.1))

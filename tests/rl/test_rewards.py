@@ -23,7 +23,7 @@ def test_paper_worked_examples():
         score[0, column], correct[0, column], calls[0, column], valid[0, column] = s, c, n, True
     got = np.asarray(reward(score, correct, calls, valid, 0.1))
     np.testing.assert_allclose(got[0, : len(EXAMPLES)], [e[-1] for e in EXAMPLES], atol=1e-6)
-    assert not got[0, len(EXAMPLES):].any() and not got[1:].any()
+    assert not got[0, len(EXAMPLES) :].any() and not got[1:].any()
 
 
 def random_groups(seed, shape=(12, 6)):

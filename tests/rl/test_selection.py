@@ -25,10 +25,15 @@ def random_batch(seed, broken_rate=0.1):
 
 @functools.lru_cache(maxsize=None)
 def jitted_select(num_select, mode, min_members, drop_groups_with_broken):
-    return jax.jit(functools.partial(
-        select_rollouts, num_select=num_select, mode=mode, min_members=min_members,
-        drop_groups_with_broken=drop_groups_with_broken,
-    ))
+    return jax.jit(
+        functools.partial(
+            select_rollouts,
+            num_select=num_select,
+            mode=mode,
+            min_members=min_members,
+            drop_groups_with_broken=drop_groups_with_broken,
+        )
+    )
 
 
 def assert_matches_reference(selection, expected, rank_values):
@@ -40,7 +45,7 @@ def assert_matches_reference(selection, expected, rank_values):
     real = np.asarray(selection.real)
     indices = np.asarray(selection.indices)
     assert real.sum() == len(expected)
-    assert real[: len(expected)].all() and not real[len(expected):].any()
+    assert real[: len(expected)].all() and not real[len(expected) :].any()
     chosen = indices[: len(expected)]
     assert len(set(chosen.tolist())) == len(chosen)
     np.testing.assert_allclose(rank_values[chosen], rank_values[expected], atol=1e-5)
@@ -57,8 +62,9 @@ def test_group_mode_matches_reference(seed, policy):
     expected, outcomes = ref.select(
         rewards, valid, broken, P, min_members=min_members, drop_groups_with_broken=drop_groups_with_broken
     )
-    _, std, _ = ref.group_outcomes(rewards, valid, broken, std_eps=1e-6, min_members=min_members,
-                                   drop_groups_with_broken=drop_groups_with_broken)
+    _, std, _ = ref.group_outcomes(
+        rewards, valid, broken, std_eps=1e-6, min_members=min_members, drop_groups_with_broken=drop_groups_with_broken
+    )
     assert_matches_reference(selection, expected, std)
     counts = selection.counts
     assert int(counts.groups) == sum(o != "padding" for o in outcomes)
@@ -68,8 +74,13 @@ def test_group_mode_matches_reference(seed, policy):
     assert int(counts.eligible) == outcomes.count("eligible")
     assert int(counts.kept) == len(expected)
     assert int(counts.broken_rollouts) == int((valid & broken).sum())
-    assert (counts.zero_variance + counts.too_few_members + counts.broken_groups_dropped
-            + counts.no_trainable + counts.eligible) == counts.groups
+    assert (
+        counts.zero_variance
+        + counts.too_few_members
+        + counts.broken_groups_dropped
+        + counts.no_trainable
+        + counts.eligible
+    ) == counts.groups
     for index in np.asarray(selection.indices)[np.asarray(selection.real)]:
         assert outcomes[index] == "eligible" and std[index] > 1e-6
 
@@ -80,8 +91,9 @@ def test_trajectory_mode_matches_reference(seed, num_select):
     rewards, valid, broken = random_batch(seed)
     selection = jitted_select(num_select, "trajectory", 2, False)(rewards, valid, broken)
     expected, _ = ref.select(rewards, valid, broken, num_select, mode="trajectory")
-    _, _, unbiased = ref.group_outcomes(rewards, valid, broken, std_eps=1e-6, min_members=2,
-                                        drop_groups_with_broken=False)
+    _, _, unbiased = ref.group_outcomes(
+        rewards, valid, broken, std_eps=1e-6, min_members=2, drop_groups_with_broken=False
+    )
     assert_matches_reference(selection, expected, np.repeat(unbiased, G))
     np.testing.assert_array_equal(selection.rollout_indices, selection.indices)
     chosen = np.asarray(selection.indices)[np.asarray(selection.real)]
@@ -109,14 +121,16 @@ def padded_batch(rewards, valid=None, broken=None):
 
 
 def test_ranking_by_std_with_ties_to_lower_index():
-    batch = padded_batch([
-        [1, 1, 1, 1],  # zero variance
-        [1, 0, 0, 0],  # std sqrt(3)/4
-        [1, 1, 0, 0],  # std 1/2
-        [0, 0, 0, 1],  # ties group 1
-        [0, 1, 0, 1],  # ties group 2
-        [0, 0, 0, 0],  # zero variance
-    ])
+    batch = padded_batch(
+        [
+            [1, 1, 1, 1],  # zero variance
+            [1, 0, 0, 0],  # std sqrt(3)/4
+            [1, 1, 0, 0],  # std 1/2
+            [0, 0, 0, 1],  # ties group 1
+            [0, 1, 0, 1],  # ties group 2
+            [0, 0, 0, 0],  # zero variance
+        ]
+    )
     selection = jitted_select(P, "group", 2, False)(*batch)
     np.testing.assert_array_equal(selection.indices[:4], [2, 4, 1, 3])
     np.testing.assert_array_equal(np.flatnonzero(selection.real), [0, 1, 2, 3])
@@ -125,17 +139,19 @@ def test_ranking_by_std_with_ties_to_lower_index():
     assert selection.rollout_indices.shape == (P * G,)
     np.testing.assert_array_equal(selection.rollout_indices[:G], np.arange(2 * G, 3 * G))
     np.testing.assert_array_equal(selection.rollout_real[:G], [True] * 4 + [False] * (G - 4))
-    assert not np.asarray(selection.rollout_real)[4 * G:].any()
+    assert not np.asarray(selection.rollout_real)[4 * G :].any()
 
 
 @pytest.mark.parametrize("mode, num_select", [("group", 1), ("trajectory", 4)])
 def test_arrival_order_takes_the_first_informative_group_not_the_highest_std(mode, num_select):
-    batch = padded_batch([
-        [1, 1, 1, 1],  # zero variance
-        [1, 0, 0, 0],  # informative, arrived first
-        [1, 1, 0, 0],  # the highest std
-        [0, 0, 0, 1],
-    ])
+    batch = padded_batch(
+        [
+            [1, 1, 1, 1],  # zero variance
+            [1, 0, 0, 0],  # informative, arrived first
+            [1, 1, 0, 0],  # the highest std
+            [0, 0, 0, 1],
+        ]
+    )
     groups = lambda s: {int(i) // G for i, r in zip(s.rollout_indices, s.rollout_real) if r}
     assert groups(select_rollouts(*batch, num_select, mode=mode)) == {2}
     assert groups(select_rollouts(*batch, num_select, mode=mode, rank_by="arrival")) == {1}
@@ -187,8 +203,7 @@ def test_padding_never_changes_selection(seed):
     padded_broken[:P, :G] = broken
     plain = jitted_select(P, "group", 2, False)(rewards, valid, broken)
     padded = jitted_select(P, "group", 2, False)(padded_rewards, padded_valid, padded_broken)
-    _, std, _ = ref.group_outcomes(rewards, valid, broken, std_eps=1e-6, min_members=2,
-                                   drop_groups_with_broken=False)
+    _, std, _ = ref.group_outcomes(rewards, valid, broken, std_eps=1e-6, min_members=2, drop_groups_with_broken=False)
     plain_choice = np.asarray(plain.indices)[np.asarray(plain.real)]
     assert_matches_reference(padded, plain_choice, np.concatenate([std, np.zeros(4)]))
     for name in ("groups", "zero_variance", "too_few_members", "eligible", "kept"):
@@ -216,10 +231,12 @@ def test_bad_arguments_raise_clear_errors():
 
 
 # Rollout filters before ranking (docs/recipe.md, rl.batch_unit): four groups of 4, B = 2.
-FILTER_REWARDS = [[1, 0, 1, 0],   # two of its rollouts filtered: 2 trainable, std 0.5
-                  [1, 0, 1, 0],   # every rollout filtered: none trainable, std 0.5
-                  [1, 1, 0, 0],   # all trainable, std 0.5
-                  [1, 0, 0, 0]]   # two filtered: 2 trainable, std 0.43
+FILTER_REWARDS = [
+    [1, 0, 1, 0],  # two of its rollouts filtered: 2 trainable, std 0.5
+    [1, 0, 1, 0],  # every rollout filtered: none trainable, std 0.5
+    [1, 1, 0, 0],  # all trainable, std 0.5
+    [1, 0, 0, 0],
+]  # two filtered: 2 trainable, std 0.43
 FILTER_KEEP = [[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]
 
 
@@ -244,8 +261,11 @@ def test_filtered_rollouts_and_emptied_groups_take_no_place_in_the_batch():
     np.testing.assert_array_equal(np.asarray(ours.indices), [0, 2])
     assert trained(ours) == [0, 1, 8, 9, 10, 11] and int(ours.counts.trainable) == 6
     for selection in (released, filled, ours):
-        assert (int(selection.counts.no_trainable), int(selection.counts.eligible),
-                int(selection.counts.filtered)) == (1, 3, 4)
+        assert (int(selection.counts.no_trainable), int(selection.counts.eligible), int(selection.counts.filtered)) == (
+            1,
+            3,
+            4,
+        )
     unfiltered = select_rollouts(rewards, valid, broken, 2)
     np.testing.assert_array_equal(np.asarray(unfiltered.indices), [0, 1])  # no filter: as ranked
 
@@ -259,14 +279,16 @@ def test_the_rollout_unit_skips_a_group_that_no_longer_fits_whole():
         select_rollouts(rewards, valid, broken, 2, batch_unit="rows")
 
 
-@pytest.mark.parametrize("mode, unit, num_select", [("group", "groups", 2), ("group", "rollouts", 2),
-                                                    ("trajectory", "groups", 8)])
+@pytest.mark.parametrize(
+    "mode, unit, num_select", [("group", "groups", 2), ("group", "rollouts", 2), ("trajectory", "groups", 8)]
+)
 def test_an_all_broken_group_takes_no_slot_when_statistics_count_broken_rollouts(mode, unit, num_select):
     rewards = np.asarray([[1, 0, 0, 0], [1, 1, 0, 0]], np.float32)
     broken = np.asarray([[1, 1, 1, 1], [0, 0, 0, 0]], bool)  # group 0: rewards differ, every rollout broke
     for include, no_trainable in ((True, 1), (False, 0)):
-        selection = select_rollouts(rewards, np.ones_like(broken), broken, num_select, mode=mode, batch_unit=unit,
-                                    stats_include_broken=include)
+        selection = select_rollouts(
+            rewards, np.ones_like(broken), broken, num_select, mode=mode, batch_unit=unit, stats_include_broken=include
+        )
         assert trained(selection) == [4, 5, 6, 7]
         assert int(selection.counts.no_trainable) == no_trainable
         if mode == "group" and unit == "groups":

@@ -43,9 +43,24 @@ class RedisServer:
     def _launch(self) -> bool:
         persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else ["--appendonly", "no"]
         self._process = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *persistence,
-             "--dir", self.workdir, "--logfile", self._log_path, "--daemonize", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                *persistence,
+                "--dir",
+                self.workdir,
+                "--logfile",
+                self._log_path,
+                "--daemonize",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
         )
         return self._wait_ready()
 

@@ -6,6 +6,7 @@ import redis
 from pyvision_jax.rollout.queue import DeliveredGroups, QueueConfig
 from tests.rollout.minimal_groups import make_group
 
+
 def test_key_names_task_and_epoch_and_survives_regeneration():
     assert make_group("t0", 0).key == "t0#0"
     assert make_group("t0", 3).key == "t0#3"

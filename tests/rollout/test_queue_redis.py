@@ -19,15 +19,17 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 
 def open_queue(url, **settings):
-    defaults = {"backend": "redis", "redis_url": url, "namespace": "test", "max_staleness": None,
-                "claim_idle_ms": 200}
+    defaults = {"backend": "redis", "redis_url": url, "namespace": "test", "max_staleness": None, "claim_idle_ms": 200}
     return make_queue({**defaults, **settings})
 
 
 def run_python(code, *args):
     return subprocess.Popen(
-        [sys.executable, "-c", code, *map(str, args)], cwd=REPO_ROOT, text=True,
-        stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": REPO_ROOT},
+        [sys.executable, "-c", code, *map(str, args)],
+        cwd=REPO_ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": REPO_ROOT},
     )
 
 
@@ -145,8 +147,7 @@ for number in range(count):
 
 def test_two_producer_processes_one_killed_feed_a_consumer_exactly_once(redis_url):
     trainer = open_queue(redis_url, consumer="trainer", max_backlog=6, claim_idle_ms=60_000)
-    processes = {"a": run_python(PRODUCER, redis_url, "a", 100_000),
-                 "b": run_python(PRODUCER, redis_url, "b", 60)}
+    processes = {"a": run_python(PRODUCER, redis_url, "a", 100_000), "b": run_python(PRODUCER, redis_url, "b", 60)}
     confirmed = collections.defaultdict(list)
 
     def read_confirmations(tag):
@@ -180,8 +181,7 @@ def test_two_producer_processes_one_killed_feed_a_consumer_exactly_once(redis_ur
     last_confirmed = confirmed["a"][-1]
     assert confirmed["a"] == list(range(last_confirmed + 1))
     # Every confirmed put arrives once; the put in flight at the kill may or may not have landed.
-    assert sorted(received["a"]) in (list(range(last_confirmed + 1)),
-                                     list(range(last_confirmed + 2)))
+    assert sorted(received["a"]) in (list(range(last_confirmed + 1)), list(range(last_confirmed + 2)))
     stats = trainer.stats()
     assert stats.backlog == 0
     assert stats.put_total == stats.acked_total == len(received["a"]) + 60

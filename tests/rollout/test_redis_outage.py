@@ -1,6 +1,7 @@
 """A Redis outage shorter than the queue's `outage_s` costs nothing but time: operations wait
 and go on; a server restarted without persistence gets its consumer group back; one restarted
 with AOF keeps every group. A longer outage fails with one line naming the server."""
+
 import threading
 import time
 
@@ -11,8 +12,13 @@ from tests.rollout.redis_server import RedisServer
 
 
 def open_queue(url, **overrides):
-    settings = {"backend": "redis", "redis_url": url, "namespace": "outage", "max_staleness": None,
-                "outage_s": 30.0} | overrides
+    settings = {
+        "backend": "redis",
+        "redis_url": url,
+        "namespace": "outage",
+        "max_staleness": None,
+        "outage_s": 30.0,
+    } | overrides
     return make_queue(QueueConfig(**settings))
 
 

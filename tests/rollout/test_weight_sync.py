@@ -22,7 +22,9 @@ class GatedTransport:
         self.gate.wait(timeout=30)
         if version < 0:
             raise OSError("disk full")
-        self.published.append((version, sorted(params), {g: float(np.asarray(v).ravel()[0]) for g, v in params.items()}))
+        self.published.append(
+            (version, sorted(params), {g: float(np.asarray(v).ravel()[0]) for g, v in params.items()})
+        )
         return f"/weights/v{version}"
 
 

@@ -21,13 +21,13 @@ from pyvision_jax.rollout.queue import LocalTrajectoryQueue
 from pyvision_jax.rollout.vllm_engine import hf_tensors
 from pyvision_jax.rollout.weights import (
     COMPLETE_MARKER,
+    FROZEN_FILE,
+    TRAINABLE_FILE,
     HfTensorsWatcher,
     IncompleteWeightsError,
     WeightsInbox,
     WeightsPublisher,
     WeightsWatcher,
-    FROZEN_FILE,
-    TRAINABLE_FILE,
     check_complete,
     complete_versions,
     latest_complete,
@@ -129,8 +129,7 @@ def test_damaged_or_unmarked_directories_are_not_loadable(tmp_path, model_config
     assert load_latest(tmp_path)[0] == 1
 
 
-def test_writer_failing_mid_write_leaves_nothing_loadable(tmp_path, model_config, shapes,
-                                                          monkeypatch):
+def test_writer_failing_mid_write_leaves_nothing_loadable(tmp_path, model_config, shapes, monkeypatch):
     queue = LocalTrajectoryQueue()
     publisher = WeightsPublisher(tmp_path, model_config, queue=queue)
     publisher.publish(1, filled(shapes, 1))
@@ -166,11 +165,15 @@ publisher.publish(2, jax.tree.map(lambda s: np.full(s.shape, 2, np.float32), sha
 """
 
 
-def test_sigkill_before_the_rename_leaves_only_the_previous_version(tmp_path, model_config,
-                                                                    shapes):
-    result = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(tmp_path)], cwd=ROOT,
-                            env=os.environ | {"JAX_PLATFORMS": "cpu"}, capture_output=True,
-                            text=True, timeout=240)
+def test_sigkill_before_the_rename_leaves_only_the_previous_version(tmp_path, model_config, shapes):
+    result = subprocess.run(
+        [sys.executable, "-c", KILLED_WRITER, str(tmp_path)],
+        cwd=ROOT,
+        env=os.environ | {"JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == -9, result.stderr[-2000:]
     partial = [p for p in tmp_path.iterdir() if ".partial-" in p.name]
     assert len(partial) == 1 and (partial[0] / COMPLETE_MARKER).is_file()
@@ -213,8 +216,7 @@ def test_watcher_swaps_published_weights_into_the_jax_engine(tmp_path, model_con
     from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
     from pyvision_jax.rollout.jax_engine import JaxEngine
 
-    engine = JaxEngine(model_config, filled(shapes, 0), load_tiny_tokenizer(),
-                       length_buckets=(64,))
+    engine = JaxEngine(model_config, filled(shapes, 0), load_tiny_tokenizer(), length_buckets=(64,))
     queue = LocalTrajectoryQueue()
     WeightsPublisher(tmp_path, model_config, queue=queue).publish(2, filled(shapes, 2))
     assert WeightsWatcher(queue, engine).poll() == 2
@@ -272,7 +274,8 @@ def without_visual(params):
 
 
 def test_versions_hold_the_trainable_groups_in_bf16_and_name_the_frozen_tower_written_once(
-        tmp_path, model_config, shapes):
+    tmp_path, model_config, shapes
+):
     publisher = WeightsPublisher(tmp_path, model_config, frozen_groups=("visual",))
     with pytest.raises(ValueError, match="needs the frozen groups"):
         publisher.publish(1, without_visual(filled(shapes, 1)))
@@ -293,8 +296,7 @@ def test_versions_hold_the_trainable_groups_in_bf16_and_name_the_frozen_tower_wr
         check_complete(tmp_path / "v000004")
 
 
-def test_watcher_reads_the_frozen_tower_once_and_casts_for_its_engine(tmp_path, model_config, shapes,
-                                                                      monkeypatch):
+def test_watcher_reads_the_frozen_tower_once_and_casts_for_its_engine(tmp_path, model_config, shapes, monkeypatch):
     reads = []
     real_load_hf = weights_module.load_hf
 

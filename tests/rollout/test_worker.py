@@ -31,9 +31,17 @@ def tasks(tmp_path_factory):
     for i in range(6):
         path = directory / f"t{i}.png"
         Image.new("RGB", (56, 56), (40 * i, 30, 30)).save(path)
-        out.append(Task(id=f"t{i}", question="Which colour?", answer="A",
-                        answer_type="multiple_choice", data_source="test", image_path=str(path),
-                        options=("red", "blue")))
+        out.append(
+            Task(
+                id=f"t{i}",
+                question="Which colour?",
+                answer="A",
+                answer_type="multiple_choice",
+                data_source="test",
+                image_path=str(path),
+                options=("red", "blue"),
+            )
+        )
     return out
 
 
@@ -66,19 +74,33 @@ class VersionedWeights:
 
 
 def make_producer(tokenizer, engine, max_concurrent=8):
-    return GroupProducer(ProducerConfig(group_size=GROUP_SIZE), engine=engine, tokenizer=tokenizer,
-                         sandboxes=FakePool(),
-                         episode=EpisodeConfig(max_new_tokens_per_turn=64, max_total_tokens=2048,
-                                               image_max_pixels=56 * 56 * 4, max_concurrent=max_concurrent))
+    return GroupProducer(
+        ProducerConfig(group_size=GROUP_SIZE),
+        engine=engine,
+        tokenizer=tokenizer,
+        sandboxes=FakePool(),
+        episode=EpisodeConfig(
+            max_new_tokens_per_turn=64,
+            max_total_tokens=2048,
+            image_max_pixels=56 * 56 * 4,
+            max_concurrent=max_concurrent,
+        ),
+    )
 
 
-def make_worker(tokenizer, tasks, queue, *, index=0, count=1, engine=None, weights=None, cursor=None,
-                max_concurrent=8, **config):
+def make_worker(
+    tokenizer, tasks, queue, *, index=0, count=1, engine=None, weights=None, cursor=None, max_concurrent=8, **config
+):
     engine = engine or ScriptedEngine(tokenizer, script)
     settings = dict(worker_index=index, num_workers=count, poll_s=0.02)
-    return RolloutWorker(WorkerConfig(**(settings | config)), tasks=tasks,
-                         producer=make_producer(tokenizer, engine, max_concurrent),
-                         queue=queue, weights=weights, cursor=cursor)
+    return RolloutWorker(
+        WorkerConfig(**(settings | config)),
+        tasks=tasks,
+        producer=make_producer(tokenizer, engine, max_concurrent),
+        queue=queue,
+        weights=weights,
+        cursor=cursor,
+    )
 
 
 def drain(queue) -> list[TrajectoryGroup]:
@@ -102,7 +124,9 @@ def test_groups_are_scored_and_versioned(tokenizer, tasks):
         assert group.scores.tool_calls == (1, 0, 1, 0)
         np.testing.assert_allclose(produced.rewards, [1.1, 0.0, 1.1, 0.0], rtol=1e-6)
         np.testing.assert_allclose(group.scores.rewards, produced.rewards)
-        np.testing.assert_allclose(pool_arrays([group], 1, GROUP_SIZE).rewards[0], produced.rewards)  # the trainer's view
+        np.testing.assert_allclose(
+            pool_arrays([group], 1, GROUP_SIZE).rewards[0], produced.rewards
+        )  # the trainer's view
 
 
 def test_groups_per_batch_generates_several_groups_in_one_engine_batch(tokenizer, tasks):
@@ -123,15 +147,13 @@ def test_unscored_group_round_trips_its_scores(tokenizer, tasks):
 
 
 def test_shards_are_disjoint_complete_and_deterministic(tasks):
-    per_worker = [[TaskShard(tasks, 7, i, 4).at(c) for c in range(2 * len(range(i, 6, 4)))]
-                  for i in range(4)]
+    per_worker = [[TaskShard(tasks, 7, i, 4).at(c) for c in range(2 * len(range(i, 6, 4)))] for i in range(4)]
     for epoch in (0, 1):
         ids = [item.task.id for items in per_worker for item in items if item.epoch == epoch]
         assert sorted(ids) == sorted(t.id for t in tasks)
     again = [TaskShard(tasks, 7, 1, 4).at(c).task.id for c in range(4)]
     assert again == [item.task.id for item in per_worker[1]]
-    orders = [[TaskShard(tasks, 7, 0, 1).at(c).task.id for c in range(6 * e, 6 * e + 6)]
-              for e in (0, 1)]
+    orders = [[TaskShard(tasks, 7, 0, 1).at(c).task.id for c in range(6 * e, 6 * e + 6)] for e in (0, 1)]
     assert orders[0] != orders[1]  # each epoch has its own order
 
 
@@ -180,8 +202,7 @@ def test_pauses_while_ahead_of_trainer_and_resumes(tokenizer, tasks):
 
 def test_stop_while_paused_puts_nothing(tokenizer, tasks):
     queue = LocalTrajectoryQueue(max_staleness=None)
-    worker = make_worker(tokenizer, tasks, queue, engine=ScriptedEngine(tokenizer, script, version=2),
-                         max_staleness=0)
+    worker = make_worker(tokenizer, tasks, queue, engine=ScriptedEngine(tokenizer, script, version=2), max_staleness=0)
     threading.Timer(0.3, worker.request_stop).start()
     summary = worker.run()
     assert summary.stopped and summary.produced == () and queue.stats().put_total == 0
@@ -204,12 +225,12 @@ def test_new_weights_are_loaded_between_groups(tokenizer, tasks):
     assert [p.version for p in summary.produced] == [0, 1]
     assert summary.versions_loaded == (1,)
     groups = drain(queue)
-    assert [min(turn.policy_version for t in g.trajectories for turn in t.turns)
-            for g in groups] == [0, 1]
+    assert [min(turn.policy_version for t in g.trajectories for turn in t.turns) for g in groups] == [0, 1]
     assert all(turn.policy_version == 0 for t in groups[0].trajectories for turn in t.turns)
 
 
 # ----------------------------------------------------------------------------- streaming
+
 
 def slow_task(task_id: str, seconds: float):
     """Latency per request: `seconds` for the requests of `task_id`, 10 ms for the others."""
@@ -224,8 +245,9 @@ def test_streaming_worker_puts_each_group_as_it_ends_and_a_slow_one_holds_back_n
     first_task = TaskShard(tasks, 0).at(0).task.id
     engine = StreamingScriptedEngine(tokenizer, script, latency_s=slow_task(first_task, 1.5))
     queue = LocalTrajectoryQueue(max_staleness=None)
-    summary = make_worker(tokenizer, tasks, queue, engine=engine, stream=True,
-                          max_concurrent=2 * GROUP_SIZE).run(max_groups=4)
+    summary = make_worker(tokenizer, tasks, queue, engine=engine, stream=True, max_concurrent=2 * GROUP_SIZE).run(
+        max_groups=4
+    )
     streamed = drain(queue)
     assert sorted(p.cursor for p in summary.produced) == [0, 1, 2, 3] and summary.cursor == 4
     assert streamed[-1].task.id == first_task  # the others went past it while its turns were slow
@@ -246,20 +268,27 @@ class RecordingCursor(CursorFile):
         super().save(cursor)
 
 
-def test_streaming_cursor_is_the_finished_prefix_and_a_restart_redoes_only_what_is_missing(
-        tokenizer, tasks, tmp_path):
+def test_streaming_cursor_is_the_finished_prefix_and_a_restart_redoes_only_what_is_missing(tokenizer, tasks, tmp_path):
     first_task = TaskShard(tasks, 0).at(0).task.id
     engine = StreamingScriptedEngine(tokenizer, script, latency_s=slow_task(first_task, 1.0))
     queue = LocalTrajectoryQueue(max_staleness=None)
     cursor = RecordingCursor(tmp_path / "cursor.json")
-    make_worker(tokenizer, tasks, queue, engine=engine, stream=True, cursor=cursor,
-                max_concurrent=2 * GROUP_SIZE, max_epochs=1).run()
+    make_worker(
+        tokenizer, tasks, queue, engine=engine, stream=True, cursor=cursor, max_concurrent=2 * GROUP_SIZE, max_epochs=1
+    ).run()
     assert cursor.saved == [0] * 5 + [6]  # item 0 finished last: until then a crash redoes all
     put = drain(queue)
     assert put[-1].task.id == first_task
     cursor.save(0)  # as if killed just before item 0 was put
-    restarted = make_worker(tokenizer, tasks, queue, stream=True, cursor=cursor,
-                            engine=StreamingScriptedEngine(tokenizer, script), max_epochs=1)
+    restarted = make_worker(
+        tokenizer,
+        tasks,
+        queue,
+        stream=True,
+        cursor=cursor,
+        engine=StreamingScriptedEngine(tokenizer, script),
+        max_epochs=1,
+    )
     assert len(restarted.run().produced) == 6
     delivered = DeliveredGroups(None, "stream")
     kept = [g.key for g in put[:-1] + drain(queue) if delivered.admit(g)]

@@ -23,10 +23,10 @@ import jax
 import numpy as np
 from PIL import Image
 
-from pyvision_jax.data.tasks import Task, write_tasks_jsonl
 from pyvision_jax.agent.trajectory import TrajectoryGroup
-from pyvision_jax.models import ModelConfig, init_params
 from pyvision_jax.data.task_order import TaskShard
+from pyvision_jax.data.tasks import Task, write_tasks_jsonl
+from pyvision_jax.models import ModelConfig, init_params
 from pyvision_jax.rollout.queue import DeliveredGroups, RedisTrajectoryQueue
 from pyvision_jax.rollout.weights import WeightsPublisher
 from tests.agent.turns import answer_turn
@@ -62,32 +62,52 @@ def write_inputs(directory: Path, redis_url: str) -> tuple[Path, list[Task]]:
     for i in range(NUM_TASKS):
         image = directory / f"t{i}.png"
         Image.new("RGB", (56, 56), (30 * i, 90, 60)).save(image)
-        tasks.append(Task(id=f"t{i}", question="Which colour?", answer="A",
-                          answer_type="multiple_choice", data_source="test",
-                          image_path=str(image), options=("red", "blue")))
+        tasks.append(
+            Task(
+                id=f"t{i}",
+                question="Which colour?",
+                answer="A",
+                answer_type="multiple_choice",
+                data_source="test",
+                image_path=str(image),
+                options=("red", "blue"),
+            )
+        )
     write_tasks_jsonl(directory / "tasks.jsonl", tasks)
     (directory / "script.json").write_text(json.dumps({"*": [answer_turn("A")]}))
     config = directory / "fleet_config.py"
-    config.write_text(CONFIG_TEMPLATE.format(
-        tasks=str(directory / "tasks.jsonl"),
-        group_size=GROUP_SIZE, script=str(directory / "script.json"), redis_url=redis_url))
+    config.write_text(
+        CONFIG_TEMPLATE.format(
+            tasks=str(directory / "tasks.jsonl"),
+            group_size=GROUP_SIZE,
+            script=str(directory / "script.json"),
+            redis_url=redis_url,
+        )
+    )
     return config, tasks
 
 
 def start_worker(config: Path, index: int, workdir: Path, log: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "launch" / "rollout_worker.py"), f"--config={config}",
-         f"--worker-index={index}", "--num-workers=2", f"--workdir={workdir}"],
-        cwd=ROOT, env=os.environ | {"JAX_PLATFORMS": "cpu"}, stdout=open(log, "ab"),
-        stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            str(ROOT / "launch" / "rollout_worker.py"),
+            f"--config={config}",
+            f"--worker-index={index}",
+            "--num-workers=2",
+            f"--workdir={workdir}",
+        ],
+        cwd=ROOT,
+        env=os.environ | {"JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)},  # its config imports tests.*
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+    )
 
 
 def test_two_workers_and_a_consumer_exactly_once_through_kill_and_term(redis_url, tmp_path):
     config, tasks = write_inputs(tmp_path, redis_url)
-    shard_of = {TaskShard(tasks, SEED, i, 2).at(c).task.id: i for i in range(2)
-                for c in range(NUM_TASKS // 2)}
-    queue = RedisTrajectoryQueue(redis_url, max_backlog=1, max_staleness=None,
-                                 claim_idle_ms=2000)
+    shard_of = {TaskShard(tasks, SEED, i, 2).at(c).task.id: i for i in range(2) for c in range(NUM_TASKS // 2)}
+    queue = RedisTrajectoryQueue(redis_url, max_backlog=1, max_staleness=None, claim_idle_ms=2000)
     queue.set_trainer_version(0)
     placeholder = queue.put(b"placeholder", version=0)  # the backlog is full until both start
     model_config = ModelConfig.preset("tiny")
@@ -103,8 +123,9 @@ def test_two_workers_and_a_consumer_exactly_once_through_kill_and_term(redis_url
     deadline = time.monotonic() + 420  # guards against a hang only
     try:
         while not all("starting at cursor" in log.read_text() for log in logs):
-            assert time.monotonic() < deadline and all(w.poll() is None for w in workers), \
-                [log.read_text()[-3000:] for log in logs]
+            assert time.monotonic() < deadline and all(w.poll() is None for w in workers), [
+                log.read_text()[-3000:] for log in logs
+            ]
             time.sleep(0.2)
         [item] = queue.get(max_groups=1, timeout=10)
         assert item.id == placeholder and queue.ack([item.id]) == 1
@@ -129,8 +150,7 @@ def test_two_workers_and_a_consumer_exactly_once_through_kill_and_term(redis_url
                 assert workers[victim].wait(timeout=30) == -9
                 killed = True
                 queue.set_trainer_version(1)  # the trainer's step, then its weights
-                publisher.publish(1, jax.tree.map(lambda s: np.full(s.shape, 0.5, np.float32),
-                                                  shapes))
+                publisher.publish(1, jax.tree.map(lambda s: np.full(s.shape, 0.5, np.float32), shapes))
                 workers[other].send_signal(signal.SIGTERM)  # mid-shard too: at most 3 put
                 assert workers[other].wait(timeout=120) == 0, logs[other].read_text()[-3000:]
                 assert f"rollout worker {other}/2 stopped" in logs[other].read_text()
@@ -150,8 +170,7 @@ def test_two_workers_and_a_consumer_exactly_once_through_kill_and_term(redis_url
     assert repeats <= 1  # only a kill between a put and its cursor write repeats a group
     for group in received.values():
         assert len(group) == GROUP_SIZE
-        assert {turn.policy_version for t in group.trajectories for turn in t.turns} == {
-            group.policy_version}
+        assert {turn.policy_version for t in group.trajectories for turn in t.turns} == {group.policy_version}
     for worker in range(2):
         versions = [v for w, _, v in arrival if w == worker]
         assert versions == sorted(versions) and versions[-1] == 1  # restarted on version 1

@@ -35,5 +35,4 @@ def image_tokens(config, image):
     """The vision-start, image-pad and vision-end tokens of one image, and its grid."""
     grid = (1, image.size[1] // 14, image.size[0] // 14)
     pads = grid[1] * grid[2] // 4
-    return ((config.vision_start_token_id,) + (config.image_token_id,) * pads
-            + (config.vision_end_token_id,)), grid
+    return ((config.vision_start_token_id,) + (config.image_token_id,) * pads + (config.vision_end_token_id,)), grid

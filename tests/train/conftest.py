@@ -1,5 +1,6 @@
 """Shared fixtures of the trainer tests: the tiny model, and a persistent compilation cache
 so that repeated compiles of the same step are cheap."""
+
 import dataclasses
 
 import jax
@@ -30,8 +31,10 @@ def tiny_params(tiny_config):
 
 @pytest.fixture(scope="session")
 def trajectories(tiny_config):
-    return [make_trajectory(tiny_config, seed, prompt=8 + 3 * seed, generated=10 + 4 * seed, images=1 + seed % 2)
-            for seed in range(4)]
+    return [
+        make_trajectory(tiny_config, seed, prompt=8 + 3 * seed, generated=10 + 4 * seed, images=1 + seed % 2)
+        for seed in range(4)
+    ]
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ With a coordinator it is one of NUM_PROCESSES `jax.distributed` processes. Proce
 from every process's devices) and `GATHER-BLOCKS equal` when gathering the final params in
 blocks of 4 KiB rows gives what one gather per leaf gives.
 """
+
 import sys
 from pathlib import Path
 
@@ -61,8 +62,16 @@ def main(workdir: str, steps: str, coordinator: str = "", processes: str = "0", 
     tasks_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = wiring.load_tokenizer(config)
     engine = RecordingEngine(tokenizer, answers)
-    trainer = wiring.build_trainer(config, workdir, tokenizer=tokenizer, engine=engine, sandboxes=FakePool(),
-                      tasks=colour_tasks(tasks_dir), progress=False, log=print)
+    trainer = wiring.build_trainer(
+        config,
+        workdir,
+        tokenizer=tokenizer,
+        engine=engine,
+        sandboxes=FakePool(),
+        tasks=colour_tasks(tasks_dir),
+        progress=False,
+        log=print,
+    )
     summary = trainer.run()
     print(f"FINISHED {summary.first_step} {summary.last_step}", flush=True)
     if engine.received is not None:

@@ -1,12 +1,13 @@
 """Small training runs with a scripted engine and a fake sandbox pool, shared by the trainer
 tests."""
+
 from PIL import Image
 
-from tests.tiny_random_cpu import get_config
 from pyvision_jax.data.tasks import Task
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 from pyvision_jax.wiring import build_trainer
 from tests.agent.fake_sandbox import FakePool
+from tests.tiny_random_cpu import get_config
 
 
 def colour_tasks(root):
@@ -14,9 +15,17 @@ def colour_tasks(root):
     for k, colour in enumerate([(200, 30, 30), (30, 30, 200), (30, 200, 30)]):
         path = root / f"{k}.png"
         Image.new("RGB", (56, 56), colour).save(path)
-        out.append(Task(id=f"task{k}", question="What colour is the square?", answer="A" if k % 2 == 0 else "B",
-                        answer_type="multiple_choice", data_source="test", image_path=str(path),
-                        options=("red", "blue")))
+        out.append(
+            Task(
+                id=f"task{k}",
+                question="What colour is the square?",
+                answer="A" if k % 2 == 0 else "B",
+                answer_type="multiple_choice",
+                data_source="test",
+                image_path=str(path),
+                options=("red", "blue"),
+            )
+        )
     return out
 
 
@@ -46,6 +55,15 @@ def small_config(steps: int):
 
 def run(config, workdir, tiny_config, tiny_params, tokenizer, tasks, script, log=lambda line: None):
     engine = ScriptedEngine(tokenizer, script)
-    trainer = build_trainer(config, workdir, model=(tiny_config, tiny_params), engine=engine, tokenizer=tokenizer,
-                      sandboxes=FakePool(), tasks=tasks, progress=False, log=log)
+    trainer = build_trainer(
+        config,
+        workdir,
+        model=(tiny_config, tiny_params),
+        engine=engine,
+        tokenizer=tokenizer,
+        sandboxes=FakePool(),
+        tasks=tasks,
+        progress=False,
+        log=log,
+    )
     return trainer.run(), trainer

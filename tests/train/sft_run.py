@@ -6,6 +6,7 @@ SFT resume and multi-process tests:
 With KILL_AT_STEP > 0 the process SIGKILLs itself as soon as it has logged that step (its
 metrics are written; its checkpoint is not), as a crash in the middle of a run would.
 """
+
 import os
 import signal
 import sys
@@ -29,8 +30,15 @@ def sft_config(sft_file: str, steps: int):
     return c
 
 
-def main(workdir: str, sft_file: str, steps: str, kill_at: str = "0", coordinator: str = "", processes: str = "0",
-         process_id: str = "-1") -> None:
+def main(
+    workdir: str,
+    sft_file: str,
+    steps: str,
+    kill_at: str = "0",
+    coordinator: str = "",
+    processes: str = "0",
+    process_id: str = "-1",
+) -> None:
     config = sft_config(sft_file, int(steps))
     config.train.distributed = bool(coordinator)
     config.train.coordinator_address = coordinator

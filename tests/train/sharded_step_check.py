@@ -1,5 +1,6 @@
 """Run in a subprocess with 8 host devices: the loss and gradients of the train step on a
 fsdp=4 x tensor=2 mesh equal those on one device. Prints SHARDED-OK on success."""
+
 import os
 
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -20,11 +21,14 @@ from tests.train.trajectories import make_trajectory  # noqa: E402
 def main() -> None:
     assert len(jax.devices()) == 8, jax.devices()
     base = ModelConfig.preset("tiny")
-    config = dataclasses.replace(base, num_hidden_layers=1,
-                                 vision=dataclasses.replace(base.vision, depth=2, fullatt_block_indexes=(1,)))
+    config = dataclasses.replace(
+        base, num_hidden_layers=1, vision=dataclasses.replace(base.vision, depth=2, fullatt_block_indexes=(1,))
+    )
     params = init_params(config, seed=0)
-    rows = [make_trajectory(config, seed, prompt=8 + 3 * seed, generated=10 + 4 * seed, images=1 + seed % 2)
-            for seed in range(4)]
+    rows = [
+        make_trajectory(config, seed, prompt=8 + 3 * seed, generated=10 + 4 * seed, images=1 + seed % 2)
+        for seed in range(4)
+    ]
     host, _ = pack_batch(config, rows, [0.7, -0.4, 1.1, -0.9], BatchingConfig((64,), 4))
     step_config = StepConfig(temperature=0.7, logprob_chunk=16, old_logprobs="behaviour")
     optimizer = make_optimizer(OptimizerConfig())

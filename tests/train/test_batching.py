@@ -1,4 +1,5 @@
 """Host batching matches the model's own processor-input path (positions, patches, layout)."""
+
 import io
 
 import numpy as np
@@ -14,8 +15,15 @@ def test_one_micro_batch_equals_prepare_inputs(tiny_config, trajectories):
     batch, stats = pack_batch(tiny_config, trajectories, [1.0, 2.0, 3.0, 4.0], BatchingConfig((64, 128), 4))
     images = [Image.open(io.BytesIO(im.png)) for t in trajectories for im in t.images]
     pixels, grids = preprocess_images(images, min_pixels=56 * 56, max_pixels=56 * 56)
-    reference, _ = prepare_inputs(tiny_config, {"input_ids": batch.input_ids[0], "attention_mask": batch.attention_mask[0],
-                                                "pixel_values": pixels, "image_grid_thw": grids})
+    reference, _ = prepare_inputs(
+        tiny_config,
+        {
+            "input_ids": batch.input_ids[0],
+            "attention_mask": batch.attention_mask[0],
+            "pixel_values": pixels,
+            "image_grid_thw": grids,
+        },
+    )
     np.testing.assert_array_equal(batch.positions[0], reference.positions)
     np.testing.assert_array_equal(batch.pixel_values[0], reference.pixel_values)
     for name in ("patch_index", "slot_valid", "positions", "frame_id", "merged_index"):
@@ -23,7 +31,7 @@ def test_one_micro_batch_equals_prepare_inputs(tiny_config, trajectories):
     lengths = [len(t.token_ids) for t in trajectories]
     assert stats.real_tokens == sum(lengths) == int(batch.attention_mask.sum())
     for row, t in enumerate(trajectories):
-        np.testing.assert_array_equal(batch.input_ids[0, row, :lengths[row]], t.token_ids)
+        np.testing.assert_array_equal(batch.input_ids[0, row, : lengths[row]], t.token_ids)
         assert batch.loss_mask[0, row].sum() == t.loss_mask.sum() and batch.advantages[0, row] == row + 1
 
 
@@ -62,11 +70,14 @@ def test_packed_rows_hold_each_trajectory_as_a_segment_with_its_own_positions(ti
         segments = packed.segment_ids[0, row]
         for k in range(1, segments.max() + 1):
             span = np.flatnonzero(segments == k)
-            (t,) = [i for i, n in enumerate(lengths) if n == len(span)
-                    and np.array_equal(trajectories[i].token_ids, packed.input_ids[0, row, span])]
+            (t,) = [
+                i
+                for i, n in enumerate(lengths)
+                if n == len(span) and np.array_equal(trajectories[i].token_ids, packed.input_ids[0, row, span])
+            ]
             found.append(t)
             assert span[0] == 0 or segments[span[0] - 1] == k - 1
-            np.testing.assert_array_equal(packed.positions[0][:, row, span], plain.positions[0, :, t, :len(span)])
+            np.testing.assert_array_equal(packed.positions[0][:, row, span], plain.positions[0, :, t, : len(span)])
             np.testing.assert_array_equal(packed.loss_mask[0, row, span], trajectories[t].loss_mask.astype(bool))
             assert packed.advantages[0, row, k - 1] == advantages[t]
     assert sorted(found) == [0, 1, 2, 3]

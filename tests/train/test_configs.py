@@ -1,5 +1,6 @@
 """The paper-recipe configs hold the paper's numbers and only differ from the embedded default
 in values, never in schema."""
+
 import pytest
 
 from configs import pyvision_image_7b, pyvision_image_7b_v5p8, pyvision_video_7b, tiny_cpu
@@ -28,11 +29,17 @@ def test_paper_recipe(module):
 def test_eval_and_worker_keys_have_the_documented_defaults(module):
     c = module.get_config()
     assert (c.eval.max_new_tokens_per_turn, c.eval.max_total_tokens) == (
-        c.episode.max_new_tokens_per_turn, c.episode.max_total_tokens)
+        c.episode.max_new_tokens_per_turn,
+        c.episode.max_total_tokens,
+    )
     assert (c.eval.seed, c.eval.top_p, c.eval.top_k) == (c.seed, c.rollout.top_p, c.rollout.top_k)
     assert (c.eval.tasks_per_batch, c.eval.report_rollouts_per_task) == (0, 0)
-    assert (c.rollout.script_file, c.rollout.max_epochs, c.rollout.poll_s,
-            c.rollout.queue_namespace) == ("", 0, 0.5, "pyvision")
+    assert (c.rollout.script_file, c.rollout.max_epochs, c.rollout.poll_s, c.rollout.queue_namespace) == (
+        "",
+        0,
+        0.5,
+        "pyvision",
+    )
 
 
 def test_v5p8_config_is_the_image_recipe_on_four_chips():

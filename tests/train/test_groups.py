@@ -1,6 +1,7 @@
 """Pool arrays and rollout filters (docs/recipe.md, item 2) in both positions: the
 released filters drop, after advantages, rollouts that showed no code-made image or whose
 end reason is not DONE / EXCEED_MAX_TURNS / ERROR_IN_ACTION; a grading failure is broken."""
+
 import dataclasses
 
 import numpy as np
@@ -12,8 +13,9 @@ from pyvision_jax.models import ModelConfig
 from pyvision_jax.train.groups import SelectionConfig, pool_arrays, select_rows
 from tests.train.trajectories import make_trajectory
 
-RELEASED = SelectionConfig(batch_groups=1, train_end_reasons=("DONE", "EXCEED_MAX_TURNS", "ERROR_IN_ACTION"),
-                           require_code_image=True)
+RELEASED = SelectionConfig(
+    batch_groups=1, train_end_reasons=("DONE", "EXCEED_MAX_TURNS", "ERROR_IN_ACTION"), require_code_image=True
+)
 TASK = Task(id="t0", question="q", answer="a", answer_type="text", data_source="s", image_path="i.png")
 CODE_IMAGE = ContextImage(1, "code", b"png", (1, 4, 4), 4)
 
@@ -26,14 +28,18 @@ def rollout(reason, code_image=True):
 
 def group(rollouts, rewards, grading_failed=()):
     n = len(rollouts)
-    scores = GroupScores(tuple(rewards), tuple(r > 0 for r in rewards), (0,) * n, tuple(rewards),
-                         tuple(grading_failed))
+    scores = GroupScores(tuple(rewards), tuple(r > 0 for r in rewards), (0,) * n, tuple(rewards), tuple(grading_failed))
     return TrajectoryGroup(TASK, tuple(rollouts), scores)
 
 
-ROLLOUTS = [rollout(EndReason.DONE), rollout(EndReason.OVER_LENGTH), rollout(EndReason.DONE, code_image=False),
-            rollout(EndReason.EXCEED_MAX_IMAGES), rollout(EndReason.ERROR_IN_ACTION),
-            rollout(EndReason.EXCEED_MAX_TURNS)]
+ROLLOUTS = [
+    rollout(EndReason.DONE),
+    rollout(EndReason.OVER_LENGTH),
+    rollout(EndReason.DONE, code_image=False),
+    rollout(EndReason.EXCEED_MAX_IMAGES),
+    rollout(EndReason.ERROR_IN_ACTION),
+    rollout(EndReason.EXCEED_MAX_TURNS),
+]
 REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
 
 
@@ -53,10 +59,13 @@ def test_released_filters_drop_after_advantages():
     np.testing.assert_allclose(selected.advantages, [2 / 3, 0, 0, 0, -1 / 3, -1 / 3], atol=1e-6)
 
 
-@pytest.mark.parametrize("config, kept", [
-    (SelectionConfig(batch_groups=1, require_code_image=True), [True, True, False, True, True, True]),
-    (SelectionConfig(batch_groups=1, train_end_reasons=("DONE",)), [True, False, True, False, False, False]),
-])
+@pytest.mark.parametrize(
+    "config, kept",
+    [
+        (SelectionConfig(batch_groups=1, require_code_image=True), [True, True, False, True, True, True]),
+        (SelectionConfig(batch_groups=1, train_end_reasons=("DONE",)), [True, False, True, False, False, False]),
+    ],
+)
 def test_each_filter_alone(config, kept):
     selected = select_rows(pool_arrays([group(ROLLOUTS, REWARDS)], 1, 6), config)
     assert [r is not None for r in selected.rows] == kept
@@ -99,13 +108,34 @@ def test_negative_weight_reaches_the_selected_advantages():
 # Filters before ranking (docs/recipe.md: rl.batch_unit), B = 2 groups of 4: group 0 loses two
 # rollouts to the filters, group 1 all four, group 2 none, group 3 two.
 FILTER_POOL = [
-    ([rollout(EndReason.DONE), rollout(EndReason.OVER_LENGTH), rollout(EndReason.DONE),
-      rollout(EndReason.EXCEED_MAX_IMAGES)], [1.0, 0.0, 0.0, 0.0]),
+    (
+        [
+            rollout(EndReason.DONE),
+            rollout(EndReason.OVER_LENGTH),
+            rollout(EndReason.DONE),
+            rollout(EndReason.EXCEED_MAX_IMAGES),
+        ],
+        [1.0, 0.0, 0.0, 0.0],
+    ),
     ([rollout(EndReason.DONE, code_image=False) for _ in range(4)], [1.0, 0.0, 1.0, 0.0]),
-    ([rollout(EndReason.DONE), rollout(EndReason.EXCEED_MAX_TURNS), rollout(EndReason.ERROR_IN_ACTION),
-      rollout(EndReason.DONE)], [1.0, 1.0, 0.0, 0.0]),
-    ([rollout(EndReason.DONE), rollout(EndReason.DONE), rollout(EndReason.OVER_LENGTH),
-      rollout(EndReason.OVER_LENGTH)], [1.0, 0.0, 0.0, 1.0]),
+    (
+        [
+            rollout(EndReason.DONE),
+            rollout(EndReason.EXCEED_MAX_TURNS),
+            rollout(EndReason.ERROR_IN_ACTION),
+            rollout(EndReason.DONE),
+        ],
+        [1.0, 1.0, 0.0, 0.0],
+    ),
+    (
+        [
+            rollout(EndReason.DONE),
+            rollout(EndReason.DONE),
+            rollout(EndReason.OVER_LENGTH),
+            rollout(EndReason.OVER_LENGTH),
+        ],
+        [1.0, 0.0, 0.0, 1.0],
+    ),
 ]
 FILTERS = dict(train_end_reasons=("DONE", "EXCEED_MAX_TURNS", "ERROR_IN_ACTION"), require_code_image=True)
 
@@ -155,19 +185,26 @@ def test_a_pool_with_enough_trainable_rollouts_fills_the_batch_even_when_whole_g
     assert short.counts.trainable == 6 and short.counts.available == 6 and not short.full
     wide = select_rows(pool_arrays(pool.groups[2:] + pool.groups[:1], 3, 4), released)  # 4 + 2 + 2 rows
     assert wide.full and wide.counts.trainable == 8
-    odd = [group([rollout(EndReason.DONE) for _ in range(4)], [1.0, 0.0, 1.0, 0.0]),
-           group([rollout(EndReason.DONE), rollout(EndReason.DONE), rollout(EndReason.DONE),
-                  rollout(EndReason.OVER_LENGTH)], [1.0, 0.0, 0.0, 1.0]),
-           group([rollout(EndReason.DONE) for _ in range(4)], [1.0, 1.0, 0.0, 0.0])]
+    odd = [
+        group([rollout(EndReason.DONE) for _ in range(4)], [1.0, 0.0, 1.0, 0.0]),
+        group(
+            [rollout(EndReason.DONE), rollout(EndReason.DONE), rollout(EndReason.DONE), rollout(EndReason.OVER_LENGTH)],
+            [1.0, 0.0, 0.0, 1.0],
+        ),
+        group([rollout(EndReason.DONE) for _ in range(4)], [1.0, 1.0, 0.0, 0.0]),
+    ]
     split = select_rows(pool_arrays(odd, 3, 4), released)  # 4 + 3 rows, then a group of 4 no longer fits
     assert split.counts.trainable == 7 and split.counts.available == 11 and split.full
 
 
 def test_reward_controls_in_every_position():
     pools = [group(ROLLOUTS[:4], [1.0, 0.0, 1.0, 0.0]), group(ROLLOUTS[:4], [1.0, 1.0, 1.0, 1.0])]
-    groups = [dataclasses.replace(g, trajectories=tuple(dataclasses.replace(t, rollout_index=4 * e + k)
-                                                        for k, t in enumerate(g.trajectories)))
-              for e, g in enumerate(pools)]
+    groups = [
+        dataclasses.replace(
+            g, trajectories=tuple(dataclasses.replace(t, rollout_index=4 * e + k) for k, t in enumerate(g.trajectories))
+        )
+        for e, g in enumerate(pools)
+    ]
     pool = pool_arrays(groups, 2, 4)
     assert pool.group_seeds[0] != pool.group_seeds[1]
     recipe = select_rows(pool, SelectionConfig(batch_groups=1))
@@ -175,13 +212,16 @@ def test_reward_controls_in_every_position():
     entropy_min = select_rows(pool, SelectionConfig(batch_groups=1, reward_control="entropy_min"))
     assert [r is not None for r in entropy_min.rows] == [r is not None for r in recipe.rows]
     np.testing.assert_array_equal(entropy_min.advantages, np.zeros(4))
-    random = [select_rows(pool, SelectionConfig(batch_groups=2, reward_control="random", control_seed=s))
-              for s in range(6)]
+    random = [
+        select_rows(pool, SelectionConfig(batch_groups=2, reward_control="random", control_seed=s)) for s in range(6)
+    ]
     for selected in random:  # advantages are centred draws of {0, 1}: never the real ones of group 1 (all 0)
         kept = selected.advantages.reshape(2, 4)
         np.testing.assert_allclose(kept.sum(axis=1), 0.0, atol=1e-6)
     assert any(np.abs(s.advantages[4:]).sum() > 0 for s in random)  # the all-correct group gets draws
-    assert select_rows(pool, SelectionConfig(batch_groups=2, reward_control="random", control_seed=1)).advantages \
-        .tolist() == random[1].advantages.tolist()
+    assert (
+        select_rows(pool, SelectionConfig(batch_groups=2, reward_control="random", control_seed=1)).advantages.tolist()
+        == random[1].advantages.tolist()
+    )
     with pytest.raises(ValueError, match="rl.reward_control"):
         SelectionConfig(reward_control="shuffle")

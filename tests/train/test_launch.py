@@ -1,5 +1,6 @@
 """launch/train.py end to end on the embedded default (tiny model, JAX engine in process,
 real sandboxes, synthetic tasks), then SIGTERM during a resumed run."""
+
 import os
 import signal
 import subprocess
@@ -19,17 +20,39 @@ from tests.train.compilation_cache import COMPILATION_CACHE
 from tests.train.tensorboard_events import read_scalars
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = ["--config.model.hf_dir=", "--config.model.preset=tiny", "--config.rl.group_size=2", "--config.rl.batch_groups=1", "--config.rl.max_gen_rounds=1",
-         "--config.episode.max_new_tokens_per_turn=8", "--config.data.synthetic_per_kind=1",
-         "--config.sandbox.pool_size=1", "--config.train.checkpoint_every=1", "--config.train.length_buckets=512",
-         "--config.rollout.length_buckets=512,1024", "--progress=false"]
+SMALL = [
+    "--config.model.hf_dir=",
+    "--config.model.preset=tiny",
+    "--config.rl.group_size=2",
+    "--config.rl.batch_groups=1",
+    "--config.rl.max_gen_rounds=1",
+    "--config.episode.max_new_tokens_per_turn=8",
+    "--config.data.synthetic_per_kind=1",
+    "--config.sandbox.pool_size=1",
+    "--config.train.checkpoint_every=1",
+    "--config.train.length_buckets=512",
+    "--config.rollout.length_buckets=512,1024",
+    "--progress=false",
+]
 
 
 def launch(workdir, *args):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=COMPILATION_CACHE,
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
-    return [sys.executable, str(ROOT / "launch" / "train.py"), "--config", str(ROOT / "tests" / "tiny_random_cpu.py"),
-            f"--workdir={workdir}", *SMALL, *args], env
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        JAX_PLATFORMS="cpu",
+        JAX_COMPILATION_CACHE_DIR=COMPILATION_CACHE,
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
+    )
+    return [
+        sys.executable,
+        str(ROOT / "launch" / "train.py"),
+        "--config",
+        str(ROOT / "tests" / "tiny_random_cpu.py"),
+        f"--workdir={workdir}",
+        *SMALL,
+        *args,
+    ], env
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +80,7 @@ def test_two_steps_write_checkpoints_metrics_samples_and_config(workdir):
 
 def test_sigterm_during_a_resumed_run_leaves_a_usable_checkpoint(workdir):
     command, env = launch(workdir, "--config.train.steps=40", "--config.train.checkpoint_every=100")
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     try:
         deadline = time.monotonic() + 600

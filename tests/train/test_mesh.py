@@ -1,11 +1,12 @@
 """The trainer's mesh: sizes, the ICI/DCN split of a multi-process mesh, and distributed
 initialisation that runs first and reports its own error."""
+
 import jax
 import pytest
 
-from tests.tiny_random_cpu import get_config
 from pyvision_jax.train.mesh import make_mesh, resolve_mesh_shape, split_over_processes
 from pyvision_jax.wiring import build_trainer
+from tests.tiny_random_cpu import get_config
 
 
 def test_one_free_axis_takes_the_remaining_devices():

@@ -7,6 +7,7 @@ processes sum gradients over gloo, one process in its own order; a 1-ulp differe
 gradient becomes a difference in the Adam update), the same params to that noise, one TensorBoard stream and
 one trajectory file written by process 0, weights exported once and equal to the checkpoint,
 and a rerun that restores the checkpoint across both processes and goes on."""
+
 from __future__ import annotations
 
 import json
@@ -52,10 +53,13 @@ def get_config():
 
 
 def environment(devices: int) -> dict[str, str]:
-    return os.environ | {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
-                         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-                         "JAX_COMPILATION_CACHE_DIR": COMPILATION_CACHE,
-                         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5"}
+    return os.environ | {
+        "PYTHONPATH": str(ROOT),
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "JAX_COMPILATION_CACHE_DIR": COMPILATION_CACHE,
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5",
+    }
 
 
 def run_processes(command, processes: int, logs: Path, name: str) -> list[str]:
@@ -63,9 +67,16 @@ def run_processes(command, processes: int, logs: Path, name: str) -> list[str]:
     their outputs after checking that every one succeeded."""
     coordinator = f"127.0.0.1:{free_loopback_port()}"
     paths = [logs / f"{name}-{i}.log" for i in range(processes)]
-    running = [subprocess.Popen(command(coordinator if processes > 1 else "", processes, i), cwd=ROOT,
-                                env=environment(4 // processes), stdout=open(path, "w"), stderr=subprocess.STDOUT)
-               for i, path in enumerate(paths)]
+    running = [
+        subprocess.Popen(
+            command(coordinator if processes > 1 else "", processes, i),
+            cwd=ROOT,
+            env=environment(4 // processes),
+            stdout=open(path, "w"),
+            stderr=subprocess.STDOUT,
+        )
+        for i, path in enumerate(paths)
+    ]
     try:
         codes = [process.wait(timeout=600) for process in running]
     finally:
@@ -97,8 +108,10 @@ def check_same_training(one: Path, two: Path, steps: int) -> None:
     assert [r["step"] for r in records] == list(range(1, steps + 1))
     initial, reference = final_params(one, steps)
     _, params = final_params(two, steps)
-    moved = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
-                for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(initial)))
+    moved = max(
+        float(np.abs(np.asarray(a) - np.asarray(b)).max())
+        for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(initial))
+    )
     assert moved > 50 * PARAMS_ATOL
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(reference)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=PARAMS_ATOL)
@@ -108,6 +121,7 @@ def sync_command(workdir: Path, steps: int):
     def command(coordinator: str, processes: int, index: int) -> list[str]:
         extra = [coordinator, str(processes), str(index)] if coordinator else []
         return [sys.executable, "-m", "tests.train.multihost_run", str(workdir), str(steps), *extra]
+
     return command
 
 
@@ -121,8 +135,12 @@ def test_two_processes_train_sync_mode_like_one_and_resume_together(tmp_path):
     _, params = final_params(two, 2)
     assert int(engine_version) == 2 and "ENGINE-WEIGHTS" not in logs[1]
     assert "GATHER-BLOCKS equal" in logs[0] and "GATHER-BLOCKS" not in logs[1]
-    assert np.isclose(float(engine_sum), sum(float(np.asarray(x, np.float64).sum()) for x in jax.tree.leaves(params)),
-                      rtol=1e-9, atol=1e-6)  # process 0's engine got the params gathered from both
+    assert np.isclose(
+        float(engine_sum),
+        sum(float(np.asarray(x, np.float64).sum()) for x in jax.tree.leaves(params)),
+        rtol=1e-9,
+        atol=1e-6,
+    )  # process 0's engine got the params gathered from both
     logs = run_processes(sync_command(two, 3), 2, tmp_path, "resume")
     assert "resumed from" in logs[0] and "at step 2" in logs[0]
     assert all("FINISHED 2 3" in log for log in logs)
@@ -136,33 +154,69 @@ def write_external_config(directory: Path, redis_url: str) -> Path:
     for i in range(6):
         image = directory / f"t{i}.png"
         Image.new("RGB", (56, 56), (40 * i, 90, 60)).save(image)
-        tasks.append(Task(id=f"t{i}", question="Which colour?", answer="A", answer_type="multiple_choice",
-                          data_source="test", image_path=str(image), options=("red", "blue")))
+        tasks.append(
+            Task(
+                id=f"t{i}",
+                question="Which colour?",
+                answer="A",
+                answer_type="multiple_choice",
+                data_source="test",
+                image_path=str(image),
+                options=("red", "blue"),
+            )
+        )
         for rollout in range(4):  # rewards and lengths vary within every group
-            script[f"t{i}/{rollout}"] = [answer_turn("A") if rollout % 2 == 0 else
-                                         "Looking at every corner first.\n" + answer_turn("B")]
+            script[f"t{i}/{rollout}"] = [
+                answer_turn("A") if rollout % 2 == 0 else "Looking at every corner first.\n" + answer_turn("B")
+            ]
     write_tasks_jsonl(directory / "tasks.jsonl", tasks)
     (directory / "script.json").write_text(json.dumps(script))
     path = directory / "external_config.py"
-    path.write_text(EXTERNAL_CONFIG.format(tasks=str(directory / "tasks.jsonl"),
-                                           script=str(directory / "script.json"), redis_url=redis_url))
+    path.write_text(
+        EXTERNAL_CONFIG.format(
+            tasks=str(directory / "tasks.jsonl"), script=str(directory / "script.json"), redis_url=redis_url
+        )
+    )
     return path
 
 
 def external_run(config: Path, workdir: Path, namespace: str, processes: int, logs: Path) -> list[str]:
     """A trainer run of `processes` processes fed by one scripted rollout worker."""
     names = [f"--config.rollout.queue_namespace={namespace}", f"--config.rollout.weights_dir={workdir / 'weights'}"]
-    worker = subprocess.Popen([sys.executable, str(ROOT / "launch" / "rollout_worker.py"), f"--config={config}",
-                               f"--workdir={workdir.parent / (namespace + '-fleet')}", *names], cwd=ROOT,
-                              env=environment(1), stdout=open(logs / f"{namespace}-worker.log", "w"),
-                              stderr=subprocess.STDOUT)
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "launch" / "rollout_worker.py"),
+            f"--config={config}",
+            f"--workdir={workdir.parent / (namespace + '-fleet')}",
+            *names,
+        ],
+        cwd=ROOT,
+        env=environment(1),
+        stdout=open(logs / f"{namespace}-worker.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
 
     def command(coordinator: str, count: int, index: int) -> list[str]:
-        distributed = [
-            "--config.train.distributed=True", f"--config.train.coordinator_address={coordinator}",
-            f"--config.train.num_processes={count}", f"--config.train.process_id={index}"] if coordinator else []
-        return [sys.executable, str(ROOT / "launch" / "train.py"), f"--config={config}", f"--workdir={workdir}",
-                "--progress=false", *names, *distributed]
+        distributed = (
+            [
+                "--config.train.distributed=True",
+                f"--config.train.coordinator_address={coordinator}",
+                f"--config.train.num_processes={count}",
+                f"--config.train.process_id={index}",
+            ]
+            if coordinator
+            else []
+        )
+        return [
+            sys.executable,
+            str(ROOT / "launch" / "train.py"),
+            f"--config={config}",
+            f"--workdir={workdir}",
+            "--progress=false",
+            *names,
+            *distributed,
+        ]
 
     try:
         return run_processes(command, processes, logs, namespace)

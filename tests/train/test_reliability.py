@@ -1,6 +1,7 @@
 """Faults around the training loop: an unreadable newest checkpoint, a resume from an earlier
 step, a torn output line, a full disk, and a trainer killed between taking fleet groups and
 checkpointing the steps that trained them."""
+
 import json
 import subprocess
 import threading
@@ -26,21 +27,24 @@ def config_every_step(steps):
 
 
 def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_with_one_warning(
-        tmp_path, tiny_config, tiny_params, tokenizer, tasks):
+    tmp_path, tiny_config, tiny_params, tokenizer, tasks
+):
     run(config_every_step(2), tmp_path, tiny_config, tiny_params, tokenizer, tasks, answers_by_rollout)
     for path in (tmp_path / "checkpoints" / "2" / "state").rglob("*"):
         if path.is_file():
             path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])  # truncated files
     lines = []
-    summary, _ = run(config_every_step(3), tmp_path, tiny_config, tiny_params, tokenizer, tasks, answers_by_rollout,
-                     log=lines.append)
+    summary, _ = run(
+        config_every_step(3), tmp_path, tiny_config, tiny_params, tokenizer, tasks, answers_by_rollout, log=lines.append
+    )
     warnings = [line for line in lines if "is unreadable" in line]
     assert len(warnings) == 1 and "checkpoint step 2" in warnings[0] and "\n" not in warnings[0]
     assert (summary.first_step, summary.last_step) == (1, 3)
 
 
 def test_a_resumed_run_writes_every_step_once_and_drops_a_torn_line(
-        tmp_path, tiny_config, tiny_params, tokenizer, tasks):
+    tmp_path, tiny_config, tiny_params, tokenizer, tasks
+):
     config = config_every_step(3)
     config.train.checkpoint_every = 2
     run(config, tmp_path, tiny_config, tiny_params, tokenizer, tasks, answers_by_rollout)
@@ -59,8 +63,7 @@ def test_a_resumed_run_writes_every_step_once_and_drops_a_torn_line(
     assert [record["step"] for record in records] == [1, 2, 3, 4]
 
 
-def test_a_full_disk_stops_the_run_with_one_line_naming_the_cause(
-        tmp_path, tiny_config, tiny_params, tokenizer, tasks):
+def test_a_full_disk_stops_the_run_with_one_line_naming_the_cause(tmp_path, tiny_config, tiny_params, tokenizer, tasks):
     disk = tmp_path / "small_disk"
     disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], check=True)
@@ -69,8 +72,9 @@ def test_a_full_disk_stops_the_run_with_one_line_naming_the_cause(
         with pytest.raises((CheckpointWriteError, MetricsWriteError)) as raised:
             run(config_every_step(3), disk / "run", tiny_config, tiny_params, tokenizer, tasks, answers_by_rollout)
         first_line = str(raised.value).splitlines()[0]
-        assert "not written" in first_line and ("No space left" in first_line or "ENOSPC" in first_line.upper()), \
+        assert "not written" in first_line and ("No space left" in first_line or "ENOSPC" in first_line.upper()), (
             first_line
+        )
         assert TrainCheckpoints(disk / "run" / "checkpoints", 1, 5).all_steps() in ([], [1])
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=True)
@@ -146,5 +150,7 @@ def test_a_torn_spool_write_is_cleaned_up(tmp_path):
     (tmp_path / "spool" / ".000000000000.group.partial").write_bytes(b"half")
     spool = GroupSpool(tmp_path / "spool")
     assert spool.files() == [] and not list((tmp_path / "spool").iterdir())
-    assert TrajectoryGroup.from_bytes((spool.directory / spool.write(scored_group("t", 0).to_bytes())).read_bytes()).key \
+    assert (
+        TrajectoryGroup.from_bytes((spool.directory / spool.write(scored_group("t", 0).to_bytes())).read_bytes()).key
         == "t#0"
+    )

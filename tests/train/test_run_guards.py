@@ -3,6 +3,7 @@ workdir, bad config values and input files (caught before any model is built, in
 with status 2), a rerun with another model on a workdir, a full disk (one line, status 1),
 damaged newest checkpoints (moved aside, redone, evaluation falls back with a note), and
 SIGTERM during rollouts (abandoned, checkpoint saved, exit 0)."""
+
 import json
 import os
 import signal
@@ -46,8 +47,11 @@ def test_a_second_trainer_on_a_live_workdir_is_refused_in_one_line(tmp_path):
     command, env = launch(workdir, "--config.train.steps=1000")
     first = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: (workdir / LOCK_FILE).is_file() and (workdir / LOCK_FILE).read_text().strip(), 300,
-                 "the first trainer's lock")
+        wait_for(
+            lambda: (workdir / LOCK_FILE).is_file() and (workdir / LOCK_FILE).read_text().strip(),
+            300,
+            "the first trainer's lock",
+        )
         line = one_error_line(run_cli(workdir), 2)
         assert f"pid {first.pid}" in line and "in use by another trainer" in line and "host" in line
         assert first.poll() is None  # the first one runs on
@@ -57,10 +61,19 @@ def test_a_second_trainer_on_a_live_workdir_is_refused_in_one_line(tmp_path):
 
 
 def test_a_lock_left_by_a_killed_trainer_is_taken_over(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\nfrom pyvision_jax.train.workdir_lock import WorkdirLock\n"
-        f"WorkdirLock({str(tmp_path)!r}).acquire()\nprint('held', flush=True)\ntime.sleep(600)\n")],
-        stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time\nfrom pyvision_jax.train.workdir_lock import WorkdirLock\n"
+                f"WorkdirLock({str(tmp_path)!r}).acquire()\nprint('held', flush=True)\ntime.sleep(600)\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(WorkdirLockedError, match=f"pid {holder.pid} on host"):
@@ -81,17 +94,30 @@ def test_a_lock_left_by_a_killed_trainer_is_taken_over(tmp_path):
     assert (tmp_path / LOCK_FILE).read_text() == ""
 
 
-@pytest.mark.parametrize("override, named", [
-    ("--config.rl.group_size=0", "rl.group_size"),
-    ("--config.train.lr=nan", "train.lr"),
-    ("--config.episode.max_total_tokens=40", "episode.max_total_tokens"),
-    ("--config.rollout.mode=streaming", "rollout.mode"),
-])
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("--config.rl.group_size=0", "rl.group_size"),
+        ("--config.train.lr=nan", "train.lr"),
+        ("--config.episode.max_total_tokens=40", "episode.max_total_tokens"),
+        ("--config.rollout.mode=streaming", "rollout.mode"),
+    ],
+)
 def test_bad_config_values_stop_before_any_work_in_one_line(tmp_path, override, named):
     tasks = tmp_path / "tasks.jsonl"
     Image.new("RGB", (56, 56), (200, 30, 30)).save(tmp_path / "red.png")
-    tasks.write_text(json.dumps({"id": "t0", "question": "What colour is the square?", "answer": "red",
-                                 "data_source": "test", "image_path": "red.png"}) + "\n")
+    tasks.write_text(
+        json.dumps(
+            {
+                "id": "t0",
+                "question": "What colour is the square?",
+                "answer": "red",
+                "data_source": "test",
+                "image_path": "red.png",
+            }
+        )
+        + "\n"
+    )
     workdir = tmp_path / "run"
     done = run_cli(workdir, override, f"--config.data.train_files={tasks}", "--config.eval.heldout_per_kind=1")
     assert named in one_error_line(done, 2)
@@ -100,8 +126,9 @@ def test_bad_config_values_stop_before_any_work_in_one_line(tmp_path, override, 
 
 def test_bad_task_files_name_the_file_row_and_field(tmp_path):
     Image.new("RGB", (56, 56), (200, 30, 30)).save(tmp_path / "red.png")
-    good = json.dumps({"id": "t0", "question": "Which colour?", "answer": "red", "data_source": "test",
-                       "image_path": "red.png"}).encode()
+    good = json.dumps(
+        {"id": "t0", "question": "Which colour?", "answer": "red", "data_source": "test", "image_path": "red.png"}
+    ).encode()
     latin1 = tmp_path / "latin1.jsonl"
     latin1.write_bytes(good + b"\n" + good.replace(b'"t0"', b'"t1"').replace(b"Which", b"Qu\xe9lle") + b"\n")
     line = one_error_line(run_cli(tmp_path / "run", f"--config.data.train_files={latin1}"), 2)
@@ -142,11 +169,26 @@ def test_a_damaged_newest_checkpoint_is_moved_aside_and_redone(tmp_path):
         if path.is_file():
             path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
     evaluation = subprocess.run(
-        [sys.executable, str(ROOT / "launch" / "eval.py"), "--config", str(ROOT / "tests" / "tiny_random_cpu.py"),
-         "--config.model.hf_dir=", "--config.model.preset=tiny", f"--checkpoint={workdir}",
-         f"--data={workdir / 'tasks' / 'counting.jsonl'}", f"--out={tmp_path / 'eval'}", "--k=1",
-         "--config.eval.max_new_tokens_per_turn=8", "--progress=false"],
-        env=launch(workdir)[1], capture_output=True, text=True, timeout=600, cwd=ROOT)
+        [
+            sys.executable,
+            str(ROOT / "launch" / "eval.py"),
+            "--config",
+            str(ROOT / "tests" / "tiny_random_cpu.py"),
+            "--config.model.hf_dir=",
+            "--config.model.preset=tiny",
+            f"--checkpoint={workdir}",
+            f"--data={workdir / 'tasks' / 'counting.jsonl'}",
+            f"--out={tmp_path / 'eval'}",
+            "--k=1",
+            "--config.eval.max_new_tokens_per_turn=8",
+            "--progress=false",
+        ],
+        env=launch(workdir)[1],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert evaluation.returncode == 0, evaluation.stderr[-3000:]
     assert "checkpoint step 2 is unreadable" in evaluation.stderr and "evaluating step 1 instead" in evaluation.stderr
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
@@ -163,10 +205,10 @@ def test_a_damaged_newest_checkpoint_is_moved_aside_and_redone(tmp_path):
 
 def test_sigterm_during_rollouts_abandons_them_saves_and_exits(tmp_path):
     workdir = tmp_path / "run"
-    command, env = launch(workdir, "--config.train.steps=1000", "--config.episode.max_new_tokens_per_turn=64",
-                          "--config.rl.group_size=4")
-    trainer = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+    command, env = launch(
+        workdir, "--config.train.steps=1000", "--config.episode.max_new_tokens_per_turn=64", "--config.rl.group_size=4"
+    )
+    trainer = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: TrainCheckpoints(workdir / "checkpoints", 1, 3).latest_step(), 600, "a first checkpoint")
         trainer.send_signal(signal.SIGTERM)

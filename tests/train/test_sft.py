@@ -1,6 +1,7 @@
 """The SFT loop on a hand-made file of the released schema (with images): it trains, writes
 checkpoints and TensorBoard scalars, exports HF safetensors that load back, and a rerun
 resumes instead of starting over."""
+
 import json
 
 import numpy as np
@@ -11,8 +12,8 @@ from configs.sft_tiny import get_config
 from pyvision_jax.convert import load_hf
 from pyvision_jax.data.sft_rows import SftFormatError
 from pyvision_jax.train import metric_names as tags
-from pyvision_jax.wiring import export_dir, train_sft
 from pyvision_jax.train.sft_data import batch_indices
+from pyvision_jax.wiring import export_dir, train_sft
 from tests.train.tensorboard_events import read_scalars
 
 FIRST = "<image_clue_0><image></image_clue_0>\n\nHow many red squares are there?"
@@ -23,12 +24,18 @@ def _write_file(folder, rows=4):
     lines = []
     for i in range(rows):
         Image.new("RGB", (84, 56), (20 * i, 100, 30)).save(folder / f"im{i}.png")
-        lines.append({"conversations": [
-            {"role": "user", "content": FIRST},
-            {"role": "assistant", "content": "I will count.\n<code>\n```python\nprint(%d)\n```\n</code>" % i},
-            {"role": "user", "content": TOOL.format(n=i)},
-            {"role": "assistant", "content": "<answer>\n\\boxed{%d}\n</answer>" % i}],
-            "images": [f"im{i}.png"], "source_dataset": "hand_made"})
+        lines.append(
+            {
+                "conversations": [
+                    {"role": "user", "content": FIRST},
+                    {"role": "assistant", "content": "I will count.\n<code>\n```python\nprint(%d)\n```\n</code>" % i},
+                    {"role": "user", "content": TOOL.format(n=i)},
+                    {"role": "assistant", "content": "<answer>\n\\boxed{%d}\n</answer>" % i},
+                ],
+                "images": [f"im{i}.png"],
+                "source_dataset": "hand_made",
+            }
+        )
     path = folder / "sft.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path

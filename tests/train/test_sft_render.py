@@ -1,6 +1,7 @@
 """Token-exact agreement: a scripted episode (real episode code, real sandbox) written as a
 released-schema row and rendered as an SFT sample has the episode's tokens, loss mask and
 images, for every synthetic task kind and plan shape (measure, look first, guess)."""
+
 import dataclasses
 
 import numpy as np
@@ -17,8 +18,9 @@ from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
 from pyvision_jax.train.sft_render import SftRenderer
 from pyvision_jax.train.sft_synthetic import run_plans, trajectory_row
 
-EPISODE = EpisodeConfig(max_new_tokens_per_turn=384, max_total_tokens=2048, image_max_pixels=56 * 56 * 4,
-                        max_concurrent=4)
+EPISODE = EpisodeConfig(
+    max_new_tokens_per_turn=384, max_total_tokens=2048, image_max_pixels=56 * 56 * 4, max_concurrent=4
+)
 
 
 def scripted_episodes(tmp_path_factory, **switches):
@@ -29,10 +31,10 @@ def scripted_episodes(tmp_path_factory, **switches):
     tasks = [t for f in files.values() for t in load_tasks(f).tasks]
     plans = {}
     for t, task in enumerate(tasks):
-        for k, (look, guess, wrong) in enumerate(((0.0, 0.0, 0.0), (1.0, 0.0, 0.0), (0.0, 0.0, 1.0),
-                                                  (0.0, 1.0, 0.0))):
-            plans[f"{task.id}/{k}"] = solution_plan(task, np.random.default_rng([t, k]), guess_share=guess,
-                                                    wrong_share=wrong, look_first_share=look)
+        for k, (look, guess, wrong) in enumerate(((0.0, 0.0, 0.0), (1.0, 0.0, 0.0), (0.0, 0.0, 1.0), (0.0, 1.0, 0.0))):
+            plans[f"{task.id}/{k}"] = solution_plan(
+                task, np.random.default_rng([t, k]), guess_share=guess, wrong_share=wrong, look_first_share=look
+            )
     tokenizer = load_tiny_tokenizer()
     with SandboxPool(SandboxConfig(timeout_s=60), size=2) as pool:
         trajectories = run_plans(tasks, plans, tokenizer=tokenizer, sandboxes=pool, episode=episode)

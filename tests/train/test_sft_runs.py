@@ -2,6 +2,7 @@
 same weights, TensorBoard scalars and export as one that never stopped; and SFT as two
 `jax.distributed` processes on loopback (2 CPU devices each) trains as one process with 4
 devices, process 0 alone writing TensorBoard and the export."""
+
 from __future__ import annotations
 
 import subprocess
@@ -24,8 +25,17 @@ STEPS = 5
 def sft_command(workdir: Path, sft_file: Path, steps: int, kill_at: int = 0):
     def command(coordinator: str, processes: int, index: int) -> list[str]:
         extra = [coordinator, str(processes), str(index)] if coordinator else []
-        return [sys.executable, "-m", "tests.train.sft_run", str(workdir), str(sft_file), str(steps), str(kill_at),
-                *extra]
+        return [
+            sys.executable,
+            "-m",
+            "tests.train.sft_run",
+            str(workdir),
+            str(sft_file),
+            str(steps),
+            str(kill_at),
+            *extra,
+        ]
+
     return command
 
 
@@ -41,8 +51,14 @@ def test_sft_killed_mid_run_and_rerun_equals_an_uninterrupted_run(tmp_path):
     sft_file = _write_file(tmp_path)
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     run_processes(sft_command(whole, sft_file, STEPS), 1, tmp_path, "whole")
-    crashed = subprocess.run(sft_command(killed, sft_file, STEPS, kill_at=3)("", 1, 0), cwd=ROOT,
-                             env=environment(4), capture_output=True, text=True, timeout=600)
+    crashed = subprocess.run(
+        sft_command(killed, sft_file, STEPS, kill_at=3)("", 1, 0),
+        cwd=ROOT,
+        env=environment(4),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert crashed.returncode == -9, crashed.stdout[-2000:] + crashed.stderr[-2000:]
     assert not (killed / "hf").exists()
     assert [step for step, _ in losses(killed)] == [1, 2, 3]  # step 3 was logged, never checkpointed

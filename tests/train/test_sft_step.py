@@ -1,5 +1,6 @@
 """The SFT step: token-mean cross-entropy on assistant tokens only, against a direct
 full-logits computation, exact under micro-batching, and an update that lowers the loss."""
+
 import functools
 
 import jax
@@ -25,9 +26,10 @@ def direct_nll(config, params, batch):
     """-mean logprob over loss tokens from the full logits of each row (no chunking)."""
     total, count = 0.0, 0.0
     for m in range(batch.num_micro_batches):
-        layout = jax.tree.map(lambda x: x[m], batch.layout)
-        inputs = ModelInputs(batch.input_ids[m], batch.attention_mask[m], batch.positions[m],
-                             batch.pixel_values[m], layout)
+        layout = jax.tree.map(lambda x, m=m: x[m], batch.layout)
+        inputs = ModelInputs(
+            batch.input_ids[m], batch.attention_mask[m], batch.positions[m], batch.pixel_values[m], layout
+        )
         logits = forward(config, "float32", params, inputs)[0]
         logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]), batch.input_ids[m][:, 1:, None], -1)[..., 0]
         mask = (batch.loss_mask[m] & batch.attention_mask[m])[:, 1:]
@@ -40,7 +42,8 @@ def test_loss_and_gradient_match_the_direct_computation(tiny_config, tiny_params
     loss, grads, count = jax.jit(sft_loss_and_grads, static_argnums=(0, 1))(tiny_config, STEP, tiny_params, batch)
     trainable = {k: v for k, v in tiny_params.items() if k != "visual"}
     want_loss, want_grads = jax.value_and_grad(
-        lambda t: direct_nll(tiny_config, {**t, "visual": tiny_params["visual"]}, batch))(trainable)
+        lambda t: direct_nll(tiny_config, {**t, "visual": tiny_params["visual"]}, batch)
+    )(trainable)
     assert float(count) == stats.loss_tokens == sum(int(t.loss_mask.sum()) for t in trajectories)
     np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):

@@ -1,5 +1,6 @@
 """The sharded step on an 8-device CPU mesh equals the 1-device step (in a subprocess, since
 the device count is fixed when JAX starts)."""
+
 import os
 import subprocess
 import sys
@@ -11,9 +12,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_fsdp_tensor_mesh_matches_one_device():
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=COMPILATION_CACHE,
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
-    result = subprocess.run([sys.executable, "-m", "tests.train.sharded_step_check"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        JAX_PLATFORMS="cpu",
+        JAX_COMPILATION_CACHE_DIR=COMPILATION_CACHE,
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.train.sharded_step_check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "SHARDED-OK" in result.stdout

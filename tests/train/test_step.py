@@ -1,5 +1,6 @@
 """The train step: chunked logprobs and gradients against a direct full-logits computation,
 exact micro-batch accumulation, the frozen vision tower and the non-finite guard."""
+
 import dataclasses
 
 import jax
@@ -25,8 +26,12 @@ from pyvision_jax.train.step import (
 )
 
 ADVANTAGES = [0.7, -0.4, 1.1, -0.9]
-STEP = StepConfig(temperature=0.7, logprob_chunk=16, old_logprobs="behaviour",
-                  loss=PPOLossConfig(eps_low=0.2, eps_high=0.28, dual_clip=3.0))
+STEP = StepConfig(
+    temperature=0.7,
+    logprob_chunk=16,
+    old_logprobs="behaviour",
+    loss=PPOLossConfig(eps_low=0.2, eps_high=0.28, dual_clip=3.0),
+)
 
 
 def packed(config, trajectories, micro_batch):
@@ -38,8 +43,9 @@ def direct_loss(config, params, batch, step_config):
     total, denominator = 0.0, 0.0
     for m in range(batch.num_micro_batches):
         layout = jax.tree.map(lambda x, m=m: x[m], batch.layout)
-        inputs = ModelInputs(batch.input_ids[m], batch.attention_mask[m], batch.positions[m],
-                             batch.pixel_values[m], layout)
+        inputs = ModelInputs(
+            batch.input_ids[m], batch.attention_mask[m], batch.positions[m], batch.pixel_values[m], layout
+        )
         logits = forward(config, "float32", params, inputs)[0] / step_config.temperature
         logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]), batch.input_ids[m][:, 1:, None], -1)[..., 0]
         logprobs = jnp.pad(logprobs, ((0, 0), (1, 0)))
@@ -57,7 +63,8 @@ def test_chunked_loss_and_gradient_match_the_direct_computation(tiny_config, tin
     loss, grads, denominator, _ = jax.jit(loss_and_grads, static_argnums=(0, 1))(tiny_config, STEP, tiny_params, batch)
     trainable = {k: v for k, v in tiny_params.items() if k != "visual"}
     expected_loss, expected_grads = jax.value_and_grad(
-        lambda t: direct_loss(tiny_config, {**t, "visual": tiny_params["visual"]}, batch, STEP))(trainable)
+        lambda t: direct_loss(tiny_config, {**t, "visual": tiny_params["visual"]}, batch, STEP)
+    )(trainable)
     assert float(denominator) == stats.loss_tokens
     np.testing.assert_allclose(loss, expected_loss, rtol=1e-5, atol=1e-6)
     assert set(grads) == {"model", "lm_head"}
@@ -105,8 +112,9 @@ def test_a_shape_floor_pads_the_batch_without_changing_loss_or_gradients(tiny_co
     micro-batches, segments, vision windows and merged slots carry nothing."""
     config = BatchingConfig((128,), 2, pack=True)
     bare, bare_stats = pack_batch(tiny_config, trajectories, ADVANTAGES, config)
-    floor = BatchShape(micro_batches=3, segments=6, windows=bare_stats.shape.windows * 2,
-                       merged=bare_stats.shape.merged * 2)
+    floor = BatchShape(
+        micro_batches=3, segments=6, windows=bare_stats.shape.windows * 2, merged=bare_stats.shape.merged * 2
+    )
     padded, stats = pack_batch(tiny_config, trajectories, ADVANTAGES, config, floor)
     assert stats.shape == floor and bare_stats.shape.cover(floor) == floor
     assert padded.input_ids.shape[:2] == (3, 2) and padded.advantages.shape == (3, 2, 6)
@@ -130,8 +138,10 @@ def test_the_entropy_coefficient_trains_on_the_entropy(tiny_config, tiny_params,
     mean_entropy = float(metrics.entropy_sum / metrics.token_count)
     np.testing.assert_allclose(float(loss), mean_entropy, rtol=1e-5)
     assert float(optax_norm(grads)) > 0
-    stepped = {**tiny_params, **jax.tree.map(lambda p, g: p - 0.5 * g / optax_norm(grads),
-                                             {k: tiny_params[k] for k in grads}, grads)}
+    stepped = {
+        **tiny_params,
+        **jax.tree.map(lambda p, g: p - 0.5 * g / optax_norm(grads), {k: tiny_params[k] for k in grads}, grads),
+    }
     after = fn(tiny_config, config, stepped, batch)[3]
     assert float(after.entropy_sum / after.token_count) < mean_entropy
 
@@ -153,8 +163,10 @@ def test_step_updates_the_decoder_and_leaves_the_vision_tower_bit_identical(tiny
     assert int(new_state.step) == 1 and float(out["updated"]) == 1.0 and float(out["grad_norm"]) > 0
     for old, new in zip(jax.tree.leaves(state.params["visual"]), jax.tree.leaves(new_state.params["visual"])):
         assert np.asarray(old).tobytes() == np.asarray(new).tobytes()
-    changed = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state.params["model"]),
-                                                          jax.tree.leaves(new_state.params["model"]))]
+    changed = [
+        not np.array_equal(a, b)
+        for a, b in zip(jax.tree.leaves(state.params["model"]), jax.tree.leaves(new_state.params["model"]))
+    ]
     assert all(changed)
 
 
@@ -190,27 +202,33 @@ def test_truncated_is_needs_the_proximal_policy_and_comes_from_the_rl_config():
         StepConfig(loss=loss, old_logprobs="behaviour")
 
 
-def test_truncated_is_weighs_each_token_by_the_capped_behaviour_to_proximal_ratio(tiny_config, tiny_params,
-                                                                                 trajectories):
+def test_truncated_is_weighs_each_token_by_the_capped_behaviour_to_proximal_ratio(
+    tiny_config, tiny_params, trajectories
+):
     batch, _ = pack_batch(tiny_config, trajectories, ADVANTAGES, BatchingConfig((64, 128), 4, pack=False))
-    config = StepConfig(temperature=0.7, logprob_chunk=16, old_logprobs="current",
-                        loss=PPOLossConfig(importance_sampling="token", is_truncation=1.2))
+    config = StepConfig(
+        temperature=0.7,
+        logprob_chunk=16,
+        old_logprobs="current",
+        loss=PPOLossConfig(importance_sampling="token", is_truncation=1.2),
+    )
     loss, grads, _, metrics = jax.jit(loss_and_grads, static_argnums=(0, 1))(tiny_config, config, tiny_params, batch)
     np.testing.assert_allclose(loss, direct_loss(tiny_config, tiny_params, batch, config), rtol=1e-5)
     plain = jax.jit(loss_and_grads, static_argnums=(0, 1))(
-        tiny_config, dataclasses.replace(config, loss=PPOLossConfig()), tiny_params, batch)[0]
+        tiny_config, dataclasses.replace(config, loss=PPOLossConfig()), tiny_params, batch
+    )[0]
     assert abs(float(loss) - float(plain)) > 1e-4 and float(metrics.is_ratio_max) != 1.0
 
 
-def test_ppo_epochs_are_successive_updates_against_the_fixed_behaviour_logprobs(tiny_config, trajectories,
-                                                                               step_setup):
+def test_ppo_epochs_are_successive_updates_against_the_fixed_behaviour_logprobs(tiny_config, trajectories, step_setup):
     """Three epochs in one step equal three single-update steps on the same batch (the ratio's
     denominator stays the engine's) and advance the counter once."""
     state, single, mesh = step_setup
     optimizer = make_optimizer(OptimizerConfig(lr=1e-3, weight_decay=0.01, grad_clip=1.0))
     shardings = state_shardings(state, param_logical_axes(tiny_config), mesh)
-    epochs = make_train_step(tiny_config, dataclasses.replace(STEP, ppo_epochs=3), optimizer, mesh, shardings,
-                             donate=False)
+    epochs = make_train_step(
+        tiny_config, dataclasses.replace(STEP, ppo_epochs=3), optimizer, mesh, shardings, donate=False
+    )
     batch = shard_batch(packed(tiny_config, trajectories, 2)[0], mesh)
     stepped, first = single(state, batch)
     for _ in range(2):
@@ -233,10 +251,10 @@ def test_lr_multipliers_scale_the_update_of_matching_parameters_only():
         config = OptimizerConfig(lr=1e-3, weight_decay=0.0, lr_multipliers=(("model/norm", factor),))
         optimizer = make_optimizer(config)
         updates[factor], _ = optimizer.update(grads, optimizer.init(params), params)
-    np.testing.assert_allclose(updates[10.0]["model"]["norm"]["scale"],
-                               10.0 * updates[1.0]["model"]["norm"]["scale"], rtol=1e-6)
-    np.testing.assert_array_equal(updates[10.0]["model"]["layers"]["kernel"],
-                                  updates[1.0]["model"]["layers"]["kernel"])
+    np.testing.assert_allclose(
+        updates[10.0]["model"]["norm"]["scale"], 10.0 * updates[1.0]["model"]["norm"]["scale"], rtol=1e-6
+    )
+    np.testing.assert_array_equal(updates[10.0]["model"]["layers"]["kernel"], updates[1.0]["model"]["layers"]["kernel"])
     train = base_config().train
     train.lr_multipliers = ("model/norm/scale=30",)
     assert wiring.optimizer_config(train, ()).lr_multipliers == (("model/norm/scale", 30.0),)
@@ -249,8 +267,12 @@ def test_lr_multipliers_scale_the_update_of_matching_parameters_only():
 
 def test_uniform_updates_move_every_entry_of_matching_parameters_by_one_shared_amount():
     params = {"model": {"norm": {"scale": jnp.ones(4)}, "layers": {"kernel": jnp.ones((2, 4))}}}
-    grads = {"model": {"norm": {"scale": jnp.array([0.4, -0.1, 0.2, 0.3])},
-                       "layers": {"kernel": jnp.array([[0.4, -0.1, 0.2, 0.3]] * 2)}}}
+    grads = {
+        "model": {
+            "norm": {"scale": jnp.array([0.4, -0.1, 0.2, 0.3])},
+            "layers": {"kernel": jnp.array([[0.4, -0.1, 0.2, 0.3]] * 2)},
+        }
+    }
     config = OptimizerConfig(lr=1e-2, weight_decay=0.0, grad_clip=0.0, uniform_updates=("model/norm",))
     optimizer = make_optimizer(config)
     state = optimizer.init(params)
@@ -272,43 +294,65 @@ def test_uniform_updates_move_every_entry_of_matching_parameters_by_one_shared_a
 
 
 def test_path_means_are_the_means_of_the_matching_parameters_only():
-    params = {"model": {"norm": {"scale": jnp.array([1.0, 2.0, 4.0, 5.0])},
-                        "layers": {"norm": {"scale": jnp.ones((2, 4))}, "kernel": jnp.zeros((2, 4))}}}
+    params = {
+        "model": {
+            "norm": {"scale": jnp.array([1.0, 2.0, 4.0, 5.0])},
+            "layers": {"norm": {"scale": jnp.ones((2, 4))}, "kernel": jnp.zeros((2, 4))},
+        }
+    }
     means = path_means(params, ("^model/norm/scale$", "kernel"))
     assert sorted(means) == ["model/layers/kernel", "model/norm/scale"]
     assert float(means["model/norm/scale"]) == 3.0 and float(means["model/layers/kernel"]) == 0.0
     assert path_means(params, ()) == {}
 
 
-
-def test_the_per_unit_token_mean_does_not_depend_on_micro_batches_packing_or_devices(tiny_config, tiny_params,
-                                                                                     trajectories):
+def test_the_per_unit_token_mean_does_not_depend_on_micro_batches_packing_or_devices(
+    tiny_config, tiny_params, trajectories
+):
     """token-mean-per-micro-batch over units of 2 trajectories (the released per-device
     micro-batch): the mean of the units' token means, however rows fall into the step's
     micro-batches; with the step's micro-batch as the unit the loss moves with the layout."""
-    config = StepConfig(temperature=0.7, logprob_chunk=16, old_logprobs="current",
-                        loss=PPOLossConfig(aggregation="token-mean-per-micro-batch"))
+    config = StepConfig(
+        temperature=0.7,
+        logprob_chunk=16,
+        old_logprobs="current",
+        loss=PPOLossConfig(aggregation="token-mean-per-micro-batch"),
+    )
     fn = jax.jit(loss_and_grads, static_argnums=(0, 1))
-    layouts = [BatchingConfig((128,), 4, loss_unit=2), BatchingConfig((128,), 1, loss_unit=2),
-               BatchingConfig((128,), 2, pack=True, loss_unit=2)]
-    results = [fn(tiny_config, config, tiny_params, pack_batch(tiny_config, trajectories, ADVANTAGES, layout)[0])
-               for layout in layouts]
+    layouts = [
+        BatchingConfig((128,), 4, loss_unit=2),
+        BatchingConfig((128,), 1, loss_unit=2),
+        BatchingConfig((128,), 2, pack=True, loss_unit=2),
+    ]
+    results = [
+        fn(tiny_config, config, tiny_params, pack_batch(tiny_config, trajectories, ADVANTAGES, layout)[0])
+        for layout in layouts
+    ]
     tokens = [int(t.loss_mask.sum()) for t in trajectories]
     # at ratio 1 every token's loss is -A: a unit's mean is -sum(A n) / sum(n)
-    units = [-(ADVANTAGES[i] * tokens[i] + ADVANTAGES[j] * tokens[j]) / (tokens[i] + tokens[j])
-             for i, j in ((0, 1), (2, 3))]
+    units = [
+        -(ADVANTAGES[i] * tokens[i] + ADVANTAGES[j] * tokens[j]) / (tokens[i] + tokens[j]) for i, j in ((0, 1), (2, 3))
+    ]
     for loss, grads, denominator, _ in results:
         np.testing.assert_allclose(loss, np.mean(units), rtol=1e-5)
         assert float(denominator) == pytest.approx(2.0)
         for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(results[0][1])):
             np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-7)
-    per_step = [fn(tiny_config, config, tiny_params,
-                   pack_batch(tiny_config, trajectories, ADVANTAGES, BatchingConfig((128,), m))[0])[0] for m in (4, 1)]
+    per_step = [
+        fn(
+            tiny_config,
+            config,
+            tiny_params,
+            pack_batch(tiny_config, trajectories, ADVANTAGES, BatchingConfig((128,), m))[0],
+        )[0]
+        for m in (4, 1)
+    ]
     np.testing.assert_allclose(per_step, [-np.dot(ADVANTAGES, tokens) / sum(tokens), -np.mean(ADVANTAGES)], rtol=1e-5)
 
 
 def test_mini_batches_are_successive_updates_on_disjoint_halves_against_the_step_start_policy(
-        tiny_config, trajectories, step_setup):
+    tiny_config, trajectories, step_setup
+):
     """Two mini-batches: one step makes two updates, the second off-policy, each on its half,
     both with the policy before the step as the ratio's denominator; one mini-batch is one
     update on the whole batch."""
@@ -316,8 +360,9 @@ def test_mini_batches_are_successive_updates_on_disjoint_halves_against_the_step
     optimizer = make_optimizer(OptimizerConfig(lr=1e-3, weight_decay=0.01, grad_clip=1.0))
     shardings = state_shardings(state, param_logical_axes(tiny_config), mesh)
     current = dataclasses.replace(STEP, old_logprobs="current")
-    halves = make_train_step(tiny_config, dataclasses.replace(current, mini_batches=2), optimizer, mesh, shardings,
-                             donate=False)
+    halves = make_train_step(
+        tiny_config, dataclasses.replace(current, mini_batches=2), optimizer, mesh, shardings, donate=False
+    )
     host, _ = pack_batch(tiny_config, trajectories, ADVANTAGES, BatchingConfig((64, 128), 2, mini_batches=2))
     assert host.input_ids.shape[:2] == (2, 2)
     got, out = halves(state, shard_batch(host, mesh))
@@ -325,9 +370,12 @@ def test_mini_batches_are_successive_updates_on_disjoint_halves_against_the_step
 
     whole, _ = pack_batch(tiny_config, trajectories, ADVANTAGES, BatchingConfig((64, 128), 4))
     start = jax.jit(micro_batch_logprobs, static_argnums=(0, 1))(
-        tiny_config, current, state.params, jax.tree.map(lambda x: x[0], whole))[0]
-    relabelled = [dataclasses.replace(t, logprobs=np.where(t.loss_mask, np.asarray(start[i, :len(t.token_ids)]), 0.0))
-                  for i, t in enumerate(trajectories)]
+        tiny_config, current, state.params, jax.tree.map(lambda x: x[0], whole)
+    )[0]
+    relabelled = [
+        dataclasses.replace(t, logprobs=np.where(t.loss_mask, np.asarray(start[i, : len(t.token_ids)]), 0.0))
+        for i, t in enumerate(trajectories)
+    ]
     stepped = state
     for half in (slice(0, 2), slice(2, 4)):
         batch, _ = pack_batch(tiny_config, relabelled[half], ADVANTAGES[half], BatchingConfig((64, 128), 2))
@@ -336,8 +384,10 @@ def test_mini_batches_are_successive_updates_on_disjoint_halves_against_the_step
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
     once, _ = single(state, shard_batch(packed(tiny_config, trajectories, 2)[0], mesh))  # one update, whole batch
-    moved = [float(np.abs(np.asarray(a) - np.asarray(b)).max())
-             for a, b in zip(jax.tree.leaves(once.params["model"]), jax.tree.leaves(got.params["model"]))]
+    moved = [
+        float(np.abs(np.asarray(a) - np.asarray(b)).max())
+        for a, b in zip(jax.tree.leaves(once.params["model"]), jax.tree.leaves(got.params["model"]))
+    ]
     assert max(moved) > 1e-4
 
 

@@ -24,18 +24,22 @@ from tests.train.tensorboard_events import read_scalars
 
 
 def test_resume_gives_bit_identical_params(tmp_path, tiny_config, tiny_params, tokenizer, tasks):
-    straight, trainer_a = run(small_config(6), tmp_path / "a", tiny_config, tiny_params, tokenizer, tasks,
-                              answers_by_rollout)
+    straight, trainer_a = run(
+        small_config(6), tmp_path / "a", tiny_config, tiny_params, tokenizer, tasks, answers_by_rollout
+    )
     first, _ = run(small_config(3), tmp_path / "b", tiny_config, tiny_params, tokenizer, tasks, answers_by_rollout)
-    resumed, trainer_b = run(small_config(6), tmp_path / "b", tiny_config, tiny_params, tokenizer, tasks,
-                             answers_by_rollout)
+    resumed, trainer_b = run(
+        small_config(6), tmp_path / "b", tiny_config, tiny_params, tokenizer, tasks, answers_by_rollout
+    )
     assert (straight.first_step, straight.last_step) == (0, 6)
     assert (first.last_step, resumed.first_step, resumed.last_step) == (3, 3, 6)
     a, b = jax.device_get(trainer_a.state), jax.device_get(trainer_b.state)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
-    changed = [not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(tiny_params["model"]),
-                                                          jax.tree.leaves(a.params["model"]))]
+    changed = [
+        not np.array_equal(x, y)
+        for x, y in zip(jax.tree.leaves(tiny_params["model"]), jax.tree.leaves(a.params["model"]))
+    ]
     assert all(changed), "training must have changed the decoder"
     scalars = read_scalars(str(tmp_path / "a" / "tb"))
     assert [s for s, _ in scalars[tags.FILTER_GROUPS_KEPT]] == [1, 2, 3, 4, 5, 6]
@@ -44,8 +48,9 @@ def test_resume_gives_bit_identical_params(tmp_path, tiny_config, tiny_params, t
     assert TrainCheckpoints(tmp_path / "b" / "checkpoints", 3, 2).all_steps() == [3, 6]
 
 
-def test_uniform_updates_parameters_are_logged_as_their_mean_every_step(tmp_path, tiny_config, tiny_params,
-                                                                          tokenizer, tasks):
+def test_uniform_updates_parameters_are_logged_as_their_mean_every_step(
+    tmp_path, tiny_config, tiny_params, tokenizer, tasks
+):
     config = small_config(2)
     config.train.uniform_updates = ("model/norm/scale",)
     config.train.lr = 0.05
@@ -72,8 +77,9 @@ def test_no_informative_group_still_steps_after_max_gen_rounds(tmp_path, tiny_co
         assert np.array_equal(x, y)
 
 
-def test_async_staleness_one_with_truncated_is_trains_and_drops_no_group(tmp_path, tiny_config, tiny_params,
-                                                                         tokenizer, tasks):
+def test_async_staleness_one_with_truncated_is_trains_and_drops_no_group(
+    tmp_path, tiny_config, tiny_params, tokenizer, tasks
+):
     """Off-policy training end to end: a rollout thread generating during each
     step (max_staleness 1), token-level truncated IS against the proximal policy; the
     thread's groups are one version old or more, and none is dropped for the bookkeeping."""
@@ -107,16 +113,32 @@ def test_external_fleet_trains_through_the_same_trainer(tmp_path, tiny_config, t
     publisher = WeightsPublisher(tmp_path / "weights", tiny_config, queue=queue)
     source = FleetSource(queue, publisher, DeliveredGroups(None, "test"), publish_every=1, wait_timeout_s=120)
     engine = ScriptedEngine(tokenizer, answers_by_rollout)
-    producer = GroupProducer(ProducerConfig(group_size=2), engine=engine, tokenizer=tokenizer, sandboxes=FakePool(),
-                             episode=EpisodeConfig(max_new_tokens_per_turn=32, max_total_tokens=1024,
-                                                   image_max_pixels=56 * 56 * 4))
-    worker = RolloutWorker(WorkerConfig(max_staleness=0, poll_s=0.02), tasks=tasks, producer=producer, queue=queue,
-                           weights=WeightsWatcher(queue, engine))
+    producer = GroupProducer(
+        ProducerConfig(group_size=2),
+        engine=engine,
+        tokenizer=tokenizer,
+        sandboxes=FakePool(),
+        episode=EpisodeConfig(max_new_tokens_per_turn=32, max_total_tokens=1024, image_max_pixels=56 * 56 * 4),
+    )
+    worker = RolloutWorker(
+        WorkerConfig(max_staleness=0, poll_s=0.02),
+        tasks=tasks,
+        producer=producer,
+        queue=queue,
+        weights=WeightsWatcher(queue, engine),
+    )
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
-        summary = build_trainer(config, tmp_path / "run", model=(tiny_config, tiny_params), tokenizer=tokenizer,
-                          source=source, progress=False, log=lambda line: None).run()
+        summary = build_trainer(
+            config,
+            tmp_path / "run",
+            model=(tiny_config, tiny_params),
+            tokenizer=tokenizer,
+            source=source,
+            progress=False,
+            log=lambda line: None,
+        ).run()
     finally:
         worker.request_stop()
         thread.join(timeout=60)
@@ -131,7 +153,8 @@ def test_external_fleet_trains_through_the_same_trainer(tmp_path, tiny_config, t
 
 
 def test_every_answer_is_scored_exactly_once_between_production_and_training(
-        tmp_path, monkeypatch, tiny_config, tiny_params, tokenizer, tasks):
+    tmp_path, monkeypatch, tiny_config, tiny_params, tokenizer, tasks
+):
     calls = []
     score_response = grading_trajectory.score_response
 

@@ -1,6 +1,7 @@
 """Kill -9 of the trainer in external mode (Redis with AOF, a scripted rollout
 worker process). The resumed trainer trains the groups of its lost steps from the spool
 first, draws every step exactly once in its outputs, and never trains a group twice."""
+
 from __future__ import annotations
 
 import json
@@ -60,21 +61,40 @@ def write_config(directory: Path, redis_url: str, steps: int) -> Path:
     for i in range(6):
         image = directory / f"t{i}.png"
         Image.new("RGB", (56, 56), (40 * i, 90, 60)).save(image)
-        tasks.append(Task(id=f"t{i}", question="Which colour?", answer="A", answer_type="multiple_choice",
-                          data_source="test", image_path=str(image), options=("red", "blue")))
+        tasks.append(
+            Task(
+                id=f"t{i}",
+                question="Which colour?",
+                answer="A",
+                answer_type="multiple_choice",
+                data_source="test",
+                image_path=str(image),
+                options=("red", "blue"),
+            )
+        )
     write_tasks_jsonl(directory / "tasks.jsonl", tasks)
     (directory / "script.json").write_text(json.dumps({"*": [answer_turn("A")]}))
     path = directory / f"config_{steps}.py"
-    path.write_text(CONFIG.format(tasks=str(directory / "tasks.jsonl"),
-                                  script=str(directory / "script.json"), redis_url=redis_url,
-                                  weights=str(directory / "weights"), steps=steps))
+    path.write_text(
+        CONFIG.format(
+            tasks=str(directory / "tasks.jsonl"),
+            script=str(directory / "script.json"),
+            redis_url=redis_url,
+            weights=str(directory / "weights"),
+            steps=steps,
+        )
+    )
     return path
 
 
 def launch(script: str, args: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(ROOT / "launch" / script), *args], cwd=ROOT,
-                            env=os.environ | {"JAX_PLATFORMS": "cpu"}, stdout=open(log, "ab"),
-                            stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "launch" / script), *args],
+        cwd=ROOT,
+        env=os.environ | {"JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)},  # its config imports tests.*
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+    )
 
 
 def wait_for(predicate, what: str, processes: list[subprocess.Popen], logs: list[Path], limit_s: float = 400):
@@ -82,8 +102,9 @@ def wait_for(predicate, what: str, processes: list[subprocess.Popen], logs: list
     while not predicate():
         for process, log in zip(processes, logs):
             assert process.poll() in (None, 0), f"{log.name} exited:\n{log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n" + \
-            "\n".join(log.read_text()[-2000:] for log in logs)
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n" + "\n".join(
+            log.read_text()[-2000:] for log in logs
+        )
         time.sleep(0.3)
 
 
@@ -92,8 +113,10 @@ def sample_steps(workdir: Path) -> list[tuple[int, str]]:
     if not path.is_file():
         return []
     records = [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-    return [(r["step"], r["group"]["task"]["id"] + "#" + str(r["group"]["trajectories"][0]["rollout_index"] // 2))
-            for r in records]
+    return [
+        (r["step"], r["group"]["task"]["id"] + "#" + str(r["group"]["trajectories"][0]["rollout_index"] // 2))
+        for r in records
+    ]
 
 
 def test_trainer_killed_mid_run_resumes_without_losing_or_repeating_a_group(tmp_path):
@@ -109,8 +132,12 @@ def test_trainer_killed_mid_run_resumes_without_losing_or_repeating_a_group(tmp_
         # and step 3 is drawn, whose checkpoint (every 2) never comes. Whether or not step 2's
         # groups were acknowledged yet (at the next save), the checkpoint lists them, so the
         # restart releases them and replays only step 3's.
-        wait_for(lambda: (workdir / "checkpoints" / "2").is_dir() and len(sample_steps(workdir)) >= 3,
-                 "step 3 and the checkpoint of step 2", [worker, trainer], logs[:2])
+        wait_for(
+            lambda: (workdir / "checkpoints" / "2").is_dir() and len(sample_steps(workdir)) >= 3,
+            "step 3 and the checkpoint of step 2",
+            [worker, trainer],
+            logs[:2],
+        )
         trainer.send_signal(signal.SIGKILL)
         assert trainer.wait(timeout=30) == -9
         before = dict(sample_steps(workdir))

@@ -1,4 +1,5 @@
 """Hand-built trajectories with images for the trainer tests."""
+
 import io
 
 import numpy as np
@@ -15,8 +16,9 @@ def png_image(width: int, height: int, seed: int) -> bytes:
     return buffer.getvalue()
 
 
-def make_trajectory(config: ModelConfig, seed: int, prompt: int = 12, generated: int = 20,
-                    images: int = 1) -> Trajectory:
+def make_trajectory(
+    config: ModelConfig, seed: int, prompt: int = 12, generated: int = 20, images: int = 1
+) -> Trajectory:
     """prompt text, then `images` 56x56 images (4 merged tokens each), more text, then
     `generated` model tokens with engine logprobs."""
     rng = np.random.default_rng(seed)
@@ -30,7 +32,19 @@ def make_trajectory(config: ModelConfig, seed: int, prompt: int = 12, generated:
     ids += text(generated)
     loss_mask = np.r_[np.zeros(prompt_length), np.ones(generated)].astype(np.int8)
     logprobs = np.where(loss_mask, -rng.uniform(0.5, 8.0, len(ids)), 0.0)
-    return Trajectory(task_id=f"t{seed}", rollout_index=0, token_ids=np.asarray(ids), loss_mask=loss_mask,
-                      logprobs=logprobs, prompt_length=prompt_length, images=tuple(records), turns=(),
-                      num_tool_calls=0, num_successful_tool_calls=0, end_reason=EndReason.DONE, broken=False,
-                      final_answer=None, policy_version=0)
+    return Trajectory(
+        task_id=f"t{seed}",
+        rollout_index=0,
+        token_ids=np.asarray(ids),
+        loss_mask=loss_mask,
+        logprobs=logprobs,
+        prompt_length=prompt_length,
+        images=tuple(records),
+        turns=(),
+        num_tool_calls=0,
+        num_successful_tool_calls=0,
+        end_reason=EndReason.DONE,
+        broken=False,
+        final_answer=None,
+        policy_version=0,
+    )

@@ -180,9 +180,7 @@ def check_limits(max_backlog: Any, max_staleness: Any, put_timeout_s: Any) -> No
     if not _is_int(max_backlog) or max_backlog < 1:
         raise ValueError(f"queue.max_backlog must be an integer >= 1, got {max_backlog!r}")
     if max_staleness is not None and (not _is_int(max_staleness) or max_staleness < 0):
-        raise ValueError(
-            f"queue.max_staleness must be None or an integer >= 0, got {max_staleness!r}"
-        )
+        raise ValueError(f"queue.max_staleness must be None or an integer >= 0, got {max_staleness!r}")
     if not isinstance(put_timeout_s, (int, float)) or not put_timeout_s > 0:
         raise ValueError(f"queue.put_timeout_s must be a number > 0, got {put_timeout_s!r}")
 
@@ -213,15 +211,10 @@ def payload_and_version(group: Any, version: int | None) -> tuple[bytes, int]:
             f"got {type(group).__name__}"
         )
     if version is not None:
-        raise TypeError(
-            f"put({type(group).__name__}) takes its version from .policy_version; "
-            f"do not pass version="
-        )
+        raise TypeError(f"put({type(group).__name__}) takes its version from .policy_version; do not pass version=")
     payload = to_bytes()
     if not isinstance(payload, bytes):
-        raise TypeError(
-            f"{type(group).__name__}.to_bytes() must return bytes, got {type(payload).__name__}"
-        )
+        raise TypeError(f"{type(group).__name__}.to_bytes() must return bytes, got {type(payload).__name__}")
     return payload, checked_version(group.policy_version, f"{type(group).__name__}.policy_version")
 
 
@@ -297,13 +290,20 @@ class TrajectoryQueue(abc.ABC):
             return entries
         newest = self.trainer_version()
         oldest_admitted = newest - self.max_staleness
-        for reason, rejected in (("dropped_stale", [e for e in entries if e.version < oldest_admitted]),
-                                 ("dropped_future", [e for e in entries if e.version > newest])):
+        for reason, rejected in (
+            ("dropped_stale", [e for e in entries if e.version < oldest_admitted]),
+            ("dropped_future", [e for e in entries if e.version > newest]),
+        ):
             if rejected:
                 self._remove_pending([entry.id for entry in rejected], reason)
-                logger.info("%s: %d trajectory groups of versions %s (trainer version %d, max_staleness %d)",
-                            reason, len(rejected), sorted({e.version for e in rejected}), newest,
-                            self.max_staleness)
+                logger.info(
+                    "%s: %d trajectory groups of versions %s (trainer version %d, max_staleness %d)",
+                    reason,
+                    len(rejected),
+                    sorted({e.version for e in rejected}),
+                    newest,
+                    self.max_staleness,
+                )
         return [entry for entry in entries if oldest_admitted <= entry.version <= newest]
 
     def _item(self, entry: RawEntry) -> QueueItem:
@@ -313,8 +313,7 @@ class TrajectoryQueue(abc.ABC):
             obj = self._decode(entry.payload)
         except Exception as error:
             raise ValueError(
-                f"decoding queue item {entry.id} (version {entry.version}, "
-                f"{len(entry.payload)} bytes) failed: {error}"
+                f"decoding queue item {entry.id} (version {entry.version}, {len(entry.payload)} bytes) failed: {error}"
             ) from error
         return QueueItem(entry.id, entry.version, entry.payload, obj)
 
@@ -375,4 +374,3 @@ class TrajectoryQueue(abc.ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-

@@ -34,8 +34,9 @@ class LocalTrajectoryQueue(TrajectoryQueue):
         put_timeout_s: float = 600.0,
         decode: Callable[[bytes], Any] | None = None,
     ) -> None:
-        super().__init__(max_backlog=max_backlog, max_staleness=max_staleness,
-                         put_timeout_s=put_timeout_s, decode=decode)
+        super().__init__(
+            max_backlog=max_backlog, max_staleness=max_staleness, put_timeout_s=put_timeout_s, decode=decode
+        )
         self._condition = threading.Condition()
         self._ready: collections.deque[RawEntry] = collections.deque()
         self._pending: dict[str, RawEntry] = {}
@@ -111,9 +112,7 @@ class LocalTrajectoryQueue(TrajectoryQueue):
 
     def stats(self) -> QueueStats:
         with self._condition:
-            return QueueStats.from_counters(
-                ready=len(self._ready), pending=len(self._pending), counters=self._counts
-            )
+            return QueueStats.from_counters(ready=len(self._ready), pending=len(self._pending), counters=self._counts)
 
     def close(self) -> None:
         """Closes the queue; threads blocked in put/get raise RuntimeError."""

@@ -88,9 +88,11 @@ _TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 def _through_outages(method: Callable[..., Any]) -> Callable[..., Any]:
     """Runs a backend operation through `RedisTrajectoryQueue._resilient`."""
+
     @functools.wraps(method)
     def wrapper(self: "RedisTrajectoryQueue", *args: Any, **kwargs: Any) -> Any:
         return self._resilient(lambda: method(self, *args, **kwargs))
+
     return wrapper
 
 
@@ -124,8 +126,9 @@ class RedisTrajectoryQueue(TrajectoryQueue):
         outage_s: float = 600.0,
         decode: Callable[[bytes], Any] | None = None,
     ) -> None:
-        super().__init__(max_backlog=max_backlog, max_staleness=max_staleness,
-                         put_timeout_s=put_timeout_s, decode=decode)
+        super().__init__(
+            max_backlog=max_backlog, max_staleness=max_staleness, put_timeout_s=put_timeout_s, decode=decode
+        )
         check_claim_idle_ms(claim_idle_ms)
         self.url = url
         self.group = group
@@ -170,9 +173,11 @@ class RedisTrajectoryQueue(TrajectoryQueue):
                 now = time.monotonic()
                 first_failure = now if first_failure is None else first_failure
                 if now - first_failure >= self.outage_s:
-                    raise ConnectionError(f"the Redis queue at {self.url} has been unreachable for "
-                                          f"{now - first_failure:.0f} s (outage_s={self.outage_s:.0f}): "
-                                          f"{error}") from error
+                    raise ConnectionError(
+                        f"the Redis queue at {self.url} has been unreachable for "
+                        f"{now - first_failure:.0f} s (outage_s={self.outage_s:.0f}): "
+                        f"{error}"
+                    ) from error
                 time.sleep(pause)
                 pause = min(pause * 2, _MAX_BACKOFF_S)
             except redis.ResponseError as error:
@@ -185,9 +190,7 @@ class RedisTrajectoryQueue(TrajectoryQueue):
         start = time.monotonic()
         pause = 0.005
         while True:
-            item_id = self._put_script(
-                keys=[self._stream, self._stats_key], args=[self.max_backlog, version, payload]
-            )
+            item_id = self._put_script(keys=[self._stream, self._stats_key], args=[self.max_backlog, version, payload])
             if item_id is not None:
                 return _text(item_id)
             remaining = seconds_left(deadline)
@@ -208,28 +211,24 @@ class RedisTrajectoryQueue(TrajectoryQueue):
 
     def _reclaim(self, count: int) -> list[RawEntry]:
         cursor, claimed, *_ = self._client.xautoclaim(
-            self._stream, self.group, self.consumer, self.claim_idle_ms,
-            start_id=self._claim_cursor, count=count,
+            self._stream,
+            self.group,
+            self.consumer,
+            self.claim_idle_ms,
+            start_id=self._claim_cursor,
+            count=count,
         )
         self._claim_cursor = cursor
         # Entries deleted meanwhile come back without fields (Redis 6.2) or not at all (7+).
         return [self._entry(item_id, fields) for item_id, fields in claimed if fields]
 
     def _read_new(self, count: int, block_ms: int | None) -> list[RawEntry]:
-        response = self._client.xreadgroup(
-            self.group, self.consumer, {self._stream: ">"}, count=count, block=block_ms
-        )
-        return [
-            self._entry(item_id, fields)
-            for _, messages in response or []
-            for item_id, fields in messages
-        ]
+        response = self._client.xreadgroup(self.group, self.consumer, {self._stream: ">"}, count=count, block=block_ms)
+        return [self._entry(item_id, fields) for _, messages in response or [] for item_id, fields in messages]
 
     def _own_pending(self, count: int) -> list[RawEntry]:
         """The next entries this consumer name held unacknowledged before this object existed."""
-        response = self._client.xreadgroup(
-            self.group, self.consumer, {self._stream: self._own_cursor}, count=count
-        )
+        response = self._client.xreadgroup(self.group, self.consumer, {self._stream: self._own_cursor}, count=count)
         messages = [message for _, batch in response or [] for message in batch]
         self._own_cursor = messages[-1][0] if len(messages) == count else None
         return [self._entry(item_id, fields) for item_id, fields in messages if fields]
@@ -270,8 +269,7 @@ class RedisTrajectoryQueue(TrajectoryQueue):
                 raise ValueError(f"not a Redis stream entry id: {item_id!r}")
         if not ids:
             return 0
-        return int(self._ack_script(keys=[self._stream, self._stats_key],
-                                    args=[self.group, counter, *ids]))
+        return int(self._ack_script(keys=[self._stream, self._stats_key], args=[self.group, counter, *ids]))
 
     @_through_outages
     def _store_trainer_version(self, version: int) -> None:
@@ -284,8 +282,7 @@ class RedisTrajectoryQueue(TrajectoryQueue):
 
     @_through_outages
     def _store_weights(self, weights: PublishedWeights) -> None:
-        self._client.hset(self._weights_key,
-                          mapping={"version": weights.version, "location": weights.location})
+        self._client.hset(self._weights_key, mapping={"version": weights.version, "location": weights.location})
 
     @_through_outages
     def latest_weights(self) -> PublishedWeights | None:
