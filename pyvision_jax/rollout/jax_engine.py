@@ -119,7 +119,10 @@ class JaxEngine:
     batch. The cache never has fewer than ``min_cache_length`` columns (rounded up to a cache
     length), which avoids growing, and compiling for, larger caches when the workload's
     lengths are known. ``kv_continuation`` holds finished slots for their episode's next
-    request (module docstring); off, every request is prefilled in full.
+    request (module docstring); off, every request is prefilled in full. The new tokens of a
+    continued request (a tool response and the next prompt: usually short) are padded to one
+    of ``extension_buckets`` (those below the smallest length bucket), or else of the length
+    buckets.
     """
 
     def __init__(self, config: ModelConfig, params: Any, tokenizer: Any, *, max_batch: int = 8,
@@ -127,7 +130,8 @@ class JaxEngine:
                  prefill_batch_sizes: Sequence[int] | None = None,
                  decode_batch_sizes: Sequence[int] | None = None, min_cache_length: int = 0,
                  compute_dtype: Any = jnp.float32, cache_dtype: Any = None, version: int = 0,
-                 eos_token_ids: Iterable[int] | None = None, kv_continuation: bool = True):
+                 eos_token_ids: Iterable[int] | None = None, kv_continuation: bool = True,
+                 extension_buckets: Sequence[int] = (64, 256)):
         if max_batch < 1:
             raise ValueError(f"JaxEngine: max_batch must be >= 1, got {max_batch}")
         if decode_chunk < 1:
@@ -139,6 +143,8 @@ class JaxEngine:
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.length_buckets = buckets
+        self.extension_buckets = tuple(sorted({int(b) for b in extension_buckets if 0 < b < buckets[0]}
+                                              | set(buckets)))
         self.decode_chunk = decode_chunk
         self.kv_continuation = bool(kv_continuation)
         self.compute_dtype = jnp.dtype(compute_dtype).name
@@ -313,17 +319,18 @@ class JaxEngine:
             self._slots[i] = None
             self._kv.content[i] = 0
 
-    def _block(self, joining: list[_Prepared], starts: Sequence[int]) -> tuple[dict, int, int]:
-        """``prompt_block`` of the prompts' tokens from `starts` on."""
+    def _block(self, joining: list[_Prepared], starts: Sequence[int],
+               buckets: Sequence[int]) -> tuple[dict, int, int]:
+        """``prompt_block`` of the prompts' tokens from `starts` on, padded to one of `buckets`."""
         return prompt_block(self.config, [j.request.prompt_token_ids[s:] for j, s in zip(joining, starts)],
                             [j.pixel_values for j in joining],
                             [j.request.image_grid_thw[j.reused_images:] for j in joining],
-                            self.length_buckets, self.prefill_batches)
+                            buckets, self.prefill_batches)
 
     def _admit(self, joining: list[_Prepared], rows: list[int], settings: SamplingArrays,
                params: SamplingParams, results: list[GenerationResult | None], version: int) -> None:
         """Prefills `joining` into the free slots `rows` and takes their first tokens."""
-        inputs, batch, length = self._block(joining, [0] * len(joining))
+        inputs, batch, length = self._block(joining, [0] * len(joining), self.length_buckets)
         model_inputs, deltas = self._prepare_held(("prefill", batch), inputs)
         prompt_lengths = [len(j.request.prompt_token_ids) for j in joining]
         self._kv.hold_block(length)
@@ -341,7 +348,7 @@ class JaxEngine:
                         version: int) -> None:
         """Prefills the rest of each continuing prompt after its held slot's kept columns and
         takes the first tokens."""
-        inputs, batch, length = self._block(joining, [j.reused for j in joining])
+        inputs, batch, length = self._block(joining, [j.reused for j in joining], self.extension_buckets)
         inputs["position_ids"], starts = suffix_positions(
             self.config, [j.request for j in joining], [j.reused for j in joining], batch, length)
         model_inputs, _ = self._prepare_held(("extend", batch), inputs)

@@ -14,7 +14,7 @@ frozen vision tower runs once per step, outside the gradient, for all micro-batc
 Per-token logprobs of the current params are computed from the decoder's hidden states in
 chunks of `logprob_chunk` positions: lm_head, temperature, log-softmax and the gather run per
 chunk under `jax.checkpoint`, so neither the forward nor the backward pass ever holds the
-whole [n, T, V] float32 logits.
+whole [n, T, V] float32 logits (`train.token_logprobs`).
 
 Token t's logprob is read from the hidden state at t - 1, aligned with `Trajectory.loss_mask`
 and the engine's logprobs (position t holds token t's values).
@@ -45,6 +45,7 @@ from pyvision_jax.models.sharding import batch_sharding, shard_activation
 from pyvision_jax.models.vision import VisionLayout
 from pyvision_jax.rl.losses import PPOLossConfig, PPOMetrics, combine_metrics, ppo_loss, summarize_metrics
 from pyvision_jax.train.state import TrainState, split_trainable
+from pyvision_jax.train.token_logprobs import chunked_token_logprobs, segment_masks, segment_rows
 
 
 @struct.dataclass
@@ -152,43 +153,6 @@ def hidden_states(
     return hidden, kernel.astype(jnp.dtype(compute_dtype))
 
 
-def chunked_token_logprobs(
-    hidden: jax.Array, kernel: jax.Array, input_ids: jax.Array, temperature: float, chunk: int
-) -> tuple[jax.Array, jax.Array]:
-    """logprob [n, T] of each token under softmax(h_{t-1} W / temperature), and the entropy
-    [n, T] of that distribution (differentiable: `rl.entropy_coef` trains on it); position 0
-    gets 0.
-
-    The [n, chunk, V] logits of one chunk exist at a time, forward and backward.
-    """
-    n, length, dim = hidden.shape
-    shifted = jnp.concatenate([jnp.zeros((n, 1, dim), hidden.dtype), hidden[:, :-1]], axis=1)
-    chunk = min(chunk, length)
-    padded = -(-length // chunk) * chunk
-    if padded != length:
-        shifted = jnp.pad(shifted, ((0, 0), (0, padded - length), (0, 0)))
-        input_ids = jnp.pad(input_ids, ((0, 0), (0, padded - length)))
-    num_chunks = padded // chunk
-    h_chunks = shifted.reshape(n, num_chunks, chunk, dim).swapaxes(0, 1)
-    id_chunks = input_ids.reshape(n, num_chunks, chunk).swapaxes(0, 1)
-
-    @jax.checkpoint
-    def one_chunk(args: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-        h, ids = args
-        logits = jnp.einsum("ncd,dv->ncv", h, kernel, preferred_element_type=jnp.float32) / temperature
-        log_z = jax.nn.logsumexp(logits, axis=-1)
-        picked = jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
-        probs = jnp.exp(logits - log_z[..., None])
-        entropy = log_z - jnp.sum(probs * logits, axis=-1)
-        return picked - log_z, entropy
-
-    logprobs, entropy = jax.lax.map(one_chunk, (h_chunks, id_chunks))
-    logprobs = logprobs.swapaxes(0, 1).reshape(n, padded)[:, :length]
-    entropy = entropy.swapaxes(0, 1).reshape(n, padded)[:, :length]
-    first = jnp.arange(length) == 0
-    return jnp.where(first, 0.0, logprobs), jnp.where(first, 0.0, entropy)
-
-
 def micro_batch_logprobs(
     model_config: ModelConfig,
     step_config: StepConfig,
@@ -200,19 +164,6 @@ def micro_batch_logprobs(
     hidden, kernel = hidden_states(model_config, step_config, params, micro, features)
     hidden = shard_activation(hidden, ("batch", "length", "act_embed"))
     return chunked_token_logprobs(hidden, kernel, micro.input_ids, step_config.temperature, step_config.logprob_chunk)
-
-
-def segment_rows(values: jax.Array, segments: int) -> jax.Array:
-    """Packed [n, T] values as [n * K, T] rows, row (i, k) holding row i's values (to be
-    masked to its segment k + 1 with `segment_masks`)."""
-    n, length = values.shape
-    return jnp.broadcast_to(values[:, None], (n, segments, length)).reshape(n * segments, length)
-
-
-def segment_masks(mask: jax.Array, segment_ids: jax.Array, segments: int) -> jax.Array:
-    """[n * K, T]: `mask` [n, T] restricted, in row (i, k), to segment k + 1 of row i."""
-    which = segment_ids[:, None, :] == jnp.arange(1, segments + 1)[None, :, None]
-    return (mask[:, None, :] & which).reshape(-1, mask.shape[1])
 
 
 def micro_batch_loss(

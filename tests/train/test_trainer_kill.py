@@ -97,7 +97,8 @@ def launch(script: str, args: list[str], log: Path) -> subprocess.Popen:
     )
 
 
-def wait_for(predicate, what: str, processes: list[subprocess.Popen], logs: list[Path], limit_s: float = 400):
+def wait_for(predicate, what: str, processes: list[subprocess.Popen], logs: list[Path], limit_s: float = 400,
+             poll_s: float = 0.3):
     deadline = time.monotonic() + limit_s
     while not predicate():
         for process, log in zip(processes, logs):
@@ -105,7 +106,7 @@ def wait_for(predicate, what: str, processes: list[subprocess.Popen], logs: list
         assert time.monotonic() < deadline, f"timed out waiting for {what}:\n" + "\n".join(
             log.read_text()[-2000:] for log in logs
         )
-        time.sleep(0.3)
+        time.sleep(poll_s)
 
 
 def sample_steps(workdir: Path) -> list[tuple[int, str]]:
@@ -137,7 +138,9 @@ def test_trainer_killed_mid_run_resumes_without_losing_or_repeating_a_group(tmp_
             "step 3 and the checkpoint of step 2",
             [worker, trainer],
             logs[:2],
+            poll_s=0.02,  # step 4 (which would acknowledge step 3's groups) must not finish first
         )
+        trainer.send_signal(signal.SIGSTOP)  # frozen at once, then killed as a crash would
         trainer.send_signal(signal.SIGKILL)
         assert trainer.wait(timeout=30) == -9
         before = dict(sample_steps(workdir))

@@ -52,6 +52,7 @@ PARENT_NAME = "pyvision_sandboxes"
 _OWNER_TOKEN = secrets.token_hex(4)
 _CHILD_NAME = re.compile(r"sandbox-(\d+)-([0-9a-f]+)-\d+")
 _REMOVE_WAIT_S = 10.0
+_KERNEL_LISTS_CHILDREN = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
 _MIB = 1 << 20
 
 
@@ -139,6 +140,33 @@ def _write(path: Path, value: str) -> None:
         handle.write(value)
 
 
+def _descendants(pid: int) -> set[int]:
+    """Every descendant of process `pid`, from the kernel's list of each thread's children
+    (a scan of all processes where the kernel keeps none)."""
+    if not _KERNEL_LISTS_CHILDREN:
+        try:
+            return {child.pid for child in psutil.Process(pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            return set()
+    found: set[int] = set()
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        try:
+            threads = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue  # it has exited
+        for thread in threads:
+            try:
+                with open(f"/proc/{parent}/task/{thread}/children") as handle:
+                    children = {int(child) for child in handle.read().split()} - found
+            except OSError:
+                continue
+            found |= children
+            pending.extend(children)
+    return found
+
+
 def _owner_alive(pid: int, token: str) -> bool:
     if pid == os.getpid():
         return token == _OWNER_TOKEN
@@ -197,11 +225,7 @@ class MemoryCgroup:
             for member in sorted(pending):
                 self.add(member)
             moved |= pending
-            try:
-                pending = {child.pid for child in psutil.Process(pid).children(recursive=True)}
-            except psutil.NoSuchProcess:
-                pending = set()
-            pending -= moved
+            pending = _descendants(pid) - moved
 
     def entering_command(self) -> list[str]:
         """A command prefix that moves itself into the cgroup, then executes the rest."""
