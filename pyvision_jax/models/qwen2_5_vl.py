@@ -5,6 +5,7 @@ pure params dict maps 1:1 to HF tensor names (see helper contracts). `logits`, `
 `decode_step` take such a params dict: host-side numpy prepares position ids and the vision
 layout, then a jitted function merges the cached graphdef with the params and runs the model.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,17 +26,29 @@ from pyvision_jax.models.vision import VisionLayout, VisionTransformer, num_merg
 class Qwen2_5_VL(nnx.Module):
     """Vision tower (`visual`), decoder (`model`) and, unless tied, `lm_head`."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any = jnp.float32,
-                 dtype: Any = jnp.float32):
+    def __init__(
+        self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any = jnp.float32, dtype: Any = jnp.float32
+    ):
         self.config = config
         self.dtype = dtype
         with nnx.use_eager_sharding(False):
-            self.visual = VisionTransformer(config.vision, rngs=rngs, param_dtype=param_dtype, dtype=dtype,
-                                            attention=config.attention)
+            self.visual = VisionTransformer(
+                config.vision, rngs=rngs, param_dtype=param_dtype, dtype=dtype, attention=config.attention
+            )
             self.model = TextModel(config, rngs=rngs, param_dtype=param_dtype, dtype=dtype)
-            self.lm_head = None if config.tie_word_embeddings else linear(
-                config.hidden_size, config.vocab_size, ("embed", "vocab"), use_bias=False, rngs=rngs,
-                param_dtype=param_dtype, dtype=dtype)
+            self.lm_head = (
+                None
+                if config.tie_word_embeddings
+                else linear(
+                    config.hidden_size,
+                    config.vocab_size,
+                    ("embed", "vocab"),
+                    use_bias=False,
+                    rngs=rngs,
+                    param_dtype=param_dtype,
+                    dtype=dtype,
+                )
+            )
 
     def embed(self, input_ids: jax.Array, vision_features: jax.Array | None = None) -> jax.Array:
         """Token embeddings with vision features placed at the image/video placeholder tokens.
@@ -63,9 +76,15 @@ class Qwen2_5_VL(nnx.Module):
             kernel = self.lm_head.kernel[...]
         return jnp.einsum("btd,dv->btv", hidden, kernel.astype(self.dtype), preferred_element_type=jnp.float32)
 
-    def __call__(self, input_ids: jax.Array, positions: jax.Array, attention_mask: jax.Array,
-                 pixel_values: jax.Array | None = None, layout: VisionLayout | None = None,
-                 cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array,
+        attention_mask: jax.Array,
+        pixel_values: jax.Array | None = None,
+        layout: VisionLayout | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
         """float32 logits [B, T, V] (and the updated cache when one is given)."""
         features = None if pixel_values is None else self.visual(pixel_values, layout)
         embeds = self.embed(input_ids, features)
@@ -98,12 +117,12 @@ def param_logical_axes(config: ModelConfig) -> Any:
 
 def param_shapes(config: ModelConfig) -> Any:
     """jax.ShapeDtypeStruct (float32) of every parameter, as a pure dict."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                        nnx.to_pure_dict(_abstract(config, "float32")[1]))
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.to_pure_dict(_abstract(config, "float32")[1])
+    )
 
 
-def params_sharding(config: ModelConfig, mesh: jax.sharding.Mesh,
-                    rules: Any = LOGICAL_AXIS_RULES) -> Any:
+def params_sharding(config: ModelConfig, mesh: jax.sharding.Mesh, rules: Any = LOGICAL_AXIS_RULES) -> Any:
     """NamedSharding of every parameter on `mesh` (for device_put, jit out_shardings, load_hf)."""
     return param_shardings(param_logical_axes(config), param_shapes(config), mesh, rules)
 
@@ -144,8 +163,9 @@ def _array(inputs: Mapping[str, Any], key: str) -> np.ndarray | None:
     return np.asarray(value)
 
 
-def prepare_inputs(config: ModelConfig, inputs: Mapping[str, Any], min_windows: int = 1,
-                   min_merged: int = 1) -> tuple[ModelInputs, np.ndarray]:
+def prepare_inputs(
+    config: ModelConfig, inputs: Mapping[str, Any], min_windows: int = 1, min_merged: int = 1
+) -> tuple[ModelInputs, np.ndarray]:
     """Host-side: processor outputs -> (ModelInputs, rope deltas [B]).
 
     Keys: input_ids [B, T], attention_mask [B, T] (optional), pixel_values [N, C*T*P*P],
@@ -155,16 +175,16 @@ def prepare_inputs(config: ModelConfig, inputs: Mapping[str, Any], min_windows: 
     """
     ids = _array(inputs, "input_ids")
     if ids is None or ids.ndim != 2:
-        raise ValueError(f"inputs['input_ids'] must be [batch, length], got "
-                         f"{None if ids is None else ids.shape}")
+        raise ValueError(f"inputs['input_ids'] must be [batch, length], got {None if ids is None else ids.shape}")
     mask = _array(inputs, "attention_mask")
     mask = np.ones(ids.shape, bool) if mask is None else mask.astype(bool)
     if mask.shape != ids.shape:
         raise ValueError(f"inputs['attention_mask'] has shape {mask.shape}, input_ids {ids.shape}")
     grids, pixels = [], []
     for kind, pixel_key, grid_key, token in (
-            ("image", "pixel_values", "image_grid_thw", config.image_token_id),
-            ("video", "pixel_values_videos", "video_grid_thw", config.video_token_id)):
+        ("image", "pixel_values", "image_grid_thw", config.image_token_id),
+        ("video", "pixel_values_videos", "video_grid_thw", config.video_token_id),
+    ):
         pix, grid = _array(inputs, pixel_key), _array(inputs, grid_key)
         n_tokens = int(np.sum((ids == token) & mask))
         if pix is None and grid is None:
@@ -176,19 +196,27 @@ def prepare_inputs(config: ModelConfig, inputs: Mapping[str, Any], min_windows: 
         grid = grid.reshape(-1, 3).astype(np.int64)
         n_patches = int(np.sum(np.prod(grid, axis=-1)))
         if pix.ndim != 2 or pix.shape != (n_patches, config.vision.patch_dim):
-            raise ValueError(f"inputs['{pixel_key}'] has shape {pix.shape}; {grid_key} needs "
-                             f"({n_patches}, {config.vision.patch_dim})")
+            raise ValueError(
+                f"inputs['{pixel_key}'] has shape {pix.shape}; {grid_key} needs "
+                f"({n_patches}, {config.vision.patch_dim})"
+            )
         expected = num_merged_tokens(grid, config.vision.spatial_merge_size)
         if n_tokens != expected:
-            raise ValueError(f"input_ids has {n_tokens} <|{kind}_pad|> tokens but {grid_key} "
-                             f"gives {expected} merged {kind} tokens")
+            raise ValueError(
+                f"input_ids has {n_tokens} <|{kind}_pad|> tokens but {grid_key} gives {expected} merged {kind} tokens"
+            )
         grids.append(grid)
         pixels.append(pix.astype(np.float32))
     positions = _array(inputs, "position_ids")
     if positions is None:
         positions, deltas = rope_index_for(
-            config, ids, mask, _array(inputs, "image_grid_thw"), _array(inputs, "video_grid_thw"),
-            _array(inputs, "second_per_grid_ts"))
+            config,
+            ids,
+            mask,
+            _array(inputs, "image_grid_thw"),
+            _array(inputs, "video_grid_thw"),
+            _array(inputs, "second_per_grid_ts"),
+        )
     else:
         if positions.shape != (3,) + ids.shape:
             raise ValueError(f"inputs['position_ids'] must be [3, B, T] = {(3,) + ids.shape}, got {positions.shape}")
@@ -198,9 +226,14 @@ def prepare_inputs(config: ModelConfig, inputs: Mapping[str, Any], min_windows: 
         layout = vision_layout(np.concatenate(grids), config.vision, min_windows, min_merged)
         flat = np.concatenate(pixels)
         pixel_values = np.zeros((layout.num_slots, flat.shape[1]), np.float32)
-        pixel_values[:flat.shape[0]] = flat
-    model_inputs = ModelInputs(input_ids=ids.astype(np.int32), attention_mask=mask,
-                               positions=positions.astype(np.int32), pixel_values=pixel_values, layout=layout)
+        pixel_values[: flat.shape[0]] = flat
+    model_inputs = ModelInputs(
+        input_ids=ids.astype(np.int32),
+        attention_mask=mask,
+        positions=positions.astype(np.int32),
+        pixel_values=pixel_values,
+        layout=layout,
+    )
     return jax.tree.map(jnp.asarray, model_inputs), deltas
 
 
@@ -208,23 +241,28 @@ def prepare_inputs(config: ModelConfig, inputs: Mapping[str, Any], min_windows: 
 
 
 @functools.partial(jax.jit, static_argnames=("config", "compute_dtype"))
-def forward(config: ModelConfig, compute_dtype: str, params: Any, inputs: ModelInputs,
-            cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+def forward(
+    config: ModelConfig, compute_dtype: str, params: Any, inputs: ModelInputs, cache: KVCache | None = None
+) -> tuple[jax.Array, KVCache | None]:
     """Pure jitted forward: (params, inputs[, cache]) -> (float32 logits [B, T, V], cache)."""
     model = _merge(config, compute_dtype, params)
-    return model(inputs.input_ids, inputs.positions, inputs.attention_mask, inputs.pixel_values,
-                 inputs.layout, cache)
+    return model(inputs.input_ids, inputs.positions, inputs.attention_mask, inputs.pixel_values, inputs.layout, cache)
 
 
-def logits(config: ModelConfig, params: Any, inputs: Mapping[str, Any],
-           compute_dtype: Any = jnp.float32) -> jax.Array:
+def logits(config: ModelConfig, params: Any, inputs: Mapping[str, Any], compute_dtype: Any = jnp.float32) -> jax.Array:
     """float32 logits [B, T, V] for processor-style `inputs` (visual keys optional)."""
     model_inputs, _ = prepare_inputs(config, inputs)
     return forward(config, jnp.dtype(compute_dtype).name, params, model_inputs)[0]
 
 
-def prefill(config: ModelConfig, params: Any, inputs: Mapping[str, Any], max_length: int,
-            compute_dtype: Any = jnp.float32, cache_dtype: Any = None) -> tuple[jax.Array, KVCache, np.ndarray]:
+def prefill(
+    config: ModelConfig,
+    params: Any,
+    inputs: Mapping[str, Any],
+    max_length: int,
+    compute_dtype: Any = jnp.float32,
+    cache_dtype: Any = None,
+) -> tuple[jax.Array, KVCache, np.ndarray]:
     """Run the prompt into a fresh KV cache of `max_length` slots: (logits, cache, rope deltas)."""
     model_inputs, deltas = prepare_inputs(config, inputs)
     batch, length = model_inputs.input_ids.shape
@@ -236,8 +274,9 @@ def prefill(config: ModelConfig, params: Any, inputs: Mapping[str, Any], max_len
 
 
 @functools.partial(jax.jit, static_argnames=("config", "compute_dtype"))
-def _decode(config: ModelConfig, compute_dtype: str, params: Any, input_ids: jax.Array,
-            cache: KVCache, deltas: jax.Array) -> tuple[jax.Array, KVCache]:
+def _decode(
+    config: ModelConfig, compute_dtype: str, params: Any, input_ids: jax.Array, cache: KVCache, deltas: jax.Array
+) -> tuple[jax.Array, KVCache]:
     model = _merge(config, compute_dtype, params)
     seen = jnp.sum(cache.valid, axis=-1).astype(jnp.int32)
     pos = seen[:, None] + deltas[:, None] + jnp.arange(input_ids.shape[1], dtype=jnp.int32)
@@ -246,8 +285,15 @@ def _decode(config: ModelConfig, compute_dtype: str, params: Any, input_ids: jax
     return model(input_ids, positions, mask, cache=cache)
 
 
-def decode_step(config: ModelConfig, params: Any, input_ids: Any, cache: KVCache, deltas: Any,
-                compute_dtype: Any = jnp.float32) -> tuple[jax.Array, KVCache]:
+def decode_step(
+    config: ModelConfig, params: Any, input_ids: Any, cache: KVCache, deltas: Any, compute_dtype: Any = jnp.float32
+) -> tuple[jax.Array, KVCache]:
     """Append text tokens [B, t] after the cached ones: (float32 logits [B, t, V], cache)."""
-    return _decode(config, jnp.dtype(compute_dtype).name, params, jnp.asarray(input_ids, jnp.int32),
-                   cache, jnp.asarray(deltas, jnp.int32))
+    return _decode(
+        config,
+        jnp.dtype(compute_dtype).name,
+        params,
+        jnp.asarray(input_ids, jnp.int32),
+        cache,
+        jnp.asarray(deltas, jnp.int32),
+    )

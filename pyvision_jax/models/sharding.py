@@ -7,6 +7,7 @@ its fsdp shard of every layer). A rules table maps each logical name to mesh axe
 same model and rules run on one device or on any mesh. Activations are constrained along
 logical axes too (`shard_activation`), under the mesh set with `jax.set_mesh`.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -42,17 +43,25 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 )
 
 
-def param(initializer: Callable, rngs: nnx.Rngs, shape: Sequence[int], dtype: Any,
-          axes: tuple[str | None, ...]) -> nnx.Param:
+def param(
+    initializer: Callable, rngs: nnx.Rngs, shape: Sequence[int], dtype: Any, axes: tuple[str | None, ...]
+) -> nnx.Param:
     """A parameter annotated with logical axis names (one per dimension)."""
     if len(axes) != len(shape):
         raise ValueError(f"logical axes {axes} do not match parameter shape {tuple(shape)}")
-    return nnx.Param(initializer(rngs.params(), tuple(shape), dtype), out_sharding=axes,
-                     eager_sharding=False)
+    return nnx.Param(initializer(rngs.params(), tuple(shape), dtype), out_sharding=axes, eager_sharding=False)
 
 
-def linear(din: int, dout: int, axes: tuple[str | None, str | None], *, use_bias: bool,
-           rngs: nnx.Rngs, param_dtype: Any, dtype: Any) -> nnx.Linear:
+def linear(
+    din: int,
+    dout: int,
+    axes: tuple[str | None, str | None],
+    *,
+    use_bias: bool,
+    rngs: nnx.Rngs,
+    param_dtype: Any,
+    dtype: Any,
+) -> nnx.Linear:
     """nnx.Linear whose kernel [din, dout] (and bias [dout]) carry logical axis names."""
     inits = {"kernel_init": nnx.with_partitioning(nnx.initializers.normal(0.02), axes)}
     if use_bias:
@@ -60,8 +69,9 @@ def linear(din: int, dout: int, axes: tuple[str | None, str | None], *, use_bias
     return nnx.Linear(din, dout, use_bias=use_bias, rngs=rngs, param_dtype=param_dtype, dtype=dtype, **inits)
 
 
-def shard_activation(x: jax.Array, axes: tuple[str | None, ...],
-                     rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES) -> jax.Array:
+def shard_activation(
+    x: jax.Array, axes: tuple[str | None, ...], rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES
+) -> jax.Array:
     """`x` constrained to the sharding of its logical `axes` on the current mesh
     (`jax.set_mesh`); unchanged when no mesh is set."""
     mesh = jax.sharding.get_abstract_mesh()
@@ -72,6 +82,7 @@ def shard_activation(x: jax.Array, axes: tuple[str | None, ...],
 
 def logical_axes(state: nnx.State) -> Any:
     """Pure nested dict of logical axis-name tuples, mirroring `state.to_pure_dict()`."""
+
     def names(variable: nnx.Variable) -> tuple:
         meta = variable.get_metadata()
         axes = meta.get("out_sharding") or meta.get("sharding_names")
@@ -81,8 +92,9 @@ def logical_axes(state: nnx.State) -> Any:
     return nnx.to_pure_dict(specs) if isinstance(specs, nnx.State) else specs
 
 
-def mesh_partition_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
-                        rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES) -> PartitionSpec:
+def mesh_partition_spec(
+    axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh, rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES
+) -> PartitionSpec:
     """Resolve logical names to mesh axes; drop mesh axes that are absent, reused or do not divide."""
     table = dict(rules)
     used: set[str] = set()
@@ -100,8 +112,9 @@ def mesh_partition_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: 
     return PartitionSpec(*spec)
 
 
-def param_shardings(axes_tree: Any, params: Any, mesh: Mesh,
-                    rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES) -> Any:
+def param_shardings(
+    axes_tree: Any, params: Any, mesh: Mesh, rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES
+) -> Any:
     """NamedSharding per parameter, from the logical axes tree and the params (or their shapes).
 
     The mesh should have Auto axis types (`jax.make_mesh(..., axis_types=(AxisType.Auto,) * 3)`):
@@ -109,11 +122,19 @@ def param_shardings(axes_tree: Any, params: Any, mesh: Mesh,
     """
     return jax.tree.map(
         lambda axes, x: NamedSharding(mesh, mesh_partition_spec(axes, x.shape, mesh, rules)),
-        axes_tree, params, is_leaf=lambda x: isinstance(x, tuple))
+        axes_tree,
+        params,
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
 
 
-def batch_sharding(mesh: Mesh, ndim: int, batch_axis: int = 0, batch_size: int | None = None,
-                   rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES) -> NamedSharding:
+def batch_sharding(
+    mesh: Mesh,
+    ndim: int,
+    batch_axis: int = 0,
+    batch_size: int | None = None,
+    rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES,
+) -> NamedSharding:
     """Sharding for an input array whose `batch_axis` is the batch (other dims replicated)."""
     axes = [None] * ndim
     axes[batch_axis] = "batch"

@@ -5,6 +5,7 @@ The KV cache has a fixed number of slots. Every call writes its tokens at `cache
 marks them valid with the call's attention mask; a query attends to valid slots up to its
 own. Padding therefore never changes the logits of real tokens.
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,8 +41,12 @@ class KVCache:
     @classmethod
     def init(cls, config: ModelConfig, batch: int, max_length: int, dtype: Any = jnp.float32) -> "KVCache":
         shape = (config.num_hidden_layers, batch, config.num_key_value_heads, max_length, config.head_dim)
-        return cls(keys=jnp.zeros(shape, dtype), values=jnp.zeros(shape, dtype),
-                   valid=jnp.zeros((batch, max_length), bool), index=jnp.zeros((), jnp.int32))
+        return cls(
+            keys=jnp.zeros(shape, dtype),
+            values=jnp.zeros(shape, dtype),
+            valid=jnp.zeros((batch, max_length), bool),
+            index=jnp.zeros((), jnp.int32),
+        )
 
     @property
     def max_length(self) -> int:
@@ -63,7 +68,8 @@ class LayerCache:
         """Stores new keys/values [B, t, KVH, d] of this layer at columns [index, index + t)."""
         start = (self.layer, 0, 0, self.index, 0)
         put = lambda cache, new: jax.lax.dynamic_update_slice(
-            cache, new.transpose(0, 2, 1, 3)[None].astype(cache.dtype), start)
+            cache, new.transpose(0, 2, 1, 3)[None].astype(cache.dtype), start
+        )
         return self.replace(keys=put(self.keys, k), values=put(self.values, v))
 
     def read(self) -> tuple[jax.Array, jax.Array]:
@@ -72,8 +78,9 @@ class LayerCache:
         return take(self.keys), take(self.values)
 
 
-def mrope_cos_sin(positions: jax.Array, head_dim: int, theta: float,
-                  mrope_section: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+def mrope_cos_sin(
+    positions: jax.Array, head_dim: int, theta: float, mrope_section: tuple[int, ...]
+) -> tuple[jax.Array, jax.Array]:
     """cos/sin [B, T, 1, head_dim] for 3-D positions [3, B, T] (chunked mrope layout).
 
     Rotary frequency i (of head_dim/2) takes its position from the temporal, height or width
@@ -122,8 +129,7 @@ def _attend_backward(scale, residuals, d_out):
 _attend.defvjp(_attend_forward, _attend_backward)
 
 
-def cached_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-                         scale: float) -> jax.Array:
+def cached_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
     """q [B, T, H, d], heads-major cached k/v [B, KVH, S, d], mask [B, T, S] -> [B, T, H, d];
     fp32 softmax."""
     b, t, h, d = q.shape
@@ -134,8 +140,7 @@ def cached_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Arr
 class TextAttention(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any, dtype: Any):
         d, hd = config.hidden_size, config.head_dim
-        self.num_heads, self.num_kv_heads, self.head_dim = (config.num_attention_heads,
-                                                            config.num_key_value_heads, hd)
+        self.num_heads, self.num_kv_heads, self.head_dim = (config.num_attention_heads, config.num_key_value_heads, hd)
         self.attention = config.attention
         kw = dict(rngs=rngs, param_dtype=param_dtype, dtype=dtype)
         self.q_proj = linear(d, self.num_heads * hd, ("embed", "heads"), use_bias=True, **kw)
@@ -157,8 +162,9 @@ class TextAttention(nnx.Module):
         """Causal attention within segments (no cache): [B, T, H, d]."""
         return attention(q, k, v, segments, segments, causal=True, scale=self.head_dim**-0.5, config=self.attention)
 
-    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
-                 cached: "LayerCache | None" = None):
+    def __call__(
+        self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, cached: "LayerCache | None" = None
+    ):
         """`mask`: segment ids [B, T] without a cache, the [B, T, S] cache mask with one."""
         b, t, _ = x.shape
         q, k, v = self.project(x, cos, sin)
@@ -199,9 +205,12 @@ def _swiglu_backward(residuals, d_out):
     hidden, d_up, d_gate = jax.lax.optimization_barrier((act * up, d_up, d_gate))
     rows = lambda t: t.reshape(-1, t.shape[-1])
     d_x = d_up @ w_up.T + d_gate @ w_gate.T
-    return (d_x.astype(x.dtype), (rows(x).T @ rows(d_gate)).astype(w_gate.dtype),
-            (rows(x).T @ rows(d_up)).astype(w_up.dtype),
-            (rows(hidden).T @ rows(d_out)).astype(w_down.dtype))
+    return (
+        d_x.astype(x.dtype),
+        (rows(x).T @ rows(d_gate)).astype(w_gate.dtype),
+        (rows(x).T @ rows(d_up)).astype(w_up.dtype),
+        (rows(hidden).T @ rows(d_out)).astype(w_down.dtype),
+    )
 
 
 swiglu_mlp.defvjp(_swiglu_forward, _swiglu_backward)
@@ -218,8 +227,7 @@ class TextMLP(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         dtype = self.gate_proj.dtype or x.dtype
         kernel = lambda proj: proj.kernel[...].astype(dtype)
-        return swiglu_mlp(x.astype(dtype), kernel(self.gate_proj), kernel(self.up_proj),
-                          kernel(self.down_proj))
+        return swiglu_mlp(x.astype(dtype), kernel(self.gate_proj), kernel(self.up_proj), kernel(self.down_proj))
 
 
 class DecoderLayer(nnx.Module):
@@ -237,8 +245,9 @@ class DecoderLayer(nnx.Module):
         x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x)), cached
 
-    def _rematerialised(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segments: jax.Array,
-                        policy: Any) -> jax.Array:
+    def _rematerialised(
+        self, x: jax.Array, cos: jax.Array, sin: jax.Array, segments: jax.Array, policy: Any
+    ) -> jax.Array:
         """The layer with the remat `policy` on everything but the attention kernel, whose
         custom gradient already recomputes block by block and keeps only its output and
         logsumexp. (Under remat inside the layer scan JAX would differentiate the kernel's
@@ -257,20 +266,35 @@ class DecoderLayer(nnx.Module):
 class TextModel(nnx.Module):
     """`model.*` of the Hub checkpoint: embed_tokens, layers, norm."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any = jnp.float32,
-                 dtype: Any = jnp.float32):
+    def __init__(
+        self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any = jnp.float32, dtype: Any = jnp.float32
+    ):
         kw = dict(rngs=rngs, param_dtype=param_dtype, dtype=dtype)
         self.config = config
         self.embed_tokens = nnx.Embed(
-            config.vocab_size, config.hidden_size, rngs=rngs, param_dtype=param_dtype, dtype=dtype,
-            embedding_init=nnx.with_partitioning(nnx.initializers.normal(0.02), ("vocab", "embed")))
-        self.layers = stacked(config.num_hidden_layers, lambda layer_rngs: DecoderLayer(
-            config, rngs=layer_rngs, param_dtype=param_dtype, dtype=dtype), rngs)
+            config.vocab_size,
+            config.hidden_size,
+            rngs=rngs,
+            param_dtype=param_dtype,
+            dtype=dtype,
+            embedding_init=nnx.with_partitioning(nnx.initializers.normal(0.02), ("vocab", "embed")),
+        )
+        self.layers = stacked(
+            config.num_hidden_layers,
+            lambda layer_rngs: DecoderLayer(config, rngs=layer_rngs, param_dtype=param_dtype, dtype=dtype),
+            rngs,
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
 
-    def __call__(self, embeds: jax.Array, positions: jax.Array, attention_mask: jax.Array,
-                 cache: KVCache | None = None, segment_ids: jax.Array | None = None,
-                 remat: str = "none") -> tuple[jax.Array, KVCache | None]:
+    def __call__(
+        self,
+        embeds: jax.Array,
+        positions: jax.Array,
+        attention_mask: jax.Array,
+        cache: KVCache | None = None,
+        segment_ids: jax.Array | None = None,
+        remat: str = "none",
+    ) -> tuple[jax.Array, KVCache | None]:
         """embeds [B, T, D], positions [3, B, T], attention_mask [B, T] -> normed hidden [B, T, D].
 
         Without a cache, `segment_ids` [B, T] (packed rows: one id > 0 per trajectory) keep
@@ -281,8 +305,11 @@ class TextModel(nnx.Module):
         cos, sin = mrope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
         attention_mask = attention_mask.astype(bool)
         if cache is None:
-            segments = attention_mask.astype(jnp.int32) if segment_ids is None else jnp.where(
-                attention_mask, segment_ids.astype(jnp.int32), 0)
+            segments = (
+                attention_mask.astype(jnp.int32)
+                if segment_ids is None
+                else jnp.where(attention_mask, segment_ids.astype(jnp.int32), 0)
+            )
 
             def layer_step(layer: DecoderLayer, x: jax.Array, _: Any) -> tuple[jax.Array, None]:
                 x = shard_activation(x, ("batch", "length", "act_embed"))
@@ -301,6 +328,10 @@ class TextModel(nnx.Module):
             x, written = layer(x, cos, sin, mask, LayerCache(keys, values, layer_index, index))
             return (x, written.keys, written.values), None
 
-        (x, keys, values), _ = scan_layers(self.layers, cached_step, (embeds, cache.keys, cache.values),
-                                           jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32))
+        (x, keys, values), _ = scan_layers(
+            self.layers,
+            cached_step,
+            (embeds, cache.keys, cache.values),
+            jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32),
+        )
         return self.norm(x), KVCache(keys=keys, values=values, valid=valid, index=index + t)

@@ -11,6 +11,7 @@ merger, `merged_index` gathers the merged tokens back into the processor's order
 inverse permutation). The number of windows and of merged tokens are rounded up to a few
 bucket sizes, so new image sizes within a bucket do not retrace.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -63,8 +64,9 @@ def window_units(config: VisionConfig) -> int:
     return config.window_size // config.spatial_merge_size // config.patch_size
 
 
-def vision_layout(grid_thw: np.ndarray, config: VisionConfig, min_windows: int = 1,
-                  min_merged: int = 1) -> VisionLayout:
+def vision_layout(
+    grid_thw: np.ndarray, config: VisionConfig, min_windows: int = 1, min_merged: int = 1
+) -> VisionLayout:
     """Window layout for images/videos with the given [n, 3] grids (concatenated in order)."""
     grid_thw = np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3)
     merge, unit = config.spatial_merge_size, config.merge_unit
@@ -73,8 +75,10 @@ def vision_layout(grid_thw: np.ndarray, config: VisionConfig, min_windows: int =
     unit_offset, frame_offset = 0, 0
     for index, (t, h, w) in enumerate(grid_thw):
         if t < 1 or h % merge or w % merge or h < merge or w < merge:
-            raise ValueError(f"grid_thw[{index}] = {[int(t), int(h), int(w)]}: t must be >= 1 and h, w "
-                             f"positive multiples of spatial_merge_size={merge}")
+            raise ValueError(
+                f"grid_thw[{index}] = {[int(t), int(h), int(w)]}: t must be >= 1 and h, w "
+                f"positive multiples of spatial_merge_size={merge}"
+            )
         lh, lw = h // merge, w // merge
         nwh, nww = -(-lh // side), -(-lw // side)
         units = np.full((t, nwh * side, nww * side), -1, dtype=np.int64)
@@ -83,8 +87,8 @@ def vision_layout(grid_thw: np.ndarray, config: VisionConfig, min_windows: int =
         tables.append(windows)
         frames.append(np.repeat(np.arange(t) + frame_offset, nwh * nww))
         # (row, col) of each patch in processor order: merge blocks row-major, then inside a block.
-        rows = (np.arange(lh)[:, None, None, None] * merge + np.arange(merge)[None, None, :, None])
-        cols = (np.arange(lw)[None, :, None, None] * merge + np.arange(merge)[None, None, None, :])
+        rows = np.arange(lh)[:, None, None, None] * merge + np.arange(merge)[None, None, :, None]
+        cols = np.arange(lw)[None, :, None, None] * merge + np.arange(merge)[None, None, None, :]
         rows, cols = np.broadcast_arrays(rows, cols)
         frame_pos = np.stack([rows.reshape(-1), cols.reshape(-1)], axis=-1)
         positions.append(np.tile(frame_pos, (t, 1)))
@@ -108,9 +112,12 @@ def vision_layout(grid_thw: np.ndarray, config: VisionConfig, min_windows: int =
     merged_index = np.zeros(bucket_size(unit_offset, min_merged), dtype=np.int64)
     merged_index[unit_slots[valid_units]] = np.nonzero(valid_units)[0]
     return VisionLayout(
-        patch_index=patch_index.astype(np.int32), slot_valid=slot_valid,
-        positions=slot_positions.astype(np.int32), frame_id=frame_id.astype(np.int32),
-        merged_index=merged_index.astype(np.int32))
+        patch_index=patch_index.astype(np.int32),
+        slot_valid=slot_valid,
+        positions=slot_positions.astype(np.int32),
+        frame_id=frame_id.astype(np.int32),
+        merged_index=merged_index.astype(np.int32),
+    )
 
 
 def num_merged_tokens(grid_thw: np.ndarray, spatial_merge_size: int) -> int:
@@ -153,8 +160,9 @@ def vision_rope(positions: jax.Array, head_dim: int, theta: float = 10000.0) -> 
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float, *, rngs: nnx.Rngs, param_dtype: Any = jnp.float32,
-                 dtype: Any = jnp.float32):
+    def __init__(
+        self, dim: int, eps: float, *, rngs: nnx.Rngs, param_dtype: Any = jnp.float32, dtype: Any = jnp.float32
+    ):
         self.scale = param(nnx.initializers.ones_init(), rngs, (dim,), param_dtype, ("norm",))
         self.eps, self.dtype = eps, dtype
 
@@ -163,18 +171,28 @@ class RMSNorm(nnx.Module):
 
 
 class VisionAttention(nnx.Module):
-    def __init__(self, config: VisionConfig, *, rngs: nnx.Rngs, param_dtype: Any, dtype: Any,
-                 attention: AttentionConfig = AttentionConfig()):
+    def __init__(
+        self,
+        config: VisionConfig,
+        *,
+        rngs: nnx.Rngs,
+        param_dtype: Any,
+        dtype: Any,
+        attention: AttentionConfig = AttentionConfig(),
+    ):
         d = config.hidden_size
         self.attention = attention
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
-        self.qkv = linear(d, 3 * d, ("vit_embed", "vit_qkv"), use_bias=True, rngs=rngs,
-                           param_dtype=param_dtype, dtype=dtype)
-        self.proj = linear(d, d, ("vit_heads", "vit_embed"), use_bias=True, rngs=rngs,
-                            param_dtype=param_dtype, dtype=dtype)
+        self.qkv = linear(
+            d, 3 * d, ("vit_embed", "vit_qkv"), use_bias=True, rngs=rngs, param_dtype=param_dtype, dtype=dtype
+        )
+        self.proj = linear(
+            d, d, ("vit_heads", "vit_embed"), use_bias=True, rngs=rngs, param_dtype=param_dtype, dtype=dtype
+        )
 
-    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, layout: VisionLayout,
-                 window_len: int, full: bool) -> jax.Array:
+    def __call__(
+        self, x: jax.Array, cos: jax.Array, sin: jax.Array, layout: VisionLayout, window_len: int, full: bool
+    ) -> jax.Array:
         slots = x.shape[0]
         q, k, v = jnp.split(self.qkv(x).reshape(slots, 3 * self.num_heads, self.head_dim), 3, axis=1)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
@@ -183,8 +201,16 @@ class VisionAttention(nnx.Module):
         else:  # one row per window, its padding slots segment 0
             segments = layout.slot_valid.reshape(-1, window_len).astype(jnp.int32)
         rows = segments.shape + (self.num_heads, self.head_dim)
-        out = attention(q.reshape(rows), k.reshape(rows), v.reshape(rows), segments, segments, causal=False,
-                        scale=self.head_dim**-0.5, config=self.attention)
+        out = attention(
+            q.reshape(rows),
+            k.reshape(rows),
+            v.reshape(rows),
+            segments,
+            segments,
+            causal=False,
+            scale=self.head_dim**-0.5,
+            config=self.attention,
+        )
         return self.proj(out.reshape(slots, -1))
 
 
@@ -201,8 +227,15 @@ class VisionMLP(nnx.Module):
 
 
 class VisionBlock(nnx.Module):
-    def __init__(self, config: VisionConfig, *, rngs: nnx.Rngs, param_dtype: Any, dtype: Any,
-                 attention: AttentionConfig = AttentionConfig()):
+    def __init__(
+        self,
+        config: VisionConfig,
+        *,
+        rngs: nnx.Rngs,
+        param_dtype: Any,
+        dtype: Any,
+        attention: AttentionConfig = AttentionConfig(),
+    ):
         kw = dict(rngs=rngs, param_dtype=param_dtype, dtype=dtype)
         self.norm1 = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
         self.norm2 = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
@@ -218,8 +251,15 @@ class PatchEmbed(nnx.Module):
     """The Conv3d with stride == kernel, as a matmul on flattened (C, T, P, P) patches."""
 
     def __init__(self, config: VisionConfig, *, rngs: nnx.Rngs, param_dtype: Any, dtype: Any):
-        self.proj = linear(config.patch_dim, config.hidden_size, ("vit_patch", "vit_embed"),
-                            use_bias=False, rngs=rngs, param_dtype=param_dtype, dtype=dtype)
+        self.proj = linear(
+            config.patch_dim,
+            config.hidden_size,
+            ("vit_patch", "vit_embed"),
+            use_bias=False,
+            rngs=rngs,
+            param_dtype=param_dtype,
+            dtype=dtype,
+        )
 
     def __call__(self, patches: jax.Array) -> jax.Array:
         return self.proj(patches)
@@ -231,10 +271,14 @@ class PatchMerger(nnx.Module):
     def __init__(self, config: VisionConfig, *, rngs: nnx.Rngs, param_dtype: Any, dtype: Any):
         merged = config.hidden_size * config.merge_unit
         kw = dict(use_bias=True, rngs=rngs, param_dtype=param_dtype, dtype=dtype)
-        self.ln_q = RMSNorm(config.hidden_size, config.rms_norm_eps, rngs=rngs, param_dtype=param_dtype,
-                            dtype=dtype)
-        self.mlp = nnx.List([linear(merged, merged, ("vit_merge", "vit_mlp"), **kw), None,
-                             linear(merged, config.out_hidden_size, ("vit_mlp", "embed"), **kw)])
+        self.ln_q = RMSNorm(config.hidden_size, config.rms_norm_eps, rngs=rngs, param_dtype=param_dtype, dtype=dtype)
+        self.mlp = nnx.List(
+            [
+                linear(merged, merged, ("vit_merge", "vit_mlp"), **kw),
+                None,
+                linear(merged, config.out_hidden_size, ("vit_mlp", "embed"), **kw),
+            ]
+        )
         self.merged = merged
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -243,14 +287,26 @@ class PatchMerger(nnx.Module):
 
 
 class VisionTransformer(nnx.Module):
-    def __init__(self, config: VisionConfig, *, rngs: nnx.Rngs, param_dtype: Any = jnp.float32,
-                 dtype: Any = jnp.float32, attention: AttentionConfig = AttentionConfig()):
+    def __init__(
+        self,
+        config: VisionConfig,
+        *,
+        rngs: nnx.Rngs,
+        param_dtype: Any = jnp.float32,
+        dtype: Any = jnp.float32,
+        attention: AttentionConfig = AttentionConfig(),
+    ):
         kw = dict(rngs=rngs, param_dtype=param_dtype, dtype=dtype)
         self.config = config
         self.dtype = dtype
         self.patch_embed = PatchEmbed(config, **kw)
-        self.blocks = stacked(config.depth, lambda block_rngs: VisionBlock(
-            config, rngs=block_rngs, param_dtype=param_dtype, dtype=dtype, attention=attention), rngs)
+        self.blocks = stacked(
+            config.depth,
+            lambda block_rngs: VisionBlock(
+                config, rngs=block_rngs, param_dtype=param_dtype, dtype=dtype, attention=attention
+            ),
+            rngs,
+        )
         self.merger = PatchMerger(config, **kw)
 
     def __call__(self, pixel_values: jax.Array, layout: VisionLayout, remat: str = "none") -> jax.Array:
@@ -277,4 +333,3 @@ class VisionTransformer(nnx.Module):
         x, _ = scan_layers(self.blocks, block_step, x, jnp.asarray(is_full), remat=remat)
         merged = self.merger(x)
         return jnp.take(merged, layout.merged_index, axis=0)
-

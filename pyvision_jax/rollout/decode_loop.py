@@ -22,11 +22,21 @@ from pyvision_jax.models import KVCache, ModelConfig, ModelInputs, forward
 from pyvision_jax.rollout.sampling import SamplingArrays, sample_tokens
 
 
-def decode_steps(config: ModelConfig, compute_dtype: str, max_steps: int, params: Any,
-                 cache: KVCache, tokens: jax.Array, positions: jax.Array, live: jax.Array,
-                 counts: jax.Array, limits: jax.Array, keys: jax.Array, stop_mask: jax.Array,
-                 settings: SamplingArrays
-                 ) -> tuple[KVCache, jax.Array, jax.Array, jax.Array, jax.Array]:
+def decode_steps(
+    config: ModelConfig,
+    compute_dtype: str,
+    max_steps: int,
+    params: Any,
+    cache: KVCache,
+    tokens: jax.Array,
+    positions: jax.Array,
+    live: jax.Array,
+    counts: jax.Array,
+    limits: jax.Array,
+    keys: jax.Array,
+    stop_mask: jax.Array,
+    settings: SamplingArrays,
+) -> tuple[KVCache, jax.Array, jax.Array, jax.Array, jax.Array]:
     """Decodes the first len(tokens) rows of `cache` (the others are kept as they are).
 
     tokens, positions, live, counts, limits [r] are each row's last token (not yet in the
@@ -37,8 +47,7 @@ def decode_steps(config: ModelConfig, compute_dtype: str, max_steps: int, params
     rows = tokens.shape[0]
     typed_keys = jax.random.wrap_key_data(keys)
     full = cache
-    cache = KVCache(keys=full.keys[:, :rows], values=full.values[:, :rows],
-                    valid=full.valid[:rows], index=full.index)
+    cache = KVCache(keys=full.keys[:, :rows], values=full.values[:, :rows], valid=full.valid[:rows], index=full.index)
 
     def running(carry: tuple) -> jax.Array:
         step, _, _, live, *_ = carry
@@ -57,10 +66,20 @@ def decode_steps(config: ModelConfig, compute_dtype: str, max_steps: int, params
         ended = stop_mask[new] | (counts + step + 1 >= limits)
         return step + 1, cache, new, live & ~ended, drawn, out_tokens, out_logprobs
 
-    start = (jnp.zeros((), jnp.int32), cache, tokens, live, jnp.zeros(rows, jnp.int32),
-             jnp.zeros((rows, max_steps), jnp.int32), jnp.zeros((rows, max_steps), jnp.float32))
+    start = (
+        jnp.zeros((), jnp.int32),
+        cache,
+        tokens,
+        live,
+        jnp.zeros(rows, jnp.int32),
+        jnp.zeros((rows, max_steps), jnp.int32),
+        jnp.zeros((rows, max_steps), jnp.float32),
+    )
     steps, cache, _, _, drawn, out_tokens, out_logprobs = jax.lax.while_loop(running, step_once, start)
-    cache = KVCache(keys=full.keys.at[:, :rows].set(cache.keys),
-                    values=full.values.at[:, :rows].set(cache.values),
-                    valid=full.valid.at[:rows].set(cache.valid), index=cache.index)
+    cache = KVCache(
+        keys=full.keys.at[:, :rows].set(cache.keys),
+        values=full.values.at[:, :rows].set(cache.values),
+        valid=full.valid.at[:rows].set(cache.valid),
+        index=cache.index,
+    )
     return cache, out_tokens, out_logprobs, drawn, steps

@@ -125,13 +125,25 @@ class JaxEngine:
     buckets.
     """
 
-    def __init__(self, config: ModelConfig, params: Any, tokenizer: Any, *, max_batch: int = 8,
-                 length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS, decode_chunk: int = 8,
-                 prefill_batch_sizes: Sequence[int] | None = None,
-                 decode_batch_sizes: Sequence[int] | None = None, min_cache_length: int = 0,
-                 compute_dtype: Any = jnp.float32, cache_dtype: Any = None, version: int = 0,
-                 eos_token_ids: Iterable[int] | None = None, kv_continuation: bool = True,
-                 extension_buckets: Sequence[int] = (64, 256)):
+    def __init__(
+        self,
+        config: ModelConfig,
+        params: Any,
+        tokenizer: Any,
+        *,
+        max_batch: int = 8,
+        length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
+        decode_chunk: int = 8,
+        prefill_batch_sizes: Sequence[int] | None = None,
+        decode_batch_sizes: Sequence[int] | None = None,
+        min_cache_length: int = 0,
+        compute_dtype: Any = jnp.float32,
+        cache_dtype: Any = None,
+        version: int = 0,
+        eos_token_ids: Iterable[int] | None = None,
+        kv_continuation: bool = True,
+        extension_buckets: Sequence[int] = (64, 256),
+    ):
         if max_batch < 1:
             raise ValueError(f"JaxEngine: max_batch must be >= 1, got {max_batch}")
         if decode_chunk < 1:
@@ -143,29 +155,34 @@ class JaxEngine:
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.length_buckets = buckets
-        self.extension_buckets = tuple(sorted({int(b) for b in extension_buckets if 0 < b < buckets[0]}
-                                              | set(buckets)))
+        self.extension_buckets = tuple(sorted({int(b) for b in extension_buckets if 0 < b < buckets[0]} | set(buckets)))
         self.decode_chunk = decode_chunk
         self.kv_continuation = bool(kv_continuation)
         self.compute_dtype = jnp.dtype(compute_dtype).name
         self.cache_dtype = jnp.dtype(cache_dtype or compute_dtype)
-        self.eos_token_ids = frozenset(end_of_turn_ids(tokenizer) if eos_token_ids is None
-                                       else (int(t) for t in eos_token_ids))
+        self.eos_token_ids = frozenset(
+            end_of_turn_ids(tokenizer) if eos_token_ids is None else (int(t) for t in eos_token_ids)
+        )
         if prefill_batch_sizes is None:
             prefill_batch_sizes = [min(1 << k, max_batch) for k in range(max_batch.bit_length() + 1)]
         self.prefill_batches = tuple(sorted({int(b) for b in prefill_batch_sizes}))
         if self.prefill_batches[0] < 1 or self.prefill_batches[-1] != max_batch:
-            raise ValueError(f"JaxEngine: prefill_batch_sizes must be positive and end at "
-                             f"max_batch={max_batch}, got {prefill_batch_sizes}")
+            raise ValueError(
+                f"JaxEngine: prefill_batch_sizes must be positive and end at "
+                f"max_batch={max_batch}, got {prefill_batch_sizes}"
+            )
         self.decode_batches = tuple(sorted({int(b) for b in decode_batch_sizes or self.prefill_batches}))
         if self.decode_batches[0] < 1 or self.decode_batches[-1] != max_batch:
-            raise ValueError(f"JaxEngine: decode_batch_sizes must be positive and end at "
-                             f"max_batch={max_batch}, got {decode_batch_sizes}")
+            raise ValueError(
+                f"JaxEngine: decode_batch_sizes must be positive and end at "
+                f"max_batch={max_batch}, got {decode_batch_sizes}"
+            )
         self.trace_counts: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()
         self.token_counts: Counter[str] = Counter()  # "prefilled", "reused" prompt tokens; "generated"
-        self._kv = SlotCache(config, max_batch, buckets, decode_chunk, self.cache_dtype,
-                             min_cache_length, self.trace_counts, self.calls)
+        self._kv = SlotCache(
+            config, max_batch, buckets, decode_chunk, self.cache_dtype, min_cache_length, self.trace_counts, self.calls
+        )
         self._slots: list[_Slot | HeldContext | None] = [None] * max_batch
         self._clock = 0
         self._params = jax.tree.map(jnp.asarray, params)
@@ -209,13 +226,17 @@ class JaxEngine:
             weights = params_from_named(self.config, weights)
         current = self._params
         if jax.tree.structure(weights) != jax.tree.structure(current):
-            raise ValueError("update_weights: the new weights' tree differs from the engine's "
-                             f"params: {jax.tree.structure(weights)} vs {jax.tree.structure(current)}")
+            raise ValueError(
+                "update_weights: the new weights' tree differs from the engine's "
+                f"params: {jax.tree.structure(weights)} vs {jax.tree.structure(current)}"
+            )
 
         def convert(path: Any, new: Any, old: jax.Array) -> jax.Array:
             if tuple(np.shape(new)) != old.shape:
-                raise ValueError(f"update_weights: {jax.tree_util.keystr(path)} has shape "
-                                 f"{tuple(np.shape(new))}, the engine's params {old.shape}")
+                raise ValueError(
+                    f"update_weights: {jax.tree_util.keystr(path)} has shape "
+                    f"{tuple(np.shape(new))}, the engine's params {old.shape}"
+                )
             value = jnp.asarray(new, old.dtype)
             # a committed array where the old leaf was not (or vice versa) would recompile
             return jax.device_put(value, old.sharding) if old.committed else value
@@ -226,8 +247,7 @@ class JaxEngine:
             self._version = int(version)
             self._free([i for i, s in enumerate(self._slots) if isinstance(s, HeldContext)])  # old KV
 
-    def generate(self, requests: Sequence[GenerationRequest],
-                 params: SamplingParams) -> list[GenerationResult]:
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
         """Continues every request (continuous batching over the slots); request order."""
         with self._lock:
             if not requests:
@@ -258,8 +278,7 @@ class JaxEngine:
 
     # ------------------------------------------------------------------ host side
 
-    def _prepare(self, requests: Sequence[GenerationRequest], params: SamplingParams,
-                 seed: int) -> list[_Prepared]:
+    def _prepare(self, requests: Sequence[GenerationRequest], params: SamplingParams, seed: int) -> list[_Prepared]:
         """Validates the requests, gives each its key and held slot, and preprocesses the
         images each will prefill."""
         largest = self.length_buckets[-1]
@@ -274,7 +293,8 @@ class JaxEngine:
             if len(prompt) + limit > largest:
                 raise ValueError(
                     f"request {request.request_id}: prompt of {len(prompt)} tokens + token "
-                    f"limit {limit} exceeds the engine's largest length bucket {largest}")
+                    f"limit {limit} exceeds the engine's largest length bucket {largest}"
+                )
             check_images(self.config, request)
             key = jax.random.fold_in(base, zlib.crc32(request.request_id.encode()) & 0x7FFFFFFF)
             key = jax.random.fold_in(key, repeats[request.request_id])
@@ -291,8 +311,11 @@ class JaxEngine:
         held = {i: s for i, s in enumerate(self._slots) if isinstance(s, HeldContext)}
         merge = self.config.vision.spatial_merge_size
         for job in jobs:
-            options = [(reusable_prefix(s, job.request, self.config.image_token_id, merge), i)
-                       for i, s in held.items() if s.request_id == job.request.request_id]
+            options = [
+                (reusable_prefix(s, job.request, self.config.image_token_id, merge), i)
+                for i, s in held.items()
+                if s.request_id == job.request.request_id
+            ]
             if options:
                 (reused, images), row = max(options)
                 if reused > 0:
@@ -310,7 +333,7 @@ class JaxEngine:
             return "extend", continuing, [j.row for j in continuing]
         free = [i for i, s in enumerate(self._slots) if s is None]
         held = sorted((s.used, i) for i, s in enumerate(self._slots) if isinstance(s, HeldContext))
-        rows = (free + [i for _, i in held])[:len(queued)]
+        rows = (free + [i for _, i in held])[: len(queued)]
         self._free(rows)
         return "prefill", [queued.popleft() for _ in rows], rows
 
@@ -319,16 +342,26 @@ class JaxEngine:
             self._slots[i] = None
             self._kv.content[i] = 0
 
-    def _block(self, joining: list[_Prepared], starts: Sequence[int],
-               buckets: Sequence[int]) -> tuple[dict, int, int]:
+    def _block(self, joining: list[_Prepared], starts: Sequence[int], buckets: Sequence[int]) -> tuple[dict, int, int]:
         """``prompt_block`` of the prompts' tokens from `starts` on, padded to one of `buckets`."""
-        return prompt_block(self.config, [j.request.prompt_token_ids[s:] for j, s in zip(joining, starts)],
-                            [j.pixel_values for j in joining],
-                            [j.request.image_grid_thw[j.reused_images:] for j in joining],
-                            buckets, self.prefill_batches)
+        return prompt_block(
+            self.config,
+            [j.request.prompt_token_ids[s:] for j, s in zip(joining, starts)],
+            [j.pixel_values for j in joining],
+            [j.request.image_grid_thw[j.reused_images :] for j in joining],
+            buckets,
+            self.prefill_batches,
+        )
 
-    def _admit(self, joining: list[_Prepared], rows: list[int], settings: SamplingArrays,
-               params: SamplingParams, results: list[GenerationResult | None], version: int) -> None:
+    def _admit(
+        self,
+        joining: list[_Prepared],
+        rows: list[int],
+        settings: SamplingArrays,
+        params: SamplingParams,
+        results: list[GenerationResult | None],
+        version: int,
+    ) -> None:
         """Prefills `joining` into the free slots `rows` and takes their first tokens."""
         inputs, batch, length = self._block(joining, [0] * len(joining), self.length_buckets)
         model_inputs, deltas = self._prepare_held(("prefill", batch), inputs)
@@ -336,28 +369,47 @@ class JaxEngine:
         self._kv.hold_block(length)
         self._kv.make_room(max(prompt_lengths), 0)
         self._kv.cache, tokens, logprobs = self._prefill(
-            self._params, self._kv.cache, model_inputs, self._targets(rows, batch),
-            jnp.asarray(self._kv.index - length, jnp.int32), self._keys(joining, batch), settings)
+            self._params,
+            self._kv.cache,
+            model_inputs,
+            self._targets(rows, batch),
+            jnp.asarray(self._kv.index - length, jnp.int32),
+            self._keys(joining, batch),
+            settings,
+        )
         self.calls["prefill"] += 1
         self.token_counts["prefilled"] += sum(prompt_lengths)
         starts = decode_position_ids(deltas, inputs["attention_mask"].sum(-1))[0, :, 0]
         self._seat(joining, rows, starts, tokens, logprobs, params, results, version)
 
-    def _admit_extended(self, joining: list[_Prepared], rows: list[int], settings: SamplingArrays,
-                        params: SamplingParams, results: list[GenerationResult | None],
-                        version: int) -> None:
+    def _admit_extended(
+        self,
+        joining: list[_Prepared],
+        rows: list[int],
+        settings: SamplingArrays,
+        params: SamplingParams,
+        results: list[GenerationResult | None],
+        version: int,
+    ) -> None:
         """Prefills the rest of each continuing prompt after its held slot's kept columns and
         takes the first tokens."""
         inputs, batch, length = self._block(joining, [j.reused for j in joining], self.extension_buckets)
         inputs["position_ids"], starts = suffix_positions(
-            self.config, [j.request for j in joining], [j.reused for j in joining], batch, length)
+            self.config, [j.request for j in joining], [j.reused for j in joining], batch, length
+        )
         model_inputs, _ = self._prepare_held(("extend", batch), inputs)
         keep = np.zeros(batch, np.int32)
-        keep[:len(joining)] = [j.reused for j in joining]
+        keep[: len(joining)] = [j.reused for j in joining]
         self._kv.make_room(max(len(j.request.prompt_token_ids) for j in joining), 0)
         self._kv.cache, tokens, logprobs = self._extend(
-            self._params, self._kv.cache, model_inputs, self._targets(rows, batch), jnp.asarray(keep),
-            self._keys(joining, batch), settings)
+            self._params,
+            self._kv.cache,
+            model_inputs,
+            self._targets(rows, batch),
+            jnp.asarray(keep),
+            self._keys(joining, batch),
+            settings,
+        )
         self.calls["extend"] += 1
         self.token_counts["reused"] += int(keep.sum())
         self.token_counts["prefilled"] += sum(len(j.request.prompt_token_ids) - j.reused for j in joining)
@@ -365,22 +417,34 @@ class JaxEngine:
 
     def _targets(self, rows: list[int], batch: int) -> jax.Array:
         targets = np.full(batch, self.max_batch, np.int32)  # out of range: dropped
-        targets[:len(rows)] = rows
+        targets[: len(rows)] = rows
         return jnp.asarray(targets)
 
     def _keys(self, joining: list[_Prepared], batch: int) -> jax.Array:
         keys = np.zeros((batch, 2), np.uint32)
-        keys[:len(joining)] = [j.key for j in joining]
+        keys[: len(joining)] = [j.key for j in joining]
         return jnp.asarray(keys)
 
-    def _seat(self, joining: list[_Prepared], rows: list[int], starts: Sequence[int], tokens: jax.Array,
-              logprobs: jax.Array, params: SamplingParams, results: list[GenerationResult | None],
-              version: int) -> None:
+    def _seat(
+        self,
+        joining: list[_Prepared],
+        rows: list[int],
+        starts: Sequence[int],
+        tokens: jax.Array,
+        logprobs: jax.Array,
+        params: SamplingParams,
+        results: list[GenerationResult | None],
+        version: int,
+    ) -> None:
         """Puts the prefilled requests in their slots with their first tokens."""
         tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
         for k, (job, row) in enumerate(zip(joining, rows)):
-            self._slots[row] = _Slot(job, position=int(starts[k]), last_token=int(tokens[k]),
-                                     text=IncrementalText(self.tokenizer) if params.stop else None)
+            self._slots[row] = _Slot(
+                job,
+                position=int(starts[k]),
+                last_token=int(tokens[k]),
+                text=IncrementalText(self.tokenizer) if params.stop else None,
+            )
             self._kv.content[row] = len(job.request.prompt_token_ids)
             self._accept(row, int(tokens[k]), float(logprobs[k]), params, results, version)
 
@@ -392,12 +456,20 @@ class JaxEngine:
         if model_inputs.layout is not None:
             vision = self.config.vision
             slots_per_window = window_units(vision) ** 2 * vision.merge_unit
-            self._vision_floor[kind] = (model_inputs.layout.patch_index.shape[0] // slots_per_window,
-                                        model_inputs.layout.merged_index.shape[0])
+            self._vision_floor[kind] = (
+                model_inputs.layout.patch_index.shape[0] // slots_per_window,
+                model_inputs.layout.merged_index.shape[0],
+            )
         return model_inputs, deltas
 
-    def _decode_chunk(self, settings: SamplingArrays, stop_mask: jax.Array, params: SamplingParams,
-                      results: list[GenerationResult | None], version: int) -> None:
+    def _decode_chunk(
+        self,
+        settings: SamplingArrays,
+        stop_mask: jax.Array,
+        params: SamplingParams,
+        results: list[GenerationResult | None],
+        version: int,
+    ) -> None:
         """Runs up to `decode_chunk` tokens for the first slots (a decode batch size holding
         every active one, moved to the front if needed) and hands each slot its tokens."""
         slots = self._slots
@@ -412,11 +484,17 @@ class JaxEngine:
         live = np.array([s is not None for s in running])
         column = lambda value, dtype=np.int32: np.array([value(s) if s else 0 for s in running], dtype)
         self._kv.cache, new_tokens, new_logprobs, drawn, steps = self._decode(
-            self._params, self._kv.cache, jnp.asarray(column(lambda s: s.last_token)),
-            jnp.asarray(column(lambda s: s.position)), jnp.asarray(live),
-            jnp.asarray(column(lambda s: len(s.token_ids))), jnp.asarray(column(lambda s: s.job.limit)),
+            self._params,
+            self._kv.cache,
+            jnp.asarray(column(lambda s: s.last_token)),
+            jnp.asarray(column(lambda s: s.position)),
+            jnp.asarray(live),
+            jnp.asarray(column(lambda s: len(s.token_ids))),
+            jnp.asarray(column(lambda s: s.job.limit)),
             jnp.asarray(np.stack([s.job.key if s else np.zeros(2, np.uint32) for s in running])),
-            stop_mask, settings)
+            stop_mask,
+            settings,
+        )
         steps = int(steps)
         self._kv.index += steps
         self.calls["decode"] += 1
@@ -433,8 +511,15 @@ class JaxEngine:
             else:
                 self._kv.content[i] = slot.context
 
-    def _accept(self, i: int, token: int, logprob: float, params: SamplingParams,
-                results: list[GenerationResult | None], version: int) -> bool:
+    def _accept(
+        self,
+        i: int,
+        token: int,
+        logprob: float,
+        params: SamplingParams,
+        results: list[GenerationResult | None],
+        version: int,
+    ) -> bool:
         """Appends one token to slot i; on a finish, records the result and frees or holds
         the slot."""
         slot = self._slots[i]
@@ -457,13 +542,18 @@ class JaxEngine:
         if reason is None:
             return False
         results[slot.job.index] = GenerationResult(
-            tuple(slot.token_ids), tuple(slot.logprobs), reason, matched, version)
+            tuple(slot.token_ids), tuple(slot.logprobs), reason, matched, version
+        )
         if self.kv_continuation:
             request = slot.job.request
             self._clock += 1
-            self._slots[i] = HeldContext(request.request_id,
-                                         np.asarray(request.prompt_token_ids + tuple(slot.token_ids[:-1])),
-                                         request.images, request.image_grid_thw, self._clock)
+            self._slots[i] = HeldContext(
+                request.request_id,
+                np.asarray(request.prompt_token_ids + tuple(slot.token_ids[:-1])),
+                request.images,
+                request.image_grid_thw,
+                self._clock,
+            )
             self._kv.content[i] = slot.context
         else:
             self._free([i])
@@ -471,27 +561,64 @@ class JaxEngine:
 
     # ------------------------------------------------------------------ jitted functions
 
-    def _prefill_impl(self, params: Any, cache: KVCache, inputs: ModelInputs, targets: jax.Array,
-                      start: jax.Array, keys: jax.Array,
-                      settings: SamplingArrays) -> tuple[KVCache, jax.Array, jax.Array]:
+    def _prefill_impl(
+        self,
+        params: Any,
+        cache: KVCache,
+        inputs: ModelInputs,
+        targets: jax.Array,
+        start: jax.Array,
+        keys: jax.Array,
+        settings: SamplingArrays,
+    ) -> tuple[KVCache, jax.Array, jax.Array]:
         """``cache_rows.prefill_rows``."""
         self.trace_counts["prefill"] += 1
-        return prefill_rows(self.config, self.compute_dtype, params, cache, inputs, targets, start,
-                            keys, settings)
+        return prefill_rows(self.config, self.compute_dtype, params, cache, inputs, targets, start, keys, settings)
 
-    def _extend_impl(self, params: Any, cache: KVCache, inputs: ModelInputs, targets: jax.Array,
-                     keep: jax.Array, keys: jax.Array,
-                     settings: SamplingArrays) -> tuple[KVCache, jax.Array, jax.Array]:
+    def _extend_impl(
+        self,
+        params: Any,
+        cache: KVCache,
+        inputs: ModelInputs,
+        targets: jax.Array,
+        keep: jax.Array,
+        keys: jax.Array,
+        settings: SamplingArrays,
+    ) -> tuple[KVCache, jax.Array, jax.Array]:
         """``cache_rows.extend_rows`` without the block's logits."""
         self.trace_counts["extend"] += 1
-        cache, _, tokens, logprobs = extend_rows(self.config, self.compute_dtype, params, cache, inputs,
-                                                 targets, keep, keys, settings)
+        cache, _, tokens, logprobs = extend_rows(
+            self.config, self.compute_dtype, params, cache, inputs, targets, keep, keys, settings
+        )
         return cache, tokens, logprobs
 
-    def _decode_impl(self, params: Any, cache: KVCache, tokens: jax.Array, positions: jax.Array,
-                     live: jax.Array, counts: jax.Array, limits: jax.Array, keys: jax.Array,
-                     stop_mask: jax.Array, settings: SamplingArrays) -> tuple:
+    def _decode_impl(
+        self,
+        params: Any,
+        cache: KVCache,
+        tokens: jax.Array,
+        positions: jax.Array,
+        live: jax.Array,
+        counts: jax.Array,
+        limits: jax.Array,
+        keys: jax.Array,
+        stop_mask: jax.Array,
+        settings: SamplingArrays,
+    ) -> tuple:
         """``decode_loop.decode_steps`` of up to `decode_chunk` steps."""
         self.trace_counts["decode"] += 1
-        return decode_steps(self.config, self.compute_dtype, self.decode_chunk, params, cache, tokens,
-                            positions, live, counts, limits, keys, stop_mask, settings)
+        return decode_steps(
+            self.config,
+            self.compute_dtype,
+            self.decode_chunk,
+            params,
+            cache,
+            tokens,
+            positions,
+            live,
+            counts,
+            limits,
+            keys,
+            stop_mask,
+            settings,
+        )

@@ -39,8 +39,9 @@ def smallest_bucket(value: int, buckets: Sequence[int]) -> int | None:
     return buckets[position] if position < len(buckets) else None
 
 
-def compact_columns(keys: jax.Array, values: jax.Array, valid: jax.Array, keep: jax.Array,
-                    end: jax.Array, length: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+def compact_columns(
+    keys: jax.Array, values: jax.Array, valid: jax.Array, keep: jax.Array, end: jax.Array, length: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Rows of `length` columns holding each row's first keep[b] valid columns, in order, at
     columns [end - keep[b], end); every other column is invalid.
 
@@ -68,9 +69,17 @@ class SlotCache:
     to which the compact, grow and permute functions add.
     """
 
-    def __init__(self, config: ModelConfig, max_batch: int, length_buckets: Sequence[int],
-                 decode_chunk: int, dtype: Any, min_length: int, trace_counts: Counter[str],
-                 calls: Counter[str]):
+    def __init__(
+        self,
+        config: ModelConfig,
+        max_batch: int,
+        length_buckets: Sequence[int],
+        decode_chunk: int,
+        dtype: Any,
+        min_length: int,
+        trace_counts: Counter[str],
+        calls: Counter[str],
+    ):
         self.config = config
         self.max_batch = max_batch
         self.length_buckets = tuple(length_buckets)
@@ -89,23 +98,29 @@ class SlotCache:
     @property
     def compile_counts(self) -> dict[str, int]:
         """Compiled executables of the compact, grow and row-permute functions."""
-        return {"compact": self._compact._cache_size(), "grow": self._grow._cache_size(),
-                "permute": self._permute._cache_size()}
+        return {
+            "compact": self._compact._cache_size(),
+            "grow": self._grow._cache_size(),
+            "permute": self._permute._cache_size(),
+        }
 
     def capacity(self, needed: int) -> int:
         """The smallest cache length (bucket + decode_chunk) holding `needed` columns."""
         bucket = smallest_bucket(max(needed - self.decode_chunk, 1), self.length_buckets)
         if bucket is None:
-            raise ValueError(f"the KV cache would need {needed} columns, more than the largest "
-                             f"length bucket {self.length_buckets[-1]} + {self.decode_chunk}")
+            raise ValueError(
+                f"the KV cache would need {needed} columns, more than the largest "
+                f"length bucket {self.length_buckets[-1]} + {self.decode_chunk}"
+            )
         return bucket + self.decode_chunk
 
     def reset(self, longest_prompt: int) -> None:
         """Sizes the cache for a call's longest prompt bucket. With no row kept, a cache of
         another size is replaced (a cache of the right size is reused as it is, since joining
         rows clear their slot); with kept rows it only grows, never losing them."""
-        length = max(self.min_length, self.capacity(
-            smallest_bucket(longest_prompt, self.length_buckets) + self.decode_chunk))
+        length = max(
+            self.min_length, self.capacity(smallest_bucket(longest_prompt, self.length_buckets) + self.decode_chunk)
+        )
         if self.cache is None or (not self.content.any() and self.cache.max_length != length):
             self.cache = KVCache.init(self.config, self.max_batch, length, self.dtype)
             self.index = 0
@@ -128,8 +143,7 @@ class SlotCache:
         if target + extra > self.cache.max_length:
             self._grow_to(target + extra)
         if target != self.index:
-            self.cache = self._compact(self.cache, jnp.asarray(self.content, jnp.int32),
-                                       jnp.asarray(target, jnp.int32))
+            self.cache = self._compact(self.cache, jnp.asarray(self.content, jnp.int32), jnp.asarray(target, jnp.int32))
             self.calls["compact"] += 1
             self.index = target
 
@@ -148,20 +162,21 @@ class SlotCache:
         """Every row's first keep[row] valid columns moved to end at `index`, the new write
         column."""
         self.trace_counts["compact"] += 1
-        keys, values, valid = compact_columns(cache.keys, cache.values, cache.valid, keep, index,
-                                              cache.max_length)
+        keys, values, valid = compact_columns(cache.keys, cache.values, cache.valid, keep, index, cache.max_length)
         return KVCache(keys=keys, values=values, valid=valid, index=index)
 
     def _permute_impl(self, cache: KVCache, order: jax.Array) -> KVCache:
         """Gathers the rows of keys, values and validity in `order`."""
         self.trace_counts["permute"] += 1
-        return KVCache(keys=cache.keys[:, order], values=cache.values[:, order],
-                       valid=cache.valid[order], index=cache.index)
+        return KVCache(
+            keys=cache.keys[:, order], values=cache.values[:, order], valid=cache.valid[order], index=cache.index
+        )
 
     def _grow_impl(self, cache: KVCache, length: int) -> KVCache:
         """The same cache with `length` columns (new ones empty and invalid)."""
         self.trace_counts["grow"] += 1
         extra = length - cache.max_length
         pad = lambda x, axis: jnp.pad(x, [(0, extra) if a == axis else (0, 0) for a in range(x.ndim)])
-        return KVCache(keys=pad(cache.keys, 3), values=pad(cache.values, 3),
-                       valid=pad(cache.valid, 1), index=cache.index)
+        return KVCache(
+            keys=pad(cache.keys, 3), values=pad(cache.values, 3), valid=pad(cache.valid, 1), index=cache.index
+        )

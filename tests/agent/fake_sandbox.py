@@ -69,8 +69,7 @@ class FakeSandbox:
                 self.pool.log(f"run-wait:{arg}")
                 released = self.pool.events[arg].wait(timeout=10)
                 self.pool.log(f"run-end:{arg}:{'released' if released else 'timed-out'}")
-        return FakeRunResult("\n".join(stdout) + ("\n" if stdout else ""), images, error,
-                             timed_out, 0.001, state_lost)
+        return FakeRunResult("\n".join(stdout) + ("\n" if stdout else ""), images, error, timed_out, 0.001, state_lost)
 
 
 class FakePool:

@@ -64,8 +64,7 @@ def footprint(sandbox: Sandbox) -> Footprint:
     own = pid_namespace(os.getpid())
     namespaces = {ns for ns in (pid_namespace(p.pid) for p in processes[1:]) if ns != own}
     assert namespaces or not sandbox.isolated, "an isolated runtime has its own PID namespace"
-    return Footprint(processes, namespaces,
-                     frozenset() if sandbox.uid is None else frozenset({sandbox.uid}))
+    return Footprint(processes, namespaces, frozenset() if sandbox.uid is None else frozenset({sandbox.uid}))
 
 
 def _alive(process: psutil.Process) -> bool:
@@ -81,8 +80,7 @@ def surviving(trace: Footprint, exclude: frozenset[int] = frozenset()) -> list[s
     namespace may reuse the number of the dead one."""
     found = [f"pid {p.pid}" for p in trace.processes if _alive(p)]
     for entry in os.listdir("/proc"):
-        if (entry.isdigit() and int(entry) not in exclude
-                and pid_namespace(int(entry)) in trace.namespaces):
+        if entry.isdigit() and int(entry) not in exclude and pid_namespace(int(entry)) in trace.namespaces:
             found.append(f"pid {entry} in the sandbox namespace")
     if trace.uids:
         for proc in psutil.process_iter(["uids"]):
@@ -92,8 +90,7 @@ def surviving(trace: Footprint, exclude: frozenset[int] = frozenset()) -> list[s
     return found
 
 
-def assert_gone(trace: Footprint, grace_s: float = 3.0,
-                exclude: frozenset[int] = frozenset()) -> None:
+def assert_gone(trace: Footprint, grace_s: float = 3.0, exclude: frozenset[int] = frozenset()) -> None:
     deadline = time.monotonic() + grace_s
     while surviving(trace, exclude) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -8,9 +8,9 @@ import re
 from pyvision_jax.agent.episode import EpisodeConfig
 from pyvision_jax.agent.runner import EpisodeRunner
 from pyvision_jax.agent.sandbox import SandboxConfig, SandboxPool
+from pyvision_jax.agent.trajectory import EndReason
 from pyvision_jax.data.synthetic import COLOURS, generate_videos, generate_visual_search
 from pyvision_jax.data.tasks import load_tasks
-from pyvision_jax.agent.trajectory import EndReason
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 
 FIND_SMALL_OBJECT = """\
@@ -83,12 +83,11 @@ def scripted_policy(decode):
         if "video_clue_0" in context:
             answer = re.search(r"appearances: (\d+)", result).group(1)
             return f"The blobs appeared {answer} times.\n<answer>\n\\boxed{{{answer}}}\n</answer>"
-        rgb = tuple(int(v) for v in re.search(r"colour \((\d+), (\d+), (\d+)\)",
-                                               result).groups())
+        rgb = tuple(int(v) for v in re.search(r"colour \((\d+), (\d+), (\d+)\)", result).groups())
         colour = _nearest_colour(rgb)
         letter = re.search(rf"\((\w)\) {colour}\n", question).group(1)
-        return (f"The small object is {colour}, option ({letter}).\n"
-                f"<answer>\n\\boxed{{{letter}}}\n</answer>")
+        return f"The small object is {colour}, option ({letter}).\n<answer>\n\\boxed{{{letter}}}\n</answer>"
+
     return respond
 
 
@@ -107,10 +106,12 @@ def test_scripted_policy_solves_an_image_and_a_video_task_in_real_sandboxes(toke
     pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
     for group in groups:
         (trajectory,) = group.trajectories
-        print(f"\n===== {group.task.id}: {group.task.question} (answer {group.task.answer}) "
-              f"-> {trajectory.end_reason.value}, final answer {trajectory.final_answer!r}, "
-              f"{len(trajectory.token_ids)} tokens, {trajectory.num_visual_tokens} visual "
-              f"tokens, {trajectory.num_successful_tool_calls} successful tool call(s) =====")
+        print(
+            f"\n===== {group.task.id}: {group.task.question} (answer {group.task.answer}) "
+            f"-> {trajectory.end_reason.value}, final answer {trajectory.final_answer!r}, "
+            f"{len(trajectory.token_ids)} tokens, {trajectory.num_visual_tokens} visual "
+            f"tokens, {trajectory.num_successful_tool_calls} successful tool call(s) ====="
+        )
         print(trajectory.render_text(decode, pad))
         assert trajectory.end_reason is EndReason.DONE, trajectory.turns
         assert trajectory.final_answer == f"\\boxed{{{group.task.answer}}}"

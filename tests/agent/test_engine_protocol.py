@@ -30,8 +30,7 @@ def test_sampling_params_validate_their_fields():
 
 def test_requests_check_images_against_grids_and_cap_tokens():
     image = Image.new("RGB", (56, 56))
-    request = GenerationRequest("r", (1, PAD, 2), images=(image,), image_grid_thw=[1, 4, 4],
-                                max_new_tokens=5)
+    request = GenerationRequest("r", (1, PAD, 2), images=(image,), image_grid_thw=[1, 4, 4], max_new_tokens=5)
     assert request.image_grid_thw.shape == (1, 3)
     assert request.token_limit(SamplingParams(max_new_tokens=10)) == 5
     assert request.token_limit(SamplingParams(max_new_tokens=3)) == 3
@@ -50,14 +49,17 @@ def test_results_keep_tokens_and_logprobs_aligned():
 
 
 def test_scripted_engine_follows_the_protocol_conventions(tokenizer):
-    engine = ScriptedEngine(tokenizer, {
-        "a": ["think <code>\nx\n</code> never seen", "final"],
-        "b": ["word " * 50],
-    }, version=3)
+    engine = ScriptedEngine(
+        tokenizer,
+        {
+            "a": ["think <code>\nx\n</code> never seen", "final"],
+            "b": ["word " * 50],
+        },
+        version=3,
+    )
     assert isinstance(engine, Engine)
     params = SamplingParams(stop=("</code>",), max_new_tokens=20)
-    stop, long = engine.generate([GenerationRequest("a/0", (1,)),
-                                  GenerationRequest("b/0", (1,))], params)
+    stop, long = engine.generate([GenerationRequest("a/0", (1,)), GenerationRequest("b/0", (1,))], params)
     assert stop.finish_reason == "stop" and stop.stop_string == "</code>"
     assert tokenizer.decode(list(stop.token_ids)) == "think <code>\nx\n</code>"
     assert long.finish_reason == "length" and len(long.token_ids) == 20
@@ -72,8 +74,9 @@ def test_scripted_engine_follows_the_protocol_conventions(tokenizer):
 
 def test_scripted_engine_rejects_image_token_mismatches(tokenizer):
     engine = ScriptedEngine(tokenizer, {"a": ["x"]})
-    request = GenerationRequest("a/0", (PAD,) * 3, images=(Image.new("RGB", (56, 56)),),
-                                image_grid_thw=np.array([[1, 4, 4]]))
+    request = GenerationRequest(
+        "a/0", (PAD,) * 3, images=(Image.new("RGB", (56, 56)),), image_grid_thw=np.array([[1, 4, 4]])
+    )
     with pytest.raises(ValueError, match="3 image-pad tokens .* account for 4"):
         engine.generate([request], SamplingParams())
     with pytest.raises(KeyError, match="no script for request 'zzz/0'"):

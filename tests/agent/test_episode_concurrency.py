@@ -12,9 +12,15 @@ from tests.agent.turns import answer_turn, code_turn
 
 
 def _task(task_id, image_task):
-    return Task(id=task_id, question=image_task.question, answer="A",
-                answer_type="multiple_choice", data_source="test",
-                image_path=image_task.image_path, options=image_task.options)
+    return Task(
+        id=task_id,
+        question=image_task.question,
+        answer="A",
+        answer_type="multiple_choice",
+        data_source="test",
+        image_path=image_task.image_path,
+        options=image_task.options,
+    )
 
 
 def test_slow_sandbox_does_not_delay_other_trajectories(tokenizer, image_task):
@@ -32,13 +38,11 @@ def test_slow_sandbox_does_not_delay_other_trajectories(tokenizer, image_task):
     script = {
         # the slow trajectory's only run blocks until the fast one has generated 4 turns
         "slow": [code_turn("wait fast-finished"), answer_turn()],
-        "fast": [code_turn("print 1"), code_turn("print 2"), code_turn("print 3"),
-                 answer_turn()],
+        "fast": [code_turn("print 1"), code_turn("print 2"), code_turn("print 3"), answer_turn()],
     }
     engine = ScriptedEngine(tokenizer, script, on_generate=on_generate)
     runner = EpisodeRunner(engine, tokenizer, pool, EpisodeConfig(max_concurrent=4))
-    slow, fast = runner.run_trajectories([(_task("slow", image_task), 0),
-                                          (_task("fast", image_task), 0)])
+    slow, fast = runner.run_trajectories([(_task("slow", image_task), 0), (_task("fast", image_task), 0)])
     log = pool.events_log
     assert "run-end:fast-finished:released" in log, log
     assert log.index("generate:fast/0:turn4") < log.index("run-end:fast-finished:released")
@@ -83,5 +87,4 @@ def test_an_engine_failure_propagates_and_returns_every_sandbox(tokenizer, image
     runner = EpisodeRunner(engine, tokenizer, pool, EpisodeConfig(max_concurrent=3))
     with pytest.raises(RuntimeError, match="engine died"):
         runner.run_trajectories([(t, 0) for t in tasks])
-    assert len(pool.acquired) == 3 and sorted(map(id, pool.released)) == sorted(
-        map(id, pool.acquired))
+    assert len(pool.acquired) == 3 and sorted(map(id, pool.released)) == sorted(map(id, pool.acquired))

@@ -10,24 +10,33 @@ from pyvision_jax.agent.trajectory import EndReason
 from tests.agent.episodes import run_one
 from tests.agent.turns import answer_turn, code_turn
 
-RELEASED = dict(action_syntax="released", turn_boundary="newline", image_cap_rule="reach", stdout_strip="both",
-                observation_format="released")
+RELEASED = dict(
+    action_syntax="released",
+    turn_boundary="newline",
+    image_cap_rule="reach",
+    stdout_strip="both",
+    observation_format="released",
+)
 
 
 def observation_text(tokenizer, trajectory, turn=0):
     record = trajectory.turns[turn]
-    return tokenizer.decode(trajectory.token_ids[record.generated_end:record.observation_end].tolist())
+    return tokenizer.decode(trajectory.token_ids[record.generated_end : record.observation_end].tolist())
 
 
-@pytest.mark.parametrize("boundary, start", [
-    ("im_end", "<|im_end|>\n<|im_start|>user\n<tool_response>\n"),
-    ("newline", "\n<|im_start|>user\n<tool_response>\n"),
-])
+@pytest.mark.parametrize(
+    "boundary, start",
+    [
+        ("im_end", "<|im_end|>\n<|im_start|>user\n<tool_response>\n"),
+        ("newline", "\n<|im_start|>user\n<tool_response>\n"),
+    ],
+)
 def test_turn_boundary_after_the_code(tokenizer, image_task, boundary, start):
     t, _, _ = run_one(tokenizer, image_task, [code_turn("print 7"), answer_turn()], turn_boundary=boundary)
     generated = t.turns[0]
-    assert tokenizer.decode(t.token_ids[generated.generated_start:generated.generated_end].tolist()).endswith(
-        "</code>")
+    assert tokenizer.decode(t.token_ids[generated.generated_start : generated.generated_end].tolist()).endswith(
+        "</code>"
+    )
     assert observation_text(tokenizer, t).startswith(start)
     assert observation_text(tokenizer, t).endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
     assert t.end_reason is EndReason.DONE
@@ -56,13 +65,16 @@ EMPTY_ANSWER = "<answer></answer>\n" + code_turn("print after empty")
 UNCLOSED_ANSWER = "<answer>\n\\boxed{3}\n" + code_turn("print after unclosed")
 
 
-@pytest.mark.parametrize("turn, ours, released", [
-    (BARE, EndReason.ERROR_IN_ACTION, EndReason.DONE),
-    (UNFENCED, EndReason.DONE, EndReason.ERROR_IN_ACTION),
-    (PY_FENCE, EndReason.DONE, EndReason.ERROR_IN_ACTION),
-    (EMPTY_ANSWER, EndReason.DONE, EndReason.DONE),
-    (UNCLOSED_ANSWER, EndReason.ERROR_IN_ACTION, EndReason.DONE),
-])
+@pytest.mark.parametrize(
+    "turn, ours, released",
+    [
+        (BARE, EndReason.ERROR_IN_ACTION, EndReason.DONE),
+        (UNFENCED, EndReason.DONE, EndReason.ERROR_IN_ACTION),
+        (PY_FENCE, EndReason.DONE, EndReason.ERROR_IN_ACTION),
+        (EMPTY_ANSWER, EndReason.DONE, EndReason.DONE),
+        (UNCLOSED_ANSWER, EndReason.ERROR_IN_ACTION, EndReason.DONE),
+    ],
+)
 def test_action_syntax(tokenizer, image_task, turn, ours, released):
     tagged, _, _ = run_one(tokenizer, image_task, [turn, answer_turn()])
     assert tagged.end_reason is ours
@@ -82,19 +94,23 @@ def test_an_empty_answer_ends_our_episode_but_runs_the_code_in_the_released_one(
     assert released.final_answer == "\\boxed{A}"
 
 
-@pytest.mark.parametrize("rule, reason, turns", [("exceed", EndReason.DONE, 2),
-                                                 ("reach", EndReason.EXCEED_MAX_IMAGES, 1)])
+@pytest.mark.parametrize(
+    "rule, reason, turns", [("exceed", EndReason.DONE, 2), ("reach", EndReason.EXCEED_MAX_IMAGES, 1)]
+)
 def test_image_cap(tokenizer, image_task, rule, reason, turns):
-    t, _, _ = run_one(tokenizer, image_task, [code_turn("images 2 64x48"), answer_turn()], max_images=3,
-                      image_cap_rule=rule)
+    t, _, _ = run_one(
+        tokenizer, image_task, [code_turn("images 2 64x48"), answer_turn()], max_images=3, image_cap_rule=rule
+    )
     assert t.end_reason is reason and len(t.turns) == turns
-    over, _, _ = run_one(tokenizer, image_task, [code_turn("images 3 64x48"), answer_turn()], max_images=3,
-                         image_cap_rule=rule)
+    over, _, _ = run_one(
+        tokenizer, image_task, [code_turn("images 3 64x48"), answer_turn()], max_images=3, image_cap_rule=rule
+    )
     assert over.end_reason is EndReason.EXCEED_MAX_IMAGES
 
 
-@pytest.mark.parametrize("strip, text", [("right", "Text Result:\n  padded\nImage Result:"),
-                                         ("both", "Text Result:\npadded\nImage Result:")])
+@pytest.mark.parametrize(
+    "strip, text", [("right", "Text Result:\n  padded\nImage Result:"), ("both", "Text Result:\npadded\nImage Result:")]
+)
 def test_stdout_strip(tokenizer, image_task, strip, text):
     t, _, _ = run_one(tokenizer, image_task, [code_turn("print   padded"), answer_turn()], stdout_strip=strip)
     assert text in observation_text(tokenizer, t)
@@ -103,32 +119,55 @@ def test_stdout_strip(tokenizer, image_task, strip, text):
 def test_the_released_positions_together(tokenizer, image_task):
     t, _, _ = run_one(tokenizer, image_task, [BARE, answer_turn()], **RELEASED)
     assert t.end_reason is EndReason.DONE
-    assert observation_text(tokenizer, t).startswith("\n<|im_start|>user\n<tool_response>\n<interpreter>"
-                                                     "Text Result:\nbare</interpreter>\n\n</tool_response>")
+    assert observation_text(tokenizer, t).startswith(
+        "\n<|im_start|>user\n<tool_response>\n<interpreter>Text Result:\nbare</interpreter>\n\n</tool_response>"
+    )
 
 
-@pytest.mark.parametrize("observation_format, text_only, with_image", [
-    ("full", "<interpreter>\nText Result:\n7\nImage Result:\n</interpreter>\n\n</tool_response>",
-     "<interpreter>\nText Result:\ndrawn\nImage Result:\n<image_clue_1><|vision_start|>"),
-    ("released", "<interpreter>Text Result:\n7</interpreter>\n\n</tool_response>",
-     "<interpreter>Text Result:\ndrawn\nImage Result:\n<image_clue_1><|vision_start|>"),
-])
+@pytest.mark.parametrize(
+    "observation_format, text_only, with_image",
+    [
+        (
+            "full",
+            "<interpreter>\nText Result:\n7\nImage Result:\n</interpreter>\n\n</tool_response>",
+            "<interpreter>\nText Result:\ndrawn\nImage Result:\n<image_clue_1><|vision_start|>",
+        ),
+        (
+            "released",
+            "<interpreter>Text Result:\n7</interpreter>\n\n</tool_response>",
+            "<interpreter>Text Result:\ndrawn\nImage Result:\n<image_clue_1><|vision_start|>",
+        ),
+    ],
+)
 def test_observation_format(tokenizer, image_task, observation_format, text_only, with_image):
-    printed, _, _ = run_one(tokenizer, image_task, [code_turn("print 7"), answer_turn()],
-                            observation_format=observation_format)
+    printed, _, _ = run_one(
+        tokenizer, image_task, [code_turn("print 7"), answer_turn()], observation_format=observation_format
+    )
     shown = observation_text(tokenizer, printed)
     assert text_only in shown and ("Image Result:" in shown) == (observation_format == "full")
-    drawn, _, _ = run_one(tokenizer, image_task, [code_turn("print drawn", "images 1 64x48"), answer_turn()],
-                          observation_format=observation_format)
+    drawn, _, _ = run_one(
+        tokenizer,
+        image_task,
+        [code_turn("print drawn", "images 1 64x48"), answer_turn()],
+        observation_format=observation_format,
+    )
     shown = observation_text(tokenizer, drawn)
     assert with_image in shown and shown.count("Image Result:") == 1
     assert shown.endswith("</image_clue_1></interpreter>\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
     assert [TEXT_RESULT.search(observation_text(tokenizer, t)).group(1) for t in (printed, drawn)] == ["7", "drawn"]
 
 
-@pytest.mark.parametrize("field, value", [("action_syntax", "loose"), ("turn_boundary", "eos"),
-                                          ("image_cap_rule", "never"), ("stdout_strip", "left"),
-                                          ("observation_format", "short"), ("max_response_tokens", -1)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("action_syntax", "loose"),
+        ("turn_boundary", "eos"),
+        ("image_cap_rule", "never"),
+        ("stdout_strip", "left"),
+        ("observation_format", "short"),
+        ("max_response_tokens", -1),
+    ],
+)
 def test_bad_switch_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"EpisodeConfig.{field}"):
         EpisodeConfig(**{field: value})

@@ -36,21 +36,38 @@ def test_image_prompt_puts_the_image_in_context_with_its_size(tokenizer, image_t
 
 def test_the_default_templates_carry_the_released_facts_in_the_released_order():
     image = default_prompt_templates().image.text
-    facts = ["Image Width: {width}; Image Height: {height}", "`image_clue_i`", "numpy, PIL",
-             "Question: {question}", "Format reminder"]
+    facts = [
+        "Image Width: {width}; Image Height: {height}",
+        "`image_clue_i`",
+        "numpy, PIL",
+        "Question: {question}",
+        "Format reminder",
+    ]
     assert [image.index(f) for f in facts] == sorted(image.index(f) for f in facts)
     video = default_prompt_templates().video.text
-    facts = ["Video Width: {width}; Video Height: {height}", "`video_clue_0`", "VideoReader()", "numpy, PIL",
-             "Question: {question}",
-             "Format reminder"]
+    facts = [
+        "Video Width: {width}; Video Height: {height}",
+        "`video_clue_0`",
+        "VideoReader()",
+        "numpy, PIL",
+        "Question: {question}",
+        "Format reminder",
+    ]
     assert [video.index(f) for f in facts] == sorted(video.index(f) for f in facts)
 
 
 def test_video_prompt_describes_the_video_without_showing_it(tokenizer):
-    task = Task(id="v", question="How many red objects appear?", answer="2",
-                answer_type="numeric", data_source="t", video_path="/v.mp4")
+    task = Task(
+        id="v",
+        question="How many red objects appear?",
+        answer="2",
+        answer_type="numeric",
+        data_source="t",
+        video_path="/v.mp4",
+    )
     ids = ChatRenderer(tokenizer).prompt_ids(
-        video_prompt_messages(task, VideoInfo(width=192, height=144, num_frames=32, fps=8.0)))
+        video_prompt_messages(task, VideoInfo(width=192, height=144, num_frames=32, fps=8.0))
+    )
     text = tokenizer.decode(ids)
     assert PAD not in ids and tokenizer.convert_tokens_to_ids("<|video_pad|>") not in ids
     assert "`video_clue_0`" in text and "Video Width: 192; Video Height: 144; Frames: 32; FPS: 8.00" in text
@@ -58,8 +75,10 @@ def test_video_prompt_describes_the_video_without_showing_it(tokenizer):
     assert "Question: How many red objects appear?\n" in text
 
 
-RELEASED_LIKE = ("<image_clue_0>{image}</image_clue_0>\nImage Width: {width}; Image Height: {height}\n"
-                 "Solve it with code in {{curly}} braces, then \\boxed{} the answer: {question}")
+RELEASED_LIKE = (
+    "<image_clue_0>{image}</image_clue_0>\nImage Width: {width}; Image Height: {height}\n"
+    "Solve it with code in {{curly}} braces, then \\boxed{} the answer: {question}"
+)
 
 
 def test_a_users_own_template_renders_byte_for_byte(tmp_path, tokenizer, image_task):
@@ -68,15 +87,21 @@ def test_a_users_own_template_renders_byte_for_byte(tmp_path, tokenizer, image_t
     templates = PromptTemplates.from_files(image_file=str(path))
     messages = image_prompt_messages(image_task, 640, 480, templates.image)
     expected_before = "<image_clue_0>"
-    expected_after = ("</image_clue_0>\nImage Width: 640; Image Height: 480\n"
-                      "Solve it with code in {{curly}} braces, then \\boxed{} the answer: "
-                      + format_question(image_task))
-    assert messages[0]["content"] == [{"type": "text", "text": expected_before}, {"type": "image"},
-                                      {"type": "text", "text": expected_after}]
+    expected_after = (
+        "</image_clue_0>\nImage Width: 640; Image Height: 480\n"
+        "Solve it with code in {{curly}} braces, then \\boxed{} the answer: " + format_question(image_task)
+    )
+    assert messages[0]["content"] == [
+        {"type": "text", "text": expected_before},
+        {"type": "image"},
+        {"type": "text", "text": expected_after},
+    ]
     ids = ChatRenderer(tokenizer).prompt_ids(messages, [[1, 2, 2]])
     assert tokenizer.decode(ids).endswith(
-        "user\n<image_clue_0><|vision_start|><|image_pad|><|vision_end|>" + expected_after
-        + "<|im_end|>\n<|im_start|>assistant\n")
+        "user\n<image_clue_0><|vision_start|><|image_pad|><|vision_end|>"
+        + expected_after
+        + "<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_a_template_without_its_required_placeholders_names_the_file(tmp_path):
@@ -91,15 +116,19 @@ def test_a_template_without_its_required_placeholders_names_the_file(tmp_path):
 def test_observation_renders_as_a_user_turn_with_the_next_assistant_header(tokenizer):
     renderer = ChatRenderer(tokenizer)
     ids = renderer.observation_ids(observation_content("42", []))
-    assert ids == enc(tokenizer, "<|im_start|>user\n<tool_response>\n<interpreter>\n"
-                                 "Text Result:\n42\nImage Result:\n</interpreter>\n\n"
-                                 "</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert ids == enc(
+        tokenizer,
+        "<|im_start|>user\n<tool_response>\n<interpreter>\n"
+        "Text Result:\n42\nImage Result:\n</interpreter>\n\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n",
+    )
     ids = renderer.observation_ids(observation_content("", [3, 4]), [[1, 2, 4], [1, 2, 2]])
     assert tokenizer.decode(ids) == (
         "<|im_start|>user\n<tool_response>\n<interpreter>\nText Result:\n\nImage Result:\n"
         "<image_clue_3><|vision_start|><|image_pad|><|image_pad|><|vision_end|></image_clue_3>"
         "<image_clue_4><|vision_start|><|image_pad|><|vision_end|></image_clue_4>"
-        "</interpreter>\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+        "</interpreter>\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     assert renderer.turn_closing_ids == enc(tokenizer, "<|im_end|>\n")
 
 
@@ -110,7 +139,6 @@ def test_image_count_must_match_the_grids(tokenizer):
 
 
 def test_format_question_without_options_is_the_question(image_task):
-    task = Task(id="n", question="How many?", answer="3", answer_type="numeric",
-                data_source="t", image_path="/x.png")
+    task = Task(id="n", question="How many?", answer="3", answer_type="numeric", data_source="t", image_path="/x.png")
     assert format_question(task) == "How many?"
     assert format_question(image_task).endswith("Answer with the letter of the correct option.")

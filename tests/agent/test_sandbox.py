@@ -39,8 +39,7 @@ from tests.agent.sandbox_probes import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CONFIG = SandboxConfig(timeout_s=20.0, max_stdout_bytes=2000, max_images_per_call=4,
-                       max_image_pixels=4_000_000)
+CONFIG = SandboxConfig(timeout_s=20.0, max_stdout_bytes=2000, max_images_per_call=4, max_image_pixels=4_000_000)
 
 
 @pytest.fixture(scope="module", params=RUNTIME_KINDS)
@@ -51,22 +50,23 @@ def sandbox(request):
 
 def test_state_persists_and_stdout_is_captured(sandbox):
     first = sandbox.run("value = 20\nprint('first', value)")
-    second = sandbox.run("value += 1\nprint(value)\nimport os\nos.write(1, b'fd1 ')\n"
-                         "os.write(2, b'fd2')")
-    assert first == RunResult(stdout="first 20\n", images=[], error=None, timed_out=False,
-                              wall_time_s=first.wall_time_s, state_lost=False)
+    second = sandbox.run("value += 1\nprint(value)\nimport os\nos.write(1, b'fd1 ')\nos.write(2, b'fd2')")
+    assert first == RunResult(
+        stdout="first 20\n", images=[], error=None, timed_out=False, wall_time_s=first.wall_time_s, state_lost=False
+    )
     assert second.stdout == "21\nfd1 fd2" and second.error is None
 
 
 def test_preimported_names_and_importable_libraries(sandbox):
-    result = sandbox.run(textwrap.dedent("""\
+    result = sandbox.run(
+        textwrap.dedent("""\
         import scipy.ndimage, skimage
         print(np.__name__, Image.__name__, plt.__name__, io.__name__, base64.__name__,
               math.__name__, matplotlib.get_backend())
-        """))
+        """)
+    )
     assert result.error is None
-    assert result.stdout == ("numpy PIL.Image matplotlib.pyplot io base64 math "
-                             "module://pyvision_sandbox_backend\n")
+    assert result.stdout == ("numpy PIL.Image matplotlib.pyplot io base64 math module://pyvision_sandbox_backend\n")
 
 
 def test_error_reports_traceback_tail_and_keeps_state(sandbox):
@@ -94,7 +94,8 @@ def test_stdout_is_truncated_with_a_marker(sandbox):
 
 
 def test_figures_and_display_become_images(sandbox):
-    result = sandbox.run(textwrap.dedent("""\
+    result = sandbox.run(
+        textwrap.dedent("""\
         plt.figure(figsize=(4, 3), dpi=50)
         plt.imshow(np.zeros((10, 10)))
         plt.show()
@@ -103,7 +104,8 @@ def test_figures_and_display_become_images(sandbox):
         Image.new('L', (9, 9)).show()
         display('text')
         print(len(plt.get_fignums()))
-        """))
+        """)
+    )
     assert result.error is None
     assert [image.size for image in result.images] == [(200, 150), (30, 20), (7, 5), (9, 9)]
     assert result.images[1].getpixel((0, 0)) == (255, 0, 0)
@@ -118,7 +120,8 @@ def test_matplotlib_imported_by_the_code_under_another_name_still_shows_figures(
     with sandbox_of_kind(CONFIG, kind) as box:
         before = box.run("import sys\nprint('matplotlib' in sys.modules)")
         assert before.stdout == ("True\n" if kind == "forked" else "False\n")
-        result = box.run(textwrap.dedent("""\
+        result = box.run(
+            textwrap.dedent("""\
             import matplotlib.pyplot as pp
             from matplotlib.figure import Figure
             pp.figure(figsize=(2, 1), dpi=50)
@@ -128,21 +131,24 @@ def test_matplotlib_imported_by_the_code_under_another_name_still_shows_figures(
             figure.add_subplot().plot([1, 0])
             display(figure)
             print(pp.get_backend(), plt is not pp, plt.gcf is pp.gcf)
-            """))
+            """)
+        )
     assert result.error is None, result.error
     assert [image.size for image in result.images] == [(100, 50), (40, 40)]
     assert result.stdout == "module://pyvision_sandbox_backend True True\n"
 
 
 def test_image_guards_refuse_and_report(sandbox):
-    result = sandbox.run(textwrap.dedent("""\
+    result = sandbox.run(
+        textwrap.dedent("""\
         plt.figure(figsize=(20, 0.1), dpi=100)
         plt.show()
         display(Image.new('RGB', (3000, 2000)))
         display(Image.new('RGB', (199, 1)))
         for _ in range(6):
             display(Image.new('RGB', (8, 8)))
-        """))
+        """)
+    )
     assert [image.size for image in result.images] == [(199, 1)] + [(8, 8)] * 3
     assert "2000x10 has an aspect ratio of at least 200" in result.error
     assert "3000x2000 pixels exceeds the limit of 4000000 pixels" in result.error
@@ -151,16 +157,17 @@ def test_image_guards_refuse_and_report(sandbox):
 
 @pytest.mark.parametrize("kind", RUNTIME_KINDS)
 def test_preload_image_from_pil_and_path_and_restore_after_restart(tmp_path, kind):
-    big = Image.fromarray(np.arange(3000 * 2000 * 3, dtype=np.uint32).astype(np.uint8)
-                          .reshape(2000, 3000, 3))
+    big = Image.fromarray(np.arange(3000 * 2000 * 3, dtype=np.uint32).astype(np.uint8).reshape(2000, 3000, 3))
     path = tmp_path / "clue.jpg"
     Image.new("L", (64, 32), 200).save(path)
     config = dataclasses.replace(CONFIG, timeout_s=2.0)
     with sandbox_of_kind(config, kind) as box:
         box.preload_image("image_clue_0", big)
         box.preload_image("image_clue_1", path)
-        check = ("print(image_clue_0.size, image_clue_0.mode, image_clue_1.size, "
-                 "image_clue_1.mode, np.asarray(image_clue_0)[1, 2].tolist())")
+        check = (
+            "print(image_clue_0.size, image_clue_0.mode, image_clue_1.size, "
+            "image_clue_1.mode, np.asarray(image_clue_0)[1, 2].tolist())"
+        )
         expected = f"(3000, 2000) RGB (64, 32) RGB {np.asarray(big)[1, 2].tolist()}\n"
         assert box.run(check).stdout == expected
         assert box.run("while True: pass").timed_out
@@ -179,17 +186,18 @@ def test_preload_video_gives_a_decord_reader(sandbox, tmp_path):
     import imageio_ffmpeg
 
     path = tmp_path / "clip.mp4"
-    writer = imageio_ffmpeg.write_frames(str(path), (64, 48), fps=5, macro_block_size=16,
-                                         ffmpeg_log_level="error")
+    writer = imageio_ffmpeg.write_frames(str(path), (64, 48), fps=5, macro_block_size=16, ffmpeg_log_level="error")
     writer.send(None)
     for index in range(10):
         writer.send(np.full((48, 64, 3), index * 20, dtype=np.uint8).tobytes())
     writer.close()
     path.chmod(0o600)  # unreadable for the sandbox uid: the sandbox gets a copy
     sandbox.preload_video("video_clue_0", path)
-    result = sandbox.run("frame = video_clue_0[3].asnumpy()\n"
-                         "print(len(video_clue_0), frame.shape, round(video_clue_0.get_avg_fps()),"
-                         " VideoReader.__name__, type(cpu(0)).__name__)")
+    result = sandbox.run(
+        "frame = video_clue_0[3].asnumpy()\n"
+        "print(len(video_clue_0), frame.shape, round(video_clue_0.get_avg_fps()),"
+        " VideoReader.__name__, type(cpu(0)).__name__)"
+    )
     assert result.error is None
     assert result.stdout == "10 (48, 64, 3) 5 VideoReader DECORDContext\n"
 
@@ -197,9 +205,11 @@ def test_preload_video_gives_a_decord_reader(sandbox, tmp_path):
 def test_sandboxes_do_not_see_each_other_and_close_kills_everything(sandbox):
     other = Sandbox(CONFIG)
     sandbox.run("open('/tmp/secret', 'w').write('mine')\nshared_name = 1")
-    seen = other.run("import os\nprint(os.path.exists('/tmp/secret'), "
-                     "'shared_name' in globals(), sorted(int(p) for p in os.listdir('/proc') "
-                     "if p.isdigit()))")
+    seen = other.run(
+        "import os\nprint(os.path.exists('/tmp/secret'), "
+        "'shared_name' in globals(), sorted(int(p) for p in os.listdir('/proc') "
+        "if p.isdigit()))"
+    )
     assert seen.stdout == "False False [1, 2]\n"
     trace = footprint(other)
     other.close()
@@ -239,12 +249,24 @@ def test_without_bubblewrap_refuses_unless_allowed_then_warns_once():
     with pytest.raises(SandboxUnavailableError, match="allow_unisolated"):
         Sandbox(missing)
     # Once per process: in a fresh one, the first unisolated sandbox warns, the second not.
-    fresh = subprocess.run([sys.executable, "-c", UNISOLATED_SCRIPT], cwd=REPO_ROOT,
-                           capture_output=True, text=True, timeout=300, check=True)
+    fresh = subprocess.run(
+        [sys.executable, "-c", UNISOLATED_SCRIPT],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     assert json.loads(fresh.stdout.splitlines()[-1]) == {
-        "warnings": [["RuntimeWarning: bubblewrap is not installed: sandboxes run "
-                      "model-written code WITHOUT isolation (allow_unisolated=True)"], []],
-        "outputs": ["0\n", "1\n"]}
+        "warnings": [
+            [
+                "RuntimeWarning: bubblewrap is not installed: sandboxes run "
+                "model-written code WITHOUT isolation (allow_unisolated=True)"
+            ],
+            [],
+        ],
+        "outputs": ["0\n", "1\n"],
+    }
     allowed = dataclasses.replace(missing, allow_unisolated=True, timeout_s=2.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # this process may have warned before
@@ -373,8 +395,7 @@ time.sleep(300)
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_owner_termination_leaves_no_process(signum):
-    owner = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT], stdout=subprocess.PIPE,
-                             cwd=REPO_ROOT, text=True)
+    owner = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT], stdout=subprocess.PIPE, cwd=REPO_ROOT, text=True)
     try:
         report = json.loads(owner.stdout.readline())
         trace = process_footprint(report["pids"])

@@ -22,9 +22,15 @@ from tests.agent.sandbox_probes import (
     sandbox_of_kind,
 )
 
-KILL_CONFIG = SandboxConfig(timeout_s=2.0, max_stdout_bytes=1000, memory_bytes=1 << 30,
-                            max_processes=32, max_file_bytes=16 << 20, tmpfs_bytes=64 << 20,
-                            max_images_per_call=8)
+KILL_CONFIG = SandboxConfig(
+    timeout_s=2.0,
+    max_stdout_bytes=1000,
+    memory_bytes=1 << 30,
+    max_processes=32,
+    max_file_bytes=16 << 20,
+    tmpfs_bytes=64 << 20,
+    max_images_per_call=8,
+)
 # Cases the runtime survives get a generous timeout: on a loaded machine they must not be
 # stopped by it, since what they check is the answer of the runtime itself.
 SURVIVE_CONFIG = dataclasses.replace(KILL_CONFIG, timeout_s=30.0)
@@ -85,9 +91,13 @@ def test_reading_secrets_and_files_outside_the_temp_dir(survivor, tmp_path):
         """)
     result = run_contained(survivor, code, killed=False)
     lines = result.stdout.splitlines()
-    assert lines[:5] == ["/etc/shadow FileNotFoundError", "/etc/passwd FileNotFoundError",
-                         f"{host_file} FileNotFoundError", "/root/.bashrc FileNotFoundError",
-                         "/work/main/README.md FileNotFoundError"]
+    assert lines[:5] == [
+        "/etc/shadow FileNotFoundError",
+        "/etc/passwd FileNotFoundError",
+        f"{host_file} FileNotFoundError",
+        "/root/.bashrc FileNotFoundError",
+        "/work/main/README.md FileNotFoundError",
+    ]
     assert not {"home", "var", "srv", "boot", "mnt"} & set(lines[5].strip("[]").split(", "))
     assert "top secret" not in result.stdout
 
@@ -99,14 +109,14 @@ def test_writing_and_deleting_outside_the_temp_dir(survivor, tmp_path):
     code = textwrap.dedent(f"""\
         import os, shutil
         for path in ['/escape.txt', '/usr/escape.txt', '/dev/escape.txt', '/etc/escape.txt',
-                     {str(python_dir / 'escape.txt')!r}, {str(tmp_path / 'escape.txt')!r},
+                     {str(python_dir / "escape.txt")!r}, {str(tmp_path / "escape.txt")!r},
                      '/media/escape.txt']:
             try:
                 open(path, 'w').write('x')
                 print(path, 'written')
             except OSError as exc:
                 print(path, type(exc).__name__)
-        for path in [{str(victim)!r}, {str(python_dir / 'os.py')!r}]:
+        for path in [{str(victim)!r}, {str(python_dir / "os.py")!r}]:
             try:
                 os.remove(path)
                 print(path, 'removed')
@@ -121,8 +131,7 @@ def test_writing_and_deleting_outside_the_temp_dir(survivor, tmp_path):
         """)
     result = run_contained(survivor, code, killed=False)
     assert "written" not in result.stdout and "removed" not in result.stdout
-    assert result.stdout.endswith("rmtree PermissionError\nfine\n") or \
-        result.stdout.endswith("rmtree OSError\nfine\n")
+    assert result.stdout.endswith("rmtree PermissionError\nfine\n") or result.stdout.endswith("rmtree OSError\nfine\n")
     assert victim.read_text() == "keep me"
     assert not (tmp_path / "escape.txt").exists() and not (python_dir / "escape.txt").exists()
     assert (python_dir / "os.py").exists() and not Path("/escape.txt").exists()
@@ -174,7 +183,8 @@ def test_no_user_namespaces_and_no_capabilities(survivor):
 
 def test_process_count_is_limited(kind):
     with sandbox_of_kind(KILL_CONFIG, kind) as box:
-        result = box.run(textwrap.dedent("""\
+        result = box.run(
+            textwrap.dedent("""\
             import os, time
             children = 0
             while children < 1000:
@@ -188,7 +198,8 @@ def test_process_count_is_limited(kind):
                     os._exit(0)
                 children += 1
             print('children', children)
-            """))
+            """)
+        )
         trace = footprint(box)
     assert_gone(trace)
     refused, count = result.stdout.splitlines()
@@ -197,8 +208,9 @@ def test_process_count_is_limited(kind):
 
 
 def test_fork_bomb(victim):
-    result = run_contained(victim, "import os\nwhile True:\n    try:\n        os.fork()\n"
-                                 "    except OSError:\n        pass\n", killed=True)
+    result = run_contained(
+        victim, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", killed=True
+    )
     assert result.timed_out and "did not finish within 2 s" in result.error
 
 
@@ -216,8 +228,9 @@ def test_memory_bomb(survivor):
         """)
     result = run_contained(survivor, code, killed=False)
     assert not result.timed_out and result.stdout == "one huge array refused\n"
-    assert result.error.endswith("MemoryError: Unable to allocate 64.0 MiB for an array with "
-                                 "shape (67108864,) and data type uint8")
+    assert result.error.endswith(
+        "MemoryError: Unable to allocate 64.0 MiB for an array with shape (67108864,) and data type uint8"
+    )
 
 
 def test_infinite_loop(victim):
@@ -241,8 +254,7 @@ def test_busy_cpu_threads(victim):
 
 
 def test_sleeping_past_the_timeout_then_printing(victim):
-    result = run_contained(victim, "import time\nprint('before')\ntime.sleep(4)\nprint('LATE')",
-                           killed=True)
+    result = run_contained(victim, "import time\nprint('before')\ntime.sleep(4)\nprint('LATE')", killed=True)
     assert result.timed_out and "LATE" not in result.stdout
 
 
@@ -263,22 +275,26 @@ def test_threads_still_running_after_the_timeout_never_reach_a_later_call(victim
 
 
 def test_100_mb_of_stdout(survivor):
-    result = run_contained(survivor, "print('x' * 100_000_000)\nimport os\n"
-                                 "os.write(1, b'y' * 100_000_000)", killed=False)
-    assert result.stdout == "x" * 1000 + \
-        "\n[... output truncated: 199999001 more bytes not shown ...]"
+    result = run_contained(
+        survivor, "print('x' * 100_000_000)\nimport os\nos.write(1, b'y' * 100_000_000)", killed=False
+    )
+    assert result.stdout == "x" * 1000 + "\n[... output truncated: 199999001 more bytes not shown ...]"
 
 
 def test_huge_figure_is_refused(survivor):
-    result = run_contained(survivor, "plt.figure(figsize=(200, 200), dpi=100)\n"
-                                 "plt.plot([0, 1])\nplt.show()", killed=False)
+    result = run_contained(
+        survivor, "plt.figure(figsize=(200, 200), dpi=100)\nplt.plot([0, 1])\nplt.show()", killed=False
+    )
     assert result.images == [] and not result.timed_out
     assert "20000x20000 pixels exceeds the limit" in result.error
 
 
 def test_a_thousand_tiny_figures(survivor):
-    result = run_contained(survivor, "for _ in range(1000):\n    plt.figure(figsize=(0.5, 0.5))\n"
-                                     "    plt.show()\nprint(len(plt.get_fignums()))", killed=False)
+    result = run_contained(
+        survivor,
+        "for _ in range(1000):\n    plt.figure(figsize=(0.5, 0.5))\n    plt.show()\nprint(len(plt.get_fignums()))",
+        killed=False,
+    )
     assert [image.size for image in result.images] == [(50, 50)] * 8
     assert result.error == "992 image(s) refused: at most 8 images are returned per call"
     assert result.stdout == "0\n"
@@ -342,21 +358,28 @@ def test_sabotaging_builtins_and_modules_stays_in_that_call(survivor, victim):
         """)
     damaged = run_contained(survivor, sabotage, killed=False)
     assert damaged.error is None and damaged.stdout == "broken here -1"
-    healed = survivor.run("import numpy, os\nprint(len([1, 2]), helper_added, numpy is np, "
-                          "os.getpid())")
-    assert healed == RunResult(stdout="2 kept True 2\n", images=[], error=None,
-                               timed_out=False, wall_time_s=healed.wall_time_s, state_lost=False)
+    healed = survivor.run("import numpy, os\nprint(len([1, 2]), helper_added, numpy is np, os.getpid())")
+    assert healed == RunResult(
+        stdout="2 kept True 2\n",
+        images=[],
+        error=None,
+        timed_out=False,
+        wall_time_s=healed.wall_time_s,
+        state_lost=False,
+    )
     survivor.run("import sys\nsys.modules.clear()")
     assert survivor.run("import math\nprint(math.pi > 3)").stdout == "True\n"
-    assert victim.run("print(len([1, 2]), 'helper_added' in dir(__builtins__))").stdout \
-        .endswith("2 False\n")
+    assert victim.run("print(len([1, 2]), 'helper_added' in dir(__builtins__))").stdout.endswith("2 False\n")
 
 
-@pytest.mark.parametrize("attack", [
-    "import os\nos.write(1022, b'garbage that is not a frame')",
-    "import os, struct\nos.write(1022, b'PVSB' + struct.pack('<IQ', 2, 0) + b'{}')",
-    "import os\nos.closerange(3, 1024)",
-])
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "import os\nos.write(1022, b'garbage that is not a frame')",
+        "import os, struct\nos.write(1022, b'PVSB' + struct.pack('<IQ', 2, 0) + b'{}')",
+        "import os\nos.closerange(3, 1024)",
+    ],
+)
 def test_breaking_the_reply_channel_ends_only_that_runtime(victim, attack):
     result = run_contained(victim, attack, killed=True)
     assert result.error.startswith("SandboxCrash: ") and not result.timed_out

@@ -25,8 +25,14 @@ from pyvision_jax.agent.sandbox.host_dirs import HOST_DIR_PREFIX
 from tests.agent.sandbox_probes import assert_gone, descendants, footprint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CONFIG = SandboxConfig(timeout_s=20.0, memory_bytes=2 << 30, max_processes=48,
-                       max_file_bytes=32 << 20, cpu_seconds=300, max_open_files=2048)
+CONFIG = SandboxConfig(
+    timeout_s=20.0,
+    memory_bytes=2 << 30,
+    max_processes=48,
+    max_file_bytes=32 << 20,
+    cpu_seconds=300,
+    max_open_files=2048,
+)
 
 
 @pytest.fixture
@@ -62,7 +68,8 @@ def test_episodes_cannot_see_signal_or_read_each_other_or_the_template(pool):
     first, second = pool.acquire(timeout_s=120), pool.acquire(timeout_s=120)
     assert first.forked and second.forked
     first.preload_image("image_clue_0", Image.new("RGB", (8, 8), (1, 2, 3)))
-    setup = first.run(textwrap.dedent("""\
+    setup = first.run(
+        textwrap.dedent("""\
         import ctypes, os, socket, subprocess
         open('/tmp/secret', 'w').write('first')
         open('/dev/shm/secret', 'w').write('first')
@@ -73,12 +80,14 @@ def test_episodes_cannot_see_signal_or_read_each_other_or_the_template(pool):
         sleeper = subprocess.Popen(['sleep', '300'])
         libc = ctypes.CDLL(None, use_errno=True)
         print(libc.shmget(0x5EED, 4096, 0o1600) >= 0, sorted(os.listdir('/media')))
-        """))
+        """)
+    )
     assert setup.error is None and setup.stdout == "True ['image_clue_0.png']\n"
     template = psutil.Process(pool.template_pid)
     everything = {template.pid, os.getpid()} | {p.pid for p in template.children(recursive=True)}
     others = sorted({number for pid in everything for number in nspids(pid)} - {1, 2})
-    probe = second.run(textwrap.dedent(f"""\
+    probe = second.run(
+        textwrap.dedent(f"""\
         import ctypes, os, socket
         print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))
         reachable = []
@@ -99,17 +108,25 @@ def test_episodes_cannot_see_signal_or_read_each_other_or_the_template(pool):
             print(type(exc).__name__)
         libc = ctypes.CDLL(None, use_errno=True)
         print(libc.shmget(0x5EED, 4096, 0o600), ctypes.get_errno())
-        """))
+        """)
+    )
     assert probe.error is None, probe.error
     assert probe.stdout.splitlines() == [
-        "[1, 2]", "[]", "[]", "['.matplotlib'] [] [] ['ptmx'] [] []",
-        "ConnectionRefusedError", "-1 2"]
+        "[1, 2]",
+        "[]",
+        "[]",
+        "['.matplotlib'] [] [] ['ptmx'] [] []",
+        "ConnectionRefusedError",
+        "-1 2",
+    ]
     # A signal to every process it may reach (all but itself and its init) reaches its own
     # child alone.
     own = template_processes(pool)
     assert len(own) == 3  # bubblewrap, its first process in the namespace, the template
-    killed = second.run("import os, signal, subprocess\nchild = subprocess.Popen(['sleep', '300'])\n"
-                        "os.kill(-1, signal.SIGKILL)\nprint(child.wait())")
+    killed = second.run(
+        "import os, signal, subprocess\nchild = subprocess.Popen(['sleep', '300'])\n"
+        "os.kill(-1, signal.SIGKILL)\nprint(child.wait())"
+    )
     assert killed.error is None and killed.stdout == "-9\n"
     assert first.run("print(open('/tmp/secret').read(), sleeper.poll())").stdout == "first None\n"
     assert all(process.is_running() for process in own)
@@ -121,7 +138,8 @@ def test_episodes_cannot_see_signal_or_read_each_other_or_the_template(pool):
 
 def test_each_fork_has_its_limits_filter_and_no_capability_before_any_code(pool):
     box = pool.acquire(timeout_s=120)
-    result = box.run(textwrap.dedent("""\
+    result = box.run(
+        textwrap.dedent("""\
         import os, resource
         def status(pid):
             fields = dict(line.split(':', 1) for line in open(f'/proc/{pid}/status'))
@@ -138,21 +156,30 @@ def test_each_fork_has_its_limits_filter_and_no_capability_before_any_code(pool)
             except OSError:
                 pass  # the directory listing's own
         print(sorted(fds), fds[0], len({fds[fd] for fd in (1, 2, 1019, 1020)}))
-        """))
+        """)
+    )
     isolated = str(["2", "1"] + ["0000000000000000"] * 5)
-    limits = [CONFIG.memory_bytes, CONFIG.max_processes, CONFIG.max_file_bytes,
-              CONFIG.cpu_seconds, CONFIG.max_open_files]
+    limits = [
+        CONFIG.memory_bytes,
+        CONFIG.max_processes,
+        CONFIG.max_file_bytes,
+        CONFIG.cpu_seconds,
+        CONFIG.max_open_files,
+    ]
     assert result.error is None, result.error
     # Nothing of the template's reaches it: stdin, the output capture, and its channel.
-    assert result.stdout.splitlines() == [isolated, isolated, str(limits),
-                                          "[0, 1, 2, 1019, 1020, 1021, 1022] /dev/null 1"]
+    assert result.stdout.splitlines() == [
+        isolated,
+        isolated,
+        str(limits),
+        "[0, 1, 2, 1019, 1020, 1021, 1022] /dev/null 1",
+    ]
     pool.release(box)
 
 
 def test_forks_draw_their_own_random_numbers(pool):
     boxes = [pool.acquire(timeout_s=120) for _ in range(2)]
-    draws = [box.run("import random\nprint(np.random.rand(), random.random())").stdout
-             for box in boxes]
+    draws = [box.run("import random\nprint(np.random.rand(), random.random())").stdout for box in boxes]
     assert draws[0] != draws[1]
     for box in boxes:
         pool.release(box)
@@ -218,11 +245,16 @@ print(json.dumps({"warnings": caught, "outputs": outputs}))
 
 def test_without_nested_namespaces_a_pool_warns_once_and_starts_fresh_bubblewraps(tmp_path):
     wrapper = tmp_path / "bwrap"
-    wrapper.write_text(NO_NESTED_NAMESPACES_BWRAP.format(python=sys.executable,
-                                                         bwrap=shutil.which("bwrap")))
+    wrapper.write_text(NO_NESTED_NAMESPACES_BWRAP.format(python=sys.executable, bwrap=shutil.which("bwrap")))
     wrapper.chmod(0o755)
-    fresh = subprocess.run([sys.executable, "-c", FALLBACK_SCRIPT, str(wrapper)], cwd=REPO_ROOT,
-                           capture_output=True, text=True, timeout=600, check=True)
+    fresh = subprocess.run(
+        [sys.executable, "-c", FALLBACK_SCRIPT, str(wrapper)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
     report = json.loads(fresh.stdout.splitlines()[-1])
     assert report["outputs"] == [[False, "[1, 2]\n"]] * 2
     assert len(report["warnings"]) == 1

@@ -98,8 +98,7 @@ def own_cgroups(found: MemoryHierarchy) -> list[str]:
     """The sandbox cgroups this process has now."""
     if not found.parent.is_dir():
         return []
-    return sorted(path.name for path in found.parent.iterdir()
-                  if path.name.startswith(f"sandbox-{os.getpid()}-"))
+    return sorted(path.name for path in found.parent.iterdir() if path.name.startswith(f"sandbox-{os.getpid()}-"))
 
 
 def runtime_cgroup(found: MemoryHierarchy, box: Sandbox) -> Path:
@@ -157,8 +156,9 @@ def test_each_runtime_has_a_cgroup_of_its_own_that_goes_with_it(kind):
         second = runtime_cgroup(found, box)
         assert second != first
         # A child that outlives its call is in the sandbox's cgroup, and dies with it.
-        started = box.run("import subprocess\nchild = subprocess.Popen(['sleep', '300'], "
-                          "start_new_session=True)\nprint('started')")
+        started = box.run(
+            "import subprocess\nchild = subprocess.Popen(['sleep', '300'], start_new_session=True)\nprint('started')"
+        )
         assert started.stdout.endswith("started\n")
         assert "sleep" in [process.name() for process in footprint(box).processes]
         assert runtime_cgroup(found, box) == second
@@ -181,8 +181,7 @@ time.sleep(300)
 
 def test_the_cgroups_of_an_owner_killed_outright_are_swept_by_the_next_pool():
     found = hierarchy()
-    owner = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT], stdout=subprocess.PIPE,
-                             cwd=REPO_ROOT, text=True)
+    owner = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT], stdout=subprocess.PIPE, cwd=REPO_ROOT, text=True)
     try:
         left = Path(json.loads(owner.stdout.readline()))
         owner.kill()
@@ -193,16 +192,14 @@ def test_the_cgroups_of_an_owner_killed_outright_are_swept_by_the_next_pool():
             time.sleep(0.05)
         with SandboxPool(CONFIG, size=1):
             assert not left.exists()
-            assert not [path for path in found.parent.iterdir()
-                        if path.name.startswith(f"sandbox-{owner.pid}-")]
+            assert not [path for path in found.parent.iterdir() if path.name.startswith(f"sandbox-{owner.pid}-")]
     finally:
         owner.kill()
         owner.wait()
 
 
 def test_without_memory_cgroups_a_pool_warns_once_that_its_limit_is_per_process(monkeypatch):
-    monkeypatch.setattr(cgroups, "find_memory_hierarchy",
-                        lambda: (None, "v1: Read-only file system"))
+    monkeypatch.setattr(cgroups, "find_memory_hierarchy", lambda: (None, "v1: Read-only file system"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         pool = SandboxPool(dataclasses.replace(CONFIG, fork_runtimes=False), size=1)
@@ -211,9 +208,11 @@ def test_without_memory_cgroups_a_pool_warns_once_that_its_limit_is_per_process(
         assert box.run("print(1)").stdout == "1\n"
         assert hierarchy().cgroup_of(box.pid) == hierarchy().cgroup_of(os.getpid())
     messages = [str(w.message) for w in caught if "sandbox memory" in str(w.message)]
-    assert messages == [f"sandbox memory is limited per process only ({LIMIT_MIB} MiB of "
-                        f"address space each; no memory cgroup: v1: Read-only file system): "
-                        f"the processes of one sandbox can together use more"]
+    assert messages == [
+        f"sandbox memory is limited per process only ({LIMIT_MIB} MiB of "
+        f"address space each; no memory cgroup: v1: Read-only file system): "
+        f"the processes of one sandbox can together use more"
+    ]
 
 
 HYBRID_CGROUP = "4:memory:/jobs/trainer\n1:cpu:/jobs/trainer\n0::/\n"
@@ -221,16 +220,19 @@ HYBRID_MOUNTS = (
     "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
     "35 31 0:32 /jobs /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
     "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n"
-    "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n")
+    "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+)
 
 
 def test_hierarchies_are_found_from_proc_v2_first_and_inside_a_mount_root():
     assert candidate_hierarchies(HYBRID_CGROUP, HYBRID_MOUNTS) == [
         (2, Path("/sys/fs/cgroup/unified"), "/", Path("/sys/fs/cgroup/unified")),
-        (1, Path("/sys/fs/cgroup/memory"), "/jobs", Path("/sys/fs/cgroup/memory/trainer"))]
+        (1, Path("/sys/fs/cgroup/memory"), "/jobs", Path("/sys/fs/cgroup/memory/trainer")),
+    ]
     unified = "0::/user.slice/run.scope\n"
     mounts = "29 23 0:26 / /mnt/cgroup\\040two rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
     assert candidate_hierarchies(unified, mounts) == [
-        (2, Path("/mnt/cgroup two"), "/", Path("/mnt/cgroup two/user.slice/run.scope"))]
+        (2, Path("/mnt/cgroup two"), "/", Path("/mnt/cgroup two/user.slice/run.scope"))
+    ]
     # A process outside the mounted part of the hierarchy has no cgroup there.
     assert candidate_hierarchies(unified, mounts.replace(" / ", " /mine ")) == []

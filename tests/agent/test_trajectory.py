@@ -14,10 +14,8 @@ from tests.agent.turns import answer_turn, code_turn
 
 @pytest.fixture
 def group(tokenizer, image_task):
-    engine = ScriptedEngine(tokenizer, {"img": [code_turn("images 2 64x48"), answer_turn("B")]},
-                            version=7)
-    (group,) = EpisodeRunner(engine, tokenizer, FakePool(), EpisodeConfig()).run(
-        [image_task], group_size=2)
+    engine = ScriptedEngine(tokenizer, {"img": [code_turn("images 2 64x48"), answer_turn("B")]}, version=7)
+    (group,) = EpisodeRunner(engine, tokenizer, FakePool(), EpisodeConfig()).run([image_task], group_size=2)
     return group
 
 
@@ -25,9 +23,20 @@ def assert_same(a: Trajectory, b: Trajectory):
     for name in ("token_ids", "loss_mask", "logprobs"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
         assert getattr(a, name).dtype == getattr(b, name).dtype
-    for name in ("task_id", "rollout_index", "prompt_length", "images", "turns",
-                 "num_tool_calls", "num_successful_tool_calls", "end_reason", "broken",
-                 "final_answer", "policy_version", "timings"):
+    for name in (
+        "task_id",
+        "rollout_index",
+        "prompt_length",
+        "images",
+        "turns",
+        "num_tool_calls",
+        "num_successful_tool_calls",
+        "end_reason",
+        "broken",
+        "final_answer",
+        "policy_version",
+        "timings",
+    ):
         assert getattr(a, name) == getattr(b, name), name
 
 
@@ -59,8 +68,7 @@ def test_group_round_trips_and_checks_its_task(group):
         assert_same(a, b)
     assert '"rollout_index": 1' in group.to_json()
     with pytest.raises(ValueError, match="holds a trajectory of task img"):
-        TrajectoryGroup(group.task.__class__(**{**group.task.__dict__, "id": "other"}),
-                        group.trajectories)
+        TrajectoryGroup(group.task.__class__(**{**group.task.__dict__, "id": "other"}), group.trajectories)
 
 
 def test_misaligned_arrays_and_foreign_bytes_are_rejected(group):

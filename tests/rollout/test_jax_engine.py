@@ -42,17 +42,30 @@ def model():
 @pytest.fixture(scope="module")
 def engine(model, tokenizer):
     config, params = model
-    return JaxEngine(config, params, tokenizer, max_batch=4, length_buckets=(512,),
-                     decode_chunk=CHUNK, prefill_batch_sizes=(4,), min_cache_length=512,
-                     eos_token_ids=(), version=3)
+    return JaxEngine(
+        config,
+        params,
+        tokenizer,
+        max_batch=4,
+        length_buckets=(512,),
+        decode_chunk=CHUNK,
+        prefill_batch_sizes=(4,),
+        min_cache_length=512,
+        eos_token_ids=(),
+        version=3,
+    )
 
 
 def image_request(config, tokenizer, request_id="img", seed=0):
     rng = np.random.default_rng(seed)
     image = Image.fromarray(rng.integers(0, 255, (56, 56, 3), dtype=np.uint8))
-    ids = (text_ids(tokenizer, "Look at this picture:") + (config.vision_start_token_id,)
-           + (config.image_token_id,) * 4 + (config.vision_end_token_id,)
-           + text_ids(tokenizer, " What is in it?"))
+    ids = (
+        text_ids(tokenizer, "Look at this picture:")
+        + (config.vision_start_token_id,)
+        + (config.image_token_id,) * 4
+        + (config.vision_end_token_id,)
+        + text_ids(tokenizer, " What is in it?")
+    )
     return GenerationRequest(request_id, ids, images=(image,), image_grid_thw=[(1, 4, 4)])
 
 
@@ -61,13 +74,14 @@ def reference_logits(config, params, token_ids, images=(), grids=None):
     length = REFERENCE_LENGTH
     ids = np.full((1, length), config.pad_token_id, np.int32)
     mask = np.zeros((1, length), bool)
-    ids[0, :len(token_ids)], mask[0, :len(token_ids)] = token_ids, True
+    ids[0, : len(token_ids)], mask[0, : len(token_ids)] = token_ids, True
     inputs = {"input_ids": ids, "attention_mask": mask}
     if images:
         inputs["pixel_values"], inputs["image_grid_thw"] = preprocess_images(
-            list(images), min_pixels=56 * 56, max_pixels=56 * 56)
+            list(images), min_pixels=56 * 56, max_pixels=56 * 56
+        )
         np.testing.assert_array_equal(inputs["image_grid_thw"], grids)
-    return np.asarray(logits(config, params, inputs))[0, :len(token_ids)]
+    return np.asarray(logits(config, params, inputs))[0, : len(token_ids)]
 
 
 def generated_logits(config, params, request, result):
@@ -75,7 +89,7 @@ def generated_logits(config, params, request, result):
     full = request.prompt_token_ids + result.token_ids
     out = reference_logits(config, params, full, request.images, request.image_grid_thw)
     start = len(request.prompt_token_ids) - 1
-    return out[start:start + len(result.token_ids)]
+    return out[start : start + len(result.token_ids)]
 
 
 def assert_greedy(config, params, request, result):
@@ -90,8 +104,10 @@ def test_engine_implements_the_protocol(engine):
 
 def test_greedy_text_equals_argmax_of_full_forward(model, tokenizer, engine):
     config, params = model
-    requests = [GenerationRequest("a", text_ids(tokenizer, "print the answer to the question")),
-                GenerationRequest("b", text_ids(tokenizer, "x = 1"))]
+    requests = [
+        GenerationRequest("a", text_ids(tokenizer, "print the answer to the question")),
+        GenerationRequest("b", text_ids(tokenizer, "x = 1")),
+    ]
     results = engine.generate(requests, GREEDY)
     for request, result in zip(requests, results):
         assert len(result.token_ids) == 12 and result.finish_reason == "length"
@@ -107,14 +123,14 @@ def test_greedy_image_prompt_equals_argmax_of_full_forward(model, tokenizer, eng
     # the image matters: another image gives another continuation's logits
     other = image_request(config, tokenizer, seed=1)
     [other_result] = engine.generate([other], GREEDY)
-    assert not np.allclose(generated_logits(config, params, request, result)[0],
-                           generated_logits(config, params, other, other_result)[0])
+    assert not np.allclose(
+        generated_logits(config, params, request, result)[0], generated_logits(config, params, other, other_result)[0]
+    )
 
 
 def test_logprobs_are_log_softmax_of_full_forward_at_temperature_one(model, tokenizer, engine):
     config, params = model
-    requests = [GenerationRequest("t", text_ids(tokenizer, "def crop(image):")),
-                image_request(config, tokenizer)]
+    requests = [GenerationRequest("t", text_ids(tokenizer, "def crop(image):")), image_request(config, tokenizer)]
     results = engine.generate(requests, SamplingParams(temperature=1.0, max_new_tokens=10, seed=5))
     for request, result in zip(requests, results):
         log_probs = jax.nn.log_softmax(generated_logits(config, params, request, result), -1)
@@ -124,10 +140,13 @@ def test_logprobs_are_log_softmax_of_full_forward_at_temperature_one(model, toke
 
 def test_batch_of_different_lengths_equals_each_prompt_alone(model, tokenizer, engine):
     config, _ = model
-    requests = [GenerationRequest("short", text_ids(tokenizer, "hi")),
-                image_request(config, tokenizer, "image"),
-                GenerationRequest("long", text_ids(
-                    tokenizer, "a much longer prompt with many more words in it than the others"))]
+    requests = [
+        GenerationRequest("short", text_ids(tokenizer, "hi")),
+        image_request(config, tokenizer, "image"),
+        GenerationRequest(
+            "long", text_ids(tokenizer, "a much longer prompt with many more words in it than the others")
+        ),
+    ]
     together = engine.generate(requests, GREEDY)
     for request, result in zip(requests, together):
         [alone] = engine.generate([request], GREEDY)
@@ -135,14 +154,15 @@ def test_batch_of_different_lengths_equals_each_prompt_alone(model, tokenizer, e
         np.testing.assert_allclose(alone.logprobs, result.logprobs, atol=1e-4)
 
 
-def test_continuous_batching_completes_every_request_without_recompiling(model, tokenizer,
-                                                                          engine):
+def test_continuous_batching_completes_every_request_without_recompiling(model, tokenizer, engine):
     config, params = model
     engine.generate([GenerationRequest("warm", text_ids(tokenizer, "warm up"))], GREEDY)
     traces, compiled = dict(engine.trace_counts), engine.compile_counts
     words = "one two three four five six seven eight nine ten eleven twelve".split()
-    requests = [GenerationRequest(f"r{i}", text_ids(tokenizer, " ".join(words[:i + 1])),
-                                  max_new_tokens=3 + 2 * i) for i in range(9)]
+    requests = [
+        GenerationRequest(f"r{i}", text_ids(tokenizer, " ".join(words[: i + 1])), max_new_tokens=3 + 2 * i)
+        for i in range(9)
+    ]
     results = engine.generate(requests, SamplingParams(temperature=0.0, max_new_tokens=20))
     for i, (request, result) in enumerate(zip(requests, results)):
         assert len(result.token_ids) == 3 + 2 * i and result.finish_reason == "length"
@@ -155,11 +175,22 @@ def test_stragglers_decode_in_a_smaller_batch_moved_to_the_front(model, tokenize
     """Slots 0-2 end after one chunk; slot 3 goes on alone in a decode batch of 1 (its cache
     row moved to row 0), with the tokens the full batch would have given it."""
     config, params = model
-    small = JaxEngine(config, params, tokenizer, max_batch=4, length_buckets=(512,),
-                      decode_chunk=CHUNK, prefill_batch_sizes=(4,), decode_batch_sizes=(1, 4),
-                      min_cache_length=512, eos_token_ids=())
-    requests = [GenerationRequest(f"q{i}", text_ids(tokenizer, f"question {i} about it"),
-                                  max_new_tokens=limit) for i, limit in enumerate((3, 2, 4, 17))]
+    small = JaxEngine(
+        config,
+        params,
+        tokenizer,
+        max_batch=4,
+        length_buckets=(512,),
+        decode_chunk=CHUNK,
+        prefill_batch_sizes=(4,),
+        decode_batch_sizes=(1, 4),
+        min_cache_length=512,
+        eos_token_ids=(),
+    )
+    requests = [
+        GenerationRequest(f"q{i}", text_ids(tokenizer, f"question {i} about it"), max_new_tokens=limit)
+        for i, limit in enumerate((3, 2, 4, 17))
+    ]
     for attempt in range(2):  # the second call continues the held slots, wherever they moved
         results = small.generate(requests, SamplingParams(temperature=0.0, max_new_tokens=20))
         for request, result in zip(requests, results):
@@ -171,13 +202,14 @@ def test_stragglers_decode_in_a_smaller_batch_moved_to_the_front(model, tokenize
         JaxEngine(config, params, tokenizer, max_batch=4, decode_batch_sizes=(1, 2))
 
 
-def test_long_generations_compact_the_cache_and_later_joins_stay_correct(model, tokenizer,
-                                                                        engine):
+def test_long_generations_compact_the_cache_and_later_joins_stay_correct(model, tokenizer, engine):
     """More tokens than the cache's columns: rows are compacted left while others join."""
     config, params = model
     limits = (400, 160, 100, 100, 450, 120)  # the 450 joins late and ends after column 516
-    requests = [GenerationRequest(f"long{i}", text_ids(tokenizer, f"request number {i}"),
-                                  max_new_tokens=limit) for i, limit in enumerate(limits)]
+    requests = [
+        GenerationRequest(f"long{i}", text_ids(tokenizer, f"request number {i}"), max_new_tokens=limit)
+        for i, limit in enumerate(limits)
+    ]
     compactions = engine.calls["compact"]
     results = engine.generate(requests, SamplingParams(temperature=0.0, max_new_tokens=450))
     assert engine.calls["compact"] >= compactions + 2 and engine.calls["grow"] == 0
@@ -192,15 +224,13 @@ def test_stop_string_of_several_tokens_is_kept(tokenizer, engine):
     [free] = engine.generate([request], sampling)
     texts = [tokenizer.decode([t]) for t in free.token_ids]
     clean = [t < 2000 and text.strip() and text.isascii() for t, text in zip(free.token_ids, texts)]
-    start = next(i for i in range(2, 20) if all(clean[i:i + 3]))
-    stop = "".join(texts[start:start + 3])
-    end = next(k for k in range(len(free.token_ids))
-               if stop in tokenizer.decode(free.token_ids[:k + 1]))
-    [result] = engine.generate([request], dataclasses.replace(sampling,
-                                                              stop=("never appears", stop)))
+    start = next(i for i in range(2, 20) if all(clean[i : i + 3]))
+    stop = "".join(texts[start : start + 3])
+    end = next(k for k in range(len(free.token_ids)) if stop in tokenizer.decode(free.token_ids[: k + 1]))
+    [result] = engine.generate([request], dataclasses.replace(sampling, stop=("never appears", stop)))
     assert result.finish_reason == "stop" and result.stop_string == stop
-    assert result.token_ids == free.token_ids[:end + 1]
-    assert result.logprobs == pytest.approx(free.logprobs[:end + 1], abs=1e-5)
+    assert result.token_ids == free.token_ids[: end + 1]
+    assert result.logprobs == pytest.approx(free.logprobs[: end + 1], abs=1e-5)
     assert stop in tokenizer.decode(result.token_ids)
     assert stop not in tokenizer.decode(result.token_ids[-1:])  # it spans several tokens
 
@@ -210,10 +240,9 @@ def test_stop_token_ids_end_with_eos_and_limits_with_length(tokenizer, engine):
     [free] = engine.generate([request], SamplingParams(temperature=0.0, max_new_tokens=16))
     stop_id = free.token_ids[5]
     first = free.token_ids.index(stop_id)
-    [eos] = engine.generate([request], SamplingParams(temperature=0.0, max_new_tokens=16,
-                                                      stop_token_ids=(stop_id,)))
-    assert eos.finish_reason == "eos" and eos.token_ids == free.token_ids[:first + 1]
-    assert eos.logprobs == pytest.approx(free.logprobs[:first + 1], abs=1e-5)
+    [eos] = engine.generate([request], SamplingParams(temperature=0.0, max_new_tokens=16, stop_token_ids=(stop_id,)))
+    assert eos.finish_reason == "eos" and eos.token_ids == free.token_ids[: first + 1]
+    assert eos.logprobs == pytest.approx(free.logprobs[: first + 1], abs=1e-5)
     short = GenerationRequest("e", request.prompt_token_ids, max_new_tokens=2)
     [limited] = engine.generate([short], SamplingParams(temperature=0.0, max_new_tokens=16))
     assert limited.finish_reason == "length" and limited.token_ids == free.token_ids[:2]
@@ -229,8 +258,10 @@ def test_seeds_reproduce_and_filters_reach_greedy(tokenizer, engine):
     other = engine.generate(requests, SamplingParams(temperature=1.0, max_new_tokens=12, seed=12))
     assert [r.token_ids for r in other] != [r.token_ids for r in first]
     [greedy] = engine.generate(requests[:1], SamplingParams(temperature=0.0, max_new_tokens=12))
-    for filtered in (SamplingParams(top_k=1, max_new_tokens=12, seed=3),
-                     SamplingParams(top_p=1e-6, max_new_tokens=12, seed=3)):
+    for filtered in (
+        SamplingParams(top_k=1, max_new_tokens=12, seed=3),
+        SamplingParams(top_p=1e-6, max_new_tokens=12, seed=3),
+    ):
         [result] = engine.generate(requests[:1], filtered)
         assert result.token_ids == greedy.token_ids
         np.testing.assert_allclose(result.logprobs, 0.0, atol=1e-6)
@@ -289,8 +320,7 @@ def test_bad_requests_are_named(model, tokenizer, engine):
     with pytest.raises(ValueError, match="too-long"):
         engine.generate([too_long], GREEDY)
     image = image_request(config, tokenizer, "wrong-grid")
-    wrong = GenerationRequest("wrong-grid", image.prompt_token_ids, images=image.images,
-                              image_grid_thw=[(1, 4, 8)])
+    wrong = GenerationRequest("wrong-grid", image.prompt_token_ids, images=image.images, image_grid_thw=[(1, 4, 8)])
     with pytest.raises(ValueError, match="wrong-grid"):
         engine.generate([wrong], GREEDY)
 
@@ -310,23 +340,31 @@ def test_engine_drives_a_multi_turn_episode(model, tokenizer, engine, tmp_path):
     config, params = model
     path = tmp_path / "task.png"
     Image.new("RGB", (56, 56), (200, 30, 30)).save(path)
-    task = Task(id="img", question="What colour is the square?", answer="A",
-                answer_type="multiple_choice", data_source="test", image_path=str(path),
-                options=("red", "blue"))
+    task = Task(
+        id="img",
+        question="What colour is the square?",
+        answer="A",
+        answer_type="multiple_choice",
+        data_source="test",
+        image_path=str(path),
+        options=("red", "blue"),
+    )
     runner = EpisodeRunner(
-        engine, tokenizer, FakePool(),
-        EpisodeConfig(max_tool_calls=1, max_new_tokens_per_turn=6, max_total_tokens=500,
-                      on_error="feedback"),
-        SamplingParams(temperature=1.0, seed=2, stop_token_ids=tuple(range(0, 2048, 2))))
+        engine,
+        tokenizer,
+        FakePool(),
+        EpisodeConfig(max_tool_calls=1, max_new_tokens_per_turn=6, max_total_tokens=500, on_error="feedback"),
+        SamplingParams(temperature=1.0, seed=2, stop_token_ids=tuple(range(0, 2048, 2))),
+    )
     [trajectory] = runner.run_trajectories([(task, 0)])
     assert trajectory.end_reason is EndReason.EXCEED_MAX_TURNS
     assert len(trajectory.turns) == 2 and trajectory.policy_version == 3
     ids, mask = np.array(trajectory.token_ids), np.array(trajectory.loss_mask, bool)
-    assert mask.sum() >= 2 and not mask[:trajectory.prompt_length].any()
+    assert mask.sum() >= 2 and not mask[: trajectory.prompt_length].any()
     images = [Image.open(io.BytesIO(im.png)) for im in trajectory.images]
-    out = reference_logits(config, params, tuple(ids), images,
-                           np.array([im.grid_thw for im in trajectory.images]))
+    out = reference_logits(config, params, tuple(ids), images, np.array([im.grid_thw for im in trajectory.images]))
     log_probs = np.asarray(jax.nn.log_softmax(out, -1))
     positions = np.nonzero(mask)[0]
-    np.testing.assert_allclose(np.array(trajectory.logprobs)[positions],
-                               log_probs[positions - 1, ids[positions]], atol=2e-4)
+    np.testing.assert_allclose(
+        np.array(trajectory.logprobs)[positions], log_probs[positions - 1, ids[positions]], atol=2e-4
+    )

@@ -49,10 +49,11 @@ def patches(images):
 def full_prefill_logits(config, params, request):
     """Logits [T, V] of the whole prompt prefilled into a fresh cache (the engine without
     continuation), left-padded to one block length."""
-    inputs, _, length = prompt_block(config, [request.prompt_token_ids], [patches(request.images)],
-                                     [request.image_grid_thw], (2 * BLOCK,), (1,))
+    inputs, _, length = prompt_block(
+        config, [request.prompt_token_ids], [patches(request.images)], [request.image_grid_thw], (2 * BLOCK,), (1,)
+    )
     out, _, _ = prefill(config, params, inputs, length)
-    return np.asarray(out)[0, length - len(request.prompt_token_ids):]
+    return np.asarray(out)[0, length - len(request.prompt_token_ids) :]
 
 
 def test_three_turns_with_images_continue_with_the_logits_of_a_full_prefill(model, tokenizer):
@@ -64,48 +65,70 @@ def test_three_turns_with_images_continue_with_the_logits_of_a_full_prefill(mode
     prompt, grids = with_images(config, tokenizer, "Question about", images[:1], " the picture?")
     turn_images = [images[:1], images[1:2], images[2:]]
     cache = KVCache.init(config, 2, COLUMNS).replace(index=jnp.asarray(160, jnp.int32))
-    other = prompt_block(config, [text_ids(tokenizer, "another row")], [None], [np.zeros((0, 3))],
-                         (BLOCK,), (1,))[0]
+    other = prompt_block(config, [text_ids(tokenizer, "another row")], [None], [np.zeros((0, 3))], (BLOCK,), (1,))[0]
     other_inputs, _ = prepare_inputs(config, other)
     keys = jnp.zeros((1, 2), jnp.uint32)
-    cache, _, _ = prefill_rows(config, "float32", params, cache, other_inputs, jnp.array([0]),
-                               jnp.asarray(160 - BLOCK), keys, GREEDY)
+    cache, _, _ = prefill_rows(
+        config, "float32", params, cache, other_inputs, jnp.array([0]), jnp.asarray(160 - BLOCK), keys, GREEDY
+    )
     request = GenerationRequest("e", prompt, images=tuple(turn_images[0]), image_grid_thw=grids)
     inputs, _, _ = prompt_block(config, [prompt], [patches(turn_images[0])], [np.array(grids)], (BLOCK,), (1,))
     model_inputs, deltas = prepare_inputs(config, inputs)
-    cache, first, _ = prefill_rows(config, "float32", params, cache, model_inputs, jnp.array([1]),
-                                   jnp.asarray(160 - BLOCK), keys, GREEDY)
+    cache, first, _ = prefill_rows(
+        config, "float32", params, cache, model_inputs, jnp.array([1]), jnp.asarray(160 - BLOCK), keys, GREEDY
+    )
     position = int(decode_position_ids(deltas, [len(prompt)])[0, 0, 0])
     for turn in (1, 2):
         # six tokens decoded into row 1 (row 0 inactive)
         cache, drawn_tokens, _, drawn, _ = decode_steps(
-            config, "float32", 6, params, cache, jnp.array([0, int(first[0])]), jnp.array([0, position]),
-            jnp.array([False, True]), jnp.array([0, 1]), jnp.array([0, 7]), jnp.zeros((2, 2), jnp.uint32),
-            jnp.zeros(config.vocab_size, bool), GREEDY)
+            config,
+            "float32",
+            6,
+            params,
+            cache,
+            jnp.array([0, int(first[0])]),
+            jnp.array([0, position]),
+            jnp.array([False, True]),
+            jnp.array([0, 1]),
+            jnp.array([0, 7]),
+            jnp.zeros((2, 2), jnp.uint32),
+            jnp.zeros(config.vocab_size, bool),
+            GREEDY,
+        )
         assert int(drawn[1]) == 6
         generated = (int(first[0]),) + tuple(int(t) for t in drawn_tokens[1])
-        held = HeldContext("e", np.asarray(request.prompt_token_ids + generated[:-1]), request.images,
-                           request.image_grid_thw, used=turn)
+        held = HeldContext(
+            "e",
+            np.asarray(request.prompt_token_ids + generated[:-1]),
+            request.images,
+            request.image_grid_thw,
+            used=turn,
+        )
         if turn == 2:  # the slot cache compacts every row to a new write index in between
             kept = jnp.array([int(other["attention_mask"].sum()), len(held.token_ids)])
-            new_keys, new_values, valid = compact_columns(cache.keys, cache.values, cache.valid, kept,
-                                                          jnp.asarray(200), COLUMNS)
+            new_keys, new_values, valid = compact_columns(
+                cache.keys, cache.values, cache.valid, kept, jnp.asarray(200), COLUMNS
+            )
             cache = KVCache(keys=new_keys, values=new_values, valid=valid, index=jnp.asarray(200, jnp.int32))
         before_other = np.asarray(cache.keys[:, 0])
         ids, grids = with_images(config, tokenizer, " tool output:", turn_images[turn], " next step?")
-        request = GenerationRequest("e", request.prompt_token_ids + generated + ids,
-                                    images=request.images + tuple(turn_images[turn]),
-                                    image_grid_thw=np.concatenate([request.image_grid_thw, grids]))
+        request = GenerationRequest(
+            "e",
+            request.prompt_token_ids + generated + ids,
+            images=request.images + tuple(turn_images[turn]),
+            image_grid_thw=np.concatenate([request.image_grid_thw, grids]),
+        )
         reused, reused_images = reusable_prefix(held, request, config.image_token_id, 2)
         assert (reused, reused_images) == (len(held.token_ids), turn)
         suffix = request.prompt_token_ids[reused:]
         inputs, batch, length = prompt_block(config, [suffix], [patches(turn_images[turn])], [grids], (BLOCK,), (1,))
         inputs["position_ids"], [position] = suffix_positions(config, [request], [reused], batch, length)
         model_inputs, _ = prepare_inputs(config, inputs)
-        cache, logits, first, _ = extend_rows(config, "float32", params, cache, model_inputs, jnp.array([1]),
-                                              jnp.array([reused]), keys, GREEDY)
+        cache, logits, first, _ = extend_rows(
+            config, "float32", params, cache, model_inputs, jnp.array([1]), jnp.array([reused]), keys, GREEDY
+        )
         expected = full_prefill_logits(config, params, request)[reused:]
-        np.testing.assert_allclose(np.asarray(logits)[0, -len(suffix):], expected, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(np.asarray(logits)[0, -len(suffix) :], expected, atol=1e-5, rtol=0)
         np.testing.assert_array_equal(np.asarray(cache.keys[:, 0]), before_other)
         assert int(np.asarray(cache.valid[1]).sum()) == len(request.prompt_token_ids)
 
@@ -122,9 +145,12 @@ class Episode:
     def advance(self, result, images):
         ids, grids = with_images(self.config, self.tokenizer, " tool output:", images, " go on")
         r = self.request
-        self.request = GenerationRequest(r.request_id, r.prompt_token_ids + result.token_ids + ids,
-                                         images=r.images + tuple(images),
-                                         image_grid_thw=np.concatenate([r.image_grid_thw, np.reshape(grids, (-1, 3))]))
+        self.request = GenerationRequest(
+            r.request_id,
+            r.prompt_token_ids + result.token_ids + ids,
+            images=r.images + tuple(images),
+            image_grid_thw=np.concatenate([r.image_grid_thw, np.reshape(grids, (-1, 3))]),
+        )
 
 
 def test_engine_with_continuation_samples_what_full_prefills_sample(model, tokenizer):
@@ -133,14 +159,27 @@ def test_engine_with_continuation_samples_what_full_prefills_sample(model, token
     take both slots and A's third turn is prefilled in full. Same tokens, logprobs within
     1e-5; only the continuing engine reuses tokens."""
     config, params = model
-    engines = {on: JaxEngine(config, params, tokenizer, max_batch=2, length_buckets=(128, 256),
-                             decode_chunk=4, prefill_batch_sizes=(2,), min_cache_length=256,
-                             eos_token_ids=(), kv_continuation=on) for on in (True, False)}
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=7,
-                              stop_token_ids=tuple(range(0, 2048, 13)))
+    engines = {
+        on: JaxEngine(
+            config,
+            params,
+            tokenizer,
+            max_batch=2,
+            length_buckets=(128, 256),
+            decode_chunk=4,
+            prefill_batch_sizes=(2,),
+            min_cache_length=256,
+            eos_token_ids=(),
+            kv_continuation=on,
+        )
+        for on in (True, False)
+    }
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=7, stop_token_ids=tuple(range(0, 2048, 13)))
     image = [random_image(k, (56, 56 * (1 + k % 2))) for k in range(5)]
-    episodes = {on: {name: Episode(config, tokenizer, name, image[:1] if name == "A" else [])
-                     for name in "ABCD"} for on in (True, False)}
+    episodes = {
+        on: {name: Episode(config, tokenizer, name, image[:1] if name == "A" else []) for name in "ABCD"}
+        for on in (True, False)
+    }
     turn_images = {"A": [image[1:2], image[2:4]], "B": [[], image[4:]]}
     schedule = [("A", "B"), ("B",), ("A",), ("C", "D"), ("A", "B")]
     reused = []
@@ -152,7 +191,7 @@ def test_engine_with_continuation_samples_what_full_prefills_sample(model, token
         for name, with_cache, without in zip(call, outputs[True], outputs[False]):
             assert with_cache.token_ids == without.token_ids
             np.testing.assert_allclose(with_cache.logprobs, without.logprobs, atol=1e-5, rtol=0)
-            turn = sum(name in c for c in schedule[:schedule.index(call)])
+            turn = sum(name in c for c in schedule[: schedule.index(call)])
             if name in turn_images and turn < 2:
                 for on in engines:
                     episodes[on][name].advance(with_cache, turn_images[name][turn])
@@ -172,7 +211,7 @@ def test_reusable_prefix_stops_at_a_difference_and_never_splits_an_image(tokeniz
     request = GenerationRequest("e", ids, images=(first, second), image_grid_thw=[grid, grid])
 
     def reuse(held_ids, images=(first, second)):
-        held = HeldContext("e", np.asarray(held_ids), images, np.array([grid, grid][:len(images)]), used=0)
+        held = HeldContext("e", np.asarray(held_ids), images, np.array([grid, grid][: len(images)]), used=0)
         return reusable_prefix(held, request, config.image_token_id, 2)
 
     assert reuse(ids) == (len(ids) - 1, 2)  # the same prompt: all but its last token

@@ -97,8 +97,9 @@ def launch(script: str, args: list[str], log: Path) -> subprocess.Popen:
     )
 
 
-def wait_for(predicate, what: str, processes: list[subprocess.Popen], logs: list[Path], limit_s: float = 400,
-             poll_s: float = 0.3):
+def wait_for(
+    predicate, what: str, processes: list[subprocess.Popen], logs: list[Path], limit_s: float = 400, poll_s: float = 0.3
+):
     deadline = time.monotonic() + limit_s
     while not predicate():
         for process, log in zip(processes, logs):

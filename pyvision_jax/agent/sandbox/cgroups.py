@@ -76,8 +76,7 @@ class MemoryHierarchy:
         with open(f"/proc/{pid}/cgroup") as handle:
             memberships = parse_proc_cgroup(handle.read())
         for hierarchy_id, controllers, path in memberships:
-            if (self.version == 2 and hierarchy_id == "0") or (
-                    self.version == 1 and "memory" in controllers):
+            if (self.version == 2 and hierarchy_id == "0") or (self.version == 1 and "memory" in controllers):
                 return self.directory(path)
         return None
 
@@ -91,7 +90,7 @@ def _directory(mount_point: Path, mount_root: str, cgroup_path: str) -> Path | N
     root = mount_root.rstrip("/")
     if cgroup_path != root and not cgroup_path.startswith(root + "/"):
         return None
-    return mount_point / cgroup_path[len(root):].lstrip("/")
+    return mount_point / cgroup_path[len(root) :].lstrip("/")
 
 
 def parse_proc_cgroup(text: str) -> list[tuple[str, list[str], str]]:
@@ -99,8 +98,7 @@ def parse_proc_cgroup(text: str) -> list[tuple[str, list[str], str]]:
     memberships = []
     for line in text.splitlines():
         hierarchy_id, controllers, path = line.split(":", 2)
-        memberships.append((hierarchy_id, [name for name in controllers.split(",") if name],
-                            path))
+        memberships.append((hierarchy_id, [name for name in controllers.split(",") if name], path))
     return memberships
 
 
@@ -110,8 +108,7 @@ def candidate_hierarchies(proc_cgroup: str, mountinfo: str) -> list[tuple[int, P
     /proc/self/mountinfo. A v2 mount is listed whether or not it has the memory controller."""
     memberships = parse_proc_cgroup(proc_cgroup)
     own_v2 = next((path for hierarchy_id, _, path in memberships if hierarchy_id == "0"), None)
-    own_v1 = next((path for _, controllers, path in memberships if "memory" in controllers),
-                  None)
+    own_v1 = next((path for _, controllers, path in memberships if "memory" in controllers), None)
     found: list[tuple[int, Path, str, Path]] = []
     for line in mountinfo.splitlines():
         if " - " not in line:
@@ -269,8 +266,9 @@ class MemoryCgroup:
                 break
             except OSError as exc:
                 if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                    warnings.warn(f"the memory cgroup {self.path} could not be removed ({exc})",
-                                  RuntimeWarning, stacklevel=2)
+                    warnings.warn(
+                        f"the memory cgroup {self.path} could not be removed ({exc})", RuntimeWarning, stacklevel=2
+                    )
                     return
             try:
                 self._kill_members()
@@ -315,8 +313,7 @@ def sweep_abandoned_cgroups(hierarchy: MemoryHierarchy) -> None:
         return
     for child in children:
         match = _CHILD_NAME.fullmatch(child.name)
-        if (match is None or not child.is_dir()
-                or _owner_alive(int(match.group(1)), match.group(2))):
+        if match is None or not child.is_dir() or _owner_alive(int(match.group(1)), match.group(2)):
             continue
         try:
             os.rmdir(child)
@@ -367,10 +364,13 @@ class SandboxMemory:
         if self.hierarchy is not None:
             sweep_abandoned_cgroups(self.hierarchy)
         elif warn:
-            warnings.warn(f"sandbox memory is limited per process only ({limit_bytes // _MIB} "
-                          f"MiB of address space each; no memory cgroup: {reason}): the "
-                          f"processes of one sandbox can together use more", RuntimeWarning,
-                          stacklevel=3)
+            warnings.warn(
+                f"sandbox memory is limited per process only ({limit_bytes // _MIB} "
+                f"MiB of address space each; no memory cgroup: {reason}): the "
+                f"processes of one sandbox can together use more",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     @classmethod
     def for_pool(cls, limit_bytes: int) -> SandboxMemory:

@@ -47,8 +47,7 @@ class RuntimeChannel:
     `cancelled` is consulted while waiting for a reply, to abandon a start in progress.
     """
 
-    def __init__(self, request_fd: int, reply_fd: int, config: SandboxConfig,
-                 cancelled: Callable[[], bool]):
+    def __init__(self, request_fd: int, reply_fd: int, config: SandboxConfig, cancelled: Callable[[], bool]):
         self._request_fd = request_fd
         self._reply_fd = reply_fd
         self._config = config
@@ -95,7 +94,7 @@ class RuntimeChannel:
         poller.register(self._request_fd, select.POLLOUT)
         while view:
             try:
-                view = view[os.write(self._request_fd, view):]
+                view = view[os.write(self._request_fd, view) :]
             except BlockingIOError:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -119,12 +118,14 @@ class RuntimeChannel:
         self._send(dict(message, seq=self._seq), deadline)
         reply, blob = self._receive(deadline)
         if reply.get("op") != REPLY_OP or reply.get("seq") != self._seq:
-            raise ProtocolError(f"reply answers request {reply.get('seq')!r}, "
-                                f"not {self._seq}")
+            raise ProtocolError(f"reply answers request {reply.get('seq')!r}, not {self._seq}")
         sizes = reply.get("image_sizes")
-        if (not isinstance(sizes, list) or not all(isinstance(n, int) and n >= 0 for n in sizes)
-                or sum(sizes) != len(blob)
-                or len(sizes) > self._config.max_images_per_call):
+        if (
+            not isinstance(sizes, list)
+            or not all(isinstance(n, int) and n >= 0 for n in sizes)
+            or sum(sizes) != len(blob)
+            or len(sizes) > self._config.max_images_per_call
+        ):
             raise ProtocolError("reply image sizes do not match its payload")
         return reply, blob
 

@@ -44,16 +44,26 @@ class SandboxConfig:
     fork_runtimes: bool = True
 
     def __post_init__(self) -> None:
-        positive = ("timeout_s", "max_stdout_bytes", "max_image_pixels", "max_images_per_call",
-                    "memory_bytes", "max_processes", "max_file_bytes", "tmpfs_bytes",
-                    "cpu_seconds", "startup_timeout_s", "preload_timeout_s")
+        positive = (
+            "timeout_s",
+            "max_stdout_bytes",
+            "max_image_pixels",
+            "max_images_per_call",
+            "memory_bytes",
+            "max_processes",
+            "max_file_bytes",
+            "tmpfs_bytes",
+            "cpu_seconds",
+            "startup_timeout_s",
+            "preload_timeout_s",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
-                raise ValueError(f"SandboxConfig.{name} must be positive, got "
-                                 f"{getattr(self, name)!r}")
+                raise ValueError(f"SandboxConfig.{name} must be positive, got {getattr(self, name)!r}")
         if self.max_aspect_ratio <= 1:
-            raise ValueError(f"SandboxConfig.max_aspect_ratio must be > 1, got "
-                             f"{self.max_aspect_ratio!r}")
+            raise ValueError(f"SandboxConfig.max_aspect_ratio must be > 1, got {self.max_aspect_ratio!r}")
         if self.max_open_files < 1024:
-            raise ValueError(f"SandboxConfig.max_open_files must be >= 1024 (the runtime keeps "
-                             f"its channel on high descriptors), got {self.max_open_files!r}")
+            raise ValueError(
+                f"SandboxConfig.max_open_files must be >= 1024 (the runtime keeps "
+                f"its channel on high descriptors), got {self.max_open_files!r}"
+            )

@@ -33,10 +33,14 @@ def matplotlib_font_cache() -> str | None:
         if not _is_private_font_cache(target):
             building = Path(tempfile.mkdtemp(prefix="pyvision_sandbox_mpl_build_"))
             try:
-                subprocess.run([sys.executable, "-I", "-c", "import matplotlib.font_manager"],
-                               env={"MPLCONFIGDIR": str(building), "PATH": "/usr/bin:/bin"},
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               timeout=300, check=True)
+                subprocess.run(
+                    [sys.executable, "-I", "-c", "import matplotlib.font_manager"],
+                    env={"MPLCONFIGDIR": str(building), "PATH": "/usr/bin:/bin"},
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    timeout=300,
+                    check=True,
+                )
                 for path in building.iterdir():
                     path.chmod(0o644)
                 building.chmod(0o755)
@@ -55,5 +59,9 @@ def _is_private_font_cache(path: Path) -> bool:
         info = path.lstat()
     except OSError:
         return False
-    return (stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid()
-            and not info.st_mode & 0o022 and any(path.glob("fontlist-*.json")))
+    return (
+        stat.S_ISDIR(info.st_mode)
+        and info.st_uid == os.geteuid()
+        and not info.st_mode & 0o022
+        and any(path.glob("fontlist-*.json"))
+    )

@@ -34,9 +34,12 @@ def _mark_unavailable(bwrap: str, reason: str) -> None:
     if not first:
         return
     first_line = reason.strip().splitlines()[0] if reason.strip() else "unknown reason"
-    warnings.warn(f"sandbox runtimes cannot be forked from a template on this host "
-                  f"({first_line}); each starts in a fresh bubblewrap instead",
-                  RuntimeWarning, stacklevel=2)
+    warnings.warn(
+        f"sandbox runtimes cannot be forked from a template on this host "
+        f"({first_line}); each starts in a fresh bubblewrap instead",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 class ForkServer:
@@ -83,9 +86,14 @@ class ForkServer:
                 self._template.close()
                 self._template = None
             try:
-                template = RuntimeTemplate(self.config, self.mode, self._bwrap,
-                                           self._host_dir / SANDBOXES_DIR_NAME,
-                                           self._host_dir / "template.log", cancelled)
+                template = RuntimeTemplate(
+                    self.config,
+                    self.mode,
+                    self._bwrap,
+                    self._host_dir / SANDBOXES_DIR_NAME,
+                    self._host_dir / "template.log",
+                    cancelled,
+                )
             except SandboxStartError as exc:
                 if self._available is None and not cancelled():
                     self._available = False
@@ -115,8 +123,9 @@ class ForkServer:
         self._available = True
         return True
 
-    def start_runtime(self, host_dir: Path, cancelled: Callable[[], bool],
-                      memory: SandboxMemory) -> ForkedRuntime | None:
+    def start_runtime(
+        self, host_dir: Path, cancelled: Callable[[], bool], memory: SandboxMemory
+    ) -> ForkedRuntime | None:
         """A runtime for the sandbox of `host_dir` (made by `create_host_dir`), forked from
         the template and held to `memory`; None where forks are unavailable on this host."""
         template = self._running_template(cancelled)

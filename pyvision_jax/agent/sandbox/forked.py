@@ -55,8 +55,14 @@ class ForkedRuntime:
     made the namespaces). `cancelled` is consulted while the runtime starts.
     """
 
-    def __init__(self, template: RuntimeTemplate, config: SandboxConfig, host_dir: Path,
-                 cancelled: Callable[[], bool], memory: SandboxMemory | None = None):
+    def __init__(
+        self,
+        template: RuntimeTemplate,
+        config: SandboxConfig,
+        host_dir: Path,
+        cancelled: Callable[[], bool],
+        memory: SandboxMemory | None = None,
+    ):
         self.config = config
         self.mode = template.mode
         self.media_root = SANDBOX_MEDIA
@@ -72,13 +78,16 @@ class ForkedRuntime:
         self._status_fd, status_write = os.pipe()
         self._channel = RuntimeChannel(request_write, reply_read, config, self._start_cancelled)
         font_cache = matplotlib_font_cache() and SANDBOX_FONT_CACHE
-        request = {"sandbox": host_dir.name, "tmpfs_bytes": config.tmpfs_bytes,
-                   "runtime": runtime_settings(config, self.mode, SANDBOX_WORKDIR, self.uid,
-                                               font_cache)}
+        request = {
+            "sandbox": host_dir.name,
+            "tmpfs_bytes": config.tmpfs_bytes,
+            "runtime": runtime_settings(config, self.mode, SANDBOX_WORKDIR, self.uid, font_cache),
+        }
         deadline = time.monotonic() + config.startup_timeout_s
         try:
             self._pidfd, self.fork_cpu_s = template.fork(
-                request, [request_read, reply_write, status_write], config.startup_timeout_s)
+                request, [request_read, reply_write, status_write], config.startup_timeout_s
+            )
         except BaseException:
             release_uid(self.uid)
             self._channel.close()
@@ -102,8 +111,7 @@ class ForkedRuntime:
                 raise TemplateGone("the runtime template ended while a runtime started") from exc
             if isinstance(exc, SandboxStartError):
                 raise
-            raise SandboxStartError(f"forked sandbox runtime did not start "
-                                    f"({type(exc).__name__}: {exc})") from exc
+            raise SandboxStartError(f"forked sandbox runtime did not start ({type(exc).__name__}: {exc})") from exc
 
     @property
     def killed(self) -> bool:

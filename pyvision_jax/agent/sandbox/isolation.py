@@ -33,11 +33,17 @@ SANDBOX_HOSTS = f"{SANDBOX_ROOT}/sandboxes"
 # (SYS_ADMIN), the loopback of their network namespace (NET_ADMIN), emptying their bounding
 # set (SETPCAP) and the drop to their own uid (SETUID, SETGID). Each fork gives them all up
 # before model code runs.
-TEMPLATE_ROOT_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SETPCAP", "CAP_SETUID",
-                              "CAP_SETGID")
+TEMPLATE_ROOT_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SETPCAP", "CAP_SETUID", "CAP_SETGID")
 _SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-_SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/fonts",
-                 "/etc/localtime", "/etc/alternatives", "/etc/mime.types")
+_SYSTEM_FILES = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/fonts",
+    "/etc/localtime",
+    "/etc/alternatives",
+    "/etc/mime.types",
+)
 
 _unisolated_warned = False
 _unisolated_warned_lock = threading.Lock()
@@ -56,31 +62,46 @@ def isolation_mode(config: SandboxConfig) -> tuple[str, str | None]:
         raise SandboxUnavailableError(
             "bubblewrap (bwrap) is not installed, so model-written code cannot be isolated; "
             "install the Debian package 'bubblewrap' or set "
-            "SandboxConfig(allow_unisolated=True) to run it without isolation")
+            "SandboxConfig(allow_unisolated=True) to run it without isolation"
+        )
     with _unisolated_warned_lock:
         if not _unisolated_warned:
             _unisolated_warned = True
-            warnings.warn("bubblewrap is not installed: sandboxes run model-written code "
-                          "WITHOUT isolation (allow_unisolated=True)", RuntimeWarning,
-                          stacklevel=3)
+            warnings.warn(
+                "bubblewrap is not installed: sandboxes run model-written code "
+                "WITHOUT isolation (allow_unisolated=True)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
     return "unisolated", None
 
 
 def runtime_environment(workdir: str) -> dict[str, str]:
     """The environment variables of a runtime whose home and temp dir is `workdir`."""
     return {
-        "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
-        "LANG": "C.UTF-8", "MPLCONFIGDIR": f"{workdir}/.matplotlib",
-        "XDG_CACHE_HOME": f"{workdir}/.cache", "OMP_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMEXPR_NUM_THREADS": "1",
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "LANG": "C.UTF-8",
+        "MPLCONFIGDIR": f"{workdir}/.matplotlib",
+        "XDG_CACHE_HOME": f"{workdir}/.cache",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "NUMEXPR_NUM_THREADS": "1",
         "MALLOC_ARENA_MAX": "2",
     }
 
 
 def _python_roots() -> list[str]:
     """Directories the sandboxed interpreter needs, outermost first, without duplicates."""
-    candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                  os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))]
+    candidates = [
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))),
+    ]
     candidates += [os.path.realpath(path) for path in candidates]
     roots: list[str] = []
     for path in sorted(set(map(os.path.normpath, candidates)), key=len):
@@ -110,11 +131,29 @@ def python_roots_in_workdir() -> list[str]:
     return [root for root in _python_roots() if root.startswith(SANDBOX_WORKDIR + "/")]
 
 
-def _bwrap_args(bwrap: str, config: SandboxConfig, mode: str, capabilities: tuple[str, ...],
-                info_fd: int, seccomp_fd: int | None, font_cache: str | None,
-                binds: list[tuple[str, str]], empty_dirs: tuple[str, ...]) -> list[str]:
-    args = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
-            "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
+def _bwrap_args(
+    bwrap: str,
+    config: SandboxConfig,
+    mode: str,
+    capabilities: tuple[str, ...],
+    info_fd: int,
+    seccomp_fd: int | None,
+    font_cache: str | None,
+    binds: list[tuple[str, str]],
+    empty_dirs: tuple[str, ...],
+) -> list[str]:
+    args = [
+        bwrap,
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--cap-drop",
+        "ALL",
+    ]
     if mode == "root":
         for capability in capabilities:
             args += ["--cap-add", capability]
@@ -127,9 +166,24 @@ def _bwrap_args(bwrap: str, config: SandboxConfig, mode: str, capabilities: tupl
         args += ["--setenv", name, value]
     # The private /tmp comes before the binds: a Python installation that lives under /tmp
     # (a checkout there) is then bound on top of it instead of being hidden by it.
-    args += ["--proc", "/proc", "--dev", "/dev",
-             "--perms", "1777", "--size", str(config.tmpfs_bytes // 4), "--tmpfs", "/dev/shm",
-             "--perms", "1777", "--size", str(config.tmpfs_bytes), "--tmpfs", SANDBOX_WORKDIR]
+    args += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--size",
+        str(config.tmpfs_bytes // 4),
+        "--tmpfs",
+        "/dev/shm",
+        "--perms",
+        "1777",
+        "--size",
+        str(config.tmpfs_bytes),
+        "--tmpfs",
+        SANDBOX_WORKDIR,
+    ]
     args += ["--ro-bind", "/usr", "/usr"]
     made: set[str] = {"/usr", "/dev", "/proc", SANDBOX_WORKDIR}
     for path in _SYSTEM_LINKS:
@@ -153,19 +207,45 @@ def _bwrap_args(bwrap: str, config: SandboxConfig, mode: str, capabilities: tupl
     return args
 
 
-def bwrap_command(bwrap: str, config: SandboxConfig, mode: str, media_dir: str,
-                  info_fd: int, font_cache: str | None, seccomp_fd: int | None) -> list[str]:
+def bwrap_command(
+    bwrap: str,
+    config: SandboxConfig,
+    mode: str,
+    media_dir: str,
+    info_fd: int,
+    font_cache: str | None,
+    seccomp_fd: int | None,
+) -> list[str]:
     """The bubblewrap command line (up to the program it runs) of one sandbox."""
-    return _bwrap_args(bwrap, config, mode, ("CAP_SETUID", "CAP_SETGID"), info_fd, seccomp_fd,
-                       font_cache, [(media_dir, SANDBOX_MEDIA)], ())
+    return _bwrap_args(
+        bwrap,
+        config,
+        mode,
+        ("CAP_SETUID", "CAP_SETGID"),
+        info_fd,
+        seccomp_fd,
+        font_cache,
+        [(media_dir, SANDBOX_MEDIA)],
+        (),
+    )
 
 
-def template_bwrap_command(bwrap: str, config: SandboxConfig, mode: str, hosts_dir: str,
-                           info_fd: int, font_cache: str | None) -> list[str]:
+def template_bwrap_command(
+    bwrap: str, config: SandboxConfig, mode: str, hosts_dir: str, info_fd: int, font_cache: str | None
+) -> list[str]:
     """The bubblewrap command line (up to the program it runs) of a pool's template: the
     sandbox of one runtime, but with `hosts_dir` (the host directories of the pool's
     sandboxes) at SANDBOX_HOSTS, an empty SANDBOX_MEDIA, no seccomp filter (its forks make
     namespaces, then install it) and, as root, TEMPLATE_ROOT_CAPABILITIES. Without root its
     forks make a user namespace of their own and need no capability of bubblewrap's."""
-    return _bwrap_args(bwrap, config, mode, TEMPLATE_ROOT_CAPABILITIES, info_fd, None,
-                       font_cache, [(hosts_dir, SANDBOX_HOSTS)], (SANDBOX_MEDIA,))
+    return _bwrap_args(
+        bwrap,
+        config,
+        mode,
+        TEMPLATE_ROOT_CAPABILITIES,
+        info_fd,
+        None,
+        font_cache,
+        [(hosts_dir, SANDBOX_HOSTS)],
+        (SANDBOX_MEDIA,),
+    )

@@ -24,8 +24,9 @@ class LaunchedProcess:
     namespace) and keeps a pidfd of it for `kill`.
     """
 
-    def __init__(self, argv: list[str], pass_fds: list[int], env: dict[str, str], cwd: str,
-                 log_path: Path, info_fd: int | None):
+    def __init__(
+        self, argv: list[str], pass_fds: list[int], env: dict[str, str], cwd: str, log_path: Path, info_fd: int | None
+    ):
         self._log_path = log_path
         self._info_fd = info_fd
         self._isolated = info_fd is not None
@@ -33,8 +34,15 @@ class LaunchedProcess:
         self.inner_pid: int | None = None
         with open(log_path, "wb") as log:
             self.process = LAUNCHER.popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                pass_fds=pass_fds, start_new_session=True, env=env, cwd=cwd)
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                pass_fds=pass_fds,
+                start_new_session=True,
+                env=env,
+                cwd=cwd,
+            )
 
     @property
     def pid(self) -> int:
@@ -116,4 +124,3 @@ class LaunchedProcess:
                 except OSError:
                     pass
         self._pidfd = self._info_fd = None
-

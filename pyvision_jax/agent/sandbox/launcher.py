@@ -29,8 +29,7 @@ class Launcher:
             if self._owner_pid != os.getpid():  # first use, or a forked copy of the owner
                 self._owner_pid = os.getpid()
                 self._queue = queue.SimpleQueue()
-                threading.Thread(target=self._serve, args=(self._queue,),
-                                 name="sandbox-launcher", daemon=True).start()
+                threading.Thread(target=self._serve, args=(self._queue,), name="sandbox-launcher", daemon=True).start()
             future: concurrent.futures.Future = concurrent.futures.Future()
             self._queue.put((future, argv, kwargs))
         return future.result()

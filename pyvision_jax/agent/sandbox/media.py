@@ -16,8 +16,7 @@ def check_variable_name(name: str) -> None:
         raise ValueError(f"sandbox variable name must be a Python identifier, got {name!r}")
 
 
-def stage_media(media_dir: Path, name: str, source: Image.Image | str | Path,
-                suffix: str) -> str:
+def stage_media(media_dir: Path, name: str, source: Image.Image | str | Path, suffix: str) -> str:
     """Puts `source` (an image, or a file) in `media_dir`, readable by the runtime, and returns
     its file name there; files are linked where they are world-readable, else copied."""
     if isinstance(source, Image.Image):

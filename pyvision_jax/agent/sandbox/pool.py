@@ -25,16 +25,16 @@ class SandboxPool:
     A released sandbox is destroyed in the background, never handed out again. Thread-safe.
     """
 
-    def __init__(self, config: SandboxConfig | None = None, size: int = 4,
-                 start_workers: int | None = None):
+    def __init__(self, config: SandboxConfig | None = None, size: int = 4, start_workers: int | None = None):
         if size < 1:
             raise ValueError(f"SandboxPool size must be >= 1, got {size!r}")
         self.config = config or SandboxConfig()
         self.size = size
         mode, bwrap = isolation_mode(self.config)
         self._memory = SandboxMemory.for_pool(self.config.memory_bytes)
-        self._server = (ForkServer(self.config, mode, bwrap)
-                        if self.config.fork_runtimes and mode != "unisolated" else None)
+        self._server = (
+            ForkServer(self.config, mode, bwrap) if self.config.fork_runtimes and mode != "unisolated" else None
+        )
         install_shutdown_hooks()
         self._cond = threading.Condition(threading.RLock())
         self._idle: collections.deque[Sandbox] = collections.deque()
@@ -45,8 +45,9 @@ class SandboxPool:
         self._closing = threading.Event()
         self._start_error: BaseException | None = None
         workers = start_workers or max(1, min(size, os.cpu_count() or 1))
-        self._workers = [threading.Thread(target=self._maintain, name=f"sandbox-pool-{i}",
-                                          daemon=True) for i in range(workers)]
+        self._workers = [
+            threading.Thread(target=self._maintain, name=f"sandbox-pool-{i}", daemon=True) for i in range(workers)
+        ]
         LIVE_POOLS.add(self)
         for worker in self._workers:
             worker.start()
@@ -69,8 +70,7 @@ class SandboxPool:
     def _maintain(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and not self._retired and (
-                        len(self._idle) + self._starting >= self.size):
+                while not self._closed and not self._retired and (len(self._idle) + self._starting >= self.size):
                     self._cond.wait()
                 if self._closed:
                     return
@@ -84,8 +84,7 @@ class SandboxPool:
             if not start:
                 continue
             try:
-                sandbox = Sandbox(self.config, cancel=self._closing, server=self._server,
-                                  memory=self._memory)
+                sandbox = Sandbox(self.config, cancel=self._closing, server=self._server, memory=self._memory)
             except BaseException as exc:  # noqa: BLE001 - surfaced by acquire
                 with self._cond:
                     self._starting -= 1
@@ -122,8 +121,9 @@ class SandboxPool:
                         return sandbox
                     self._retired.append(sandbox)
                 if self._start_error is not None and not self._starting:
-                    raise SandboxStartError(f"the pool cannot start sandboxes: "
-                                            f"{self._start_error}") from self._start_error
+                    raise SandboxStartError(
+                        f"the pool cannot start sandboxes: {self._start_error}"
+                    ) from self._start_error
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(f"no sandbox became ready within {timeout_s} s")

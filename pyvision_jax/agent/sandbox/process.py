@@ -37,22 +37,39 @@ def runtime_command(runtime_dir: str) -> list[str]:
     return [sys.executable, "-I", "-B", f"{runtime_dir}/{RUNTIME_ENTRY}"]
 
 
-def runtime_settings(config: SandboxConfig, mode: str, workdir: str, uid: int | None,
-                     font_cache: str | None, request_fd: int | None = None,
-                     reply_fd: int | None = None) -> dict[str, Any]:
+def runtime_settings(
+    config: SandboxConfig,
+    mode: str,
+    workdir: str,
+    uid: int | None,
+    font_cache: str | None,
+    request_fd: int | None = None,
+    reply_fd: int | None = None,
+) -> dict[str, Any]:
     """The settings a runtime starts with (the descriptors of its channel are those it
     inherits; a fork of the template gets them from the template)."""
-    limits = {"RLIMIT_AS": config.memory_bytes, "RLIMIT_FSIZE": config.max_file_bytes,
-              "RLIMIT_CPU": config.cpu_seconds, "RLIMIT_CORE": 0,
-              "RLIMIT_NOFILE": config.max_open_files}
+    limits = {
+        "RLIMIT_AS": config.memory_bytes,
+        "RLIMIT_FSIZE": config.max_file_bytes,
+        "RLIMIT_CPU": config.cpu_seconds,
+        "RLIMIT_CORE": 0,
+        "RLIMIT_NOFILE": config.max_open_files,
+    }
     if mode != "unisolated":  # RLIMIT_NPROC counts per real uid: only meaningful isolated
         limits["RLIMIT_NPROC"] = config.max_processes
-    return {"request_fd": request_fd, "reply_fd": reply_fd, "limits": limits, "uid": uid,
-            "gid": uid, "workdir": workdir, "font_cache": font_cache,
-            "max_stdout_bytes": config.max_stdout_bytes,
-            "max_image_pixels": config.max_image_pixels,
-            "max_aspect_ratio": config.max_aspect_ratio,
-            "max_images_per_call": config.max_images_per_call}
+    return {
+        "request_fd": request_fd,
+        "reply_fd": reply_fd,
+        "limits": limits,
+        "uid": uid,
+        "gid": uid,
+        "workdir": workdir,
+        "font_cache": font_cache,
+        "max_stdout_bytes": config.max_stdout_bytes,
+        "max_image_pixels": config.max_image_pixels,
+        "max_aspect_ratio": config.max_aspect_ratio,
+        "max_images_per_call": config.max_images_per_call,
+    }
 
 
 def describe_exit(status: int | None, config: SandboxConfig) -> str:
@@ -67,8 +84,7 @@ def describe_exit(status: int | None, config: SandboxConfig) -> str:
             name = f"signal {signum}"
         hint = ""
         if signum == signal.SIGKILL:
-            hint = (f" (the CPU-time limit of {config.cpu_seconds} s or the memory limit may "
-                    f"have been reached)")
+            hint = f" (the CPU-time limit of {config.cpu_seconds} s or the memory limit may have been reached)"
         return f"was killed by {name}{hint}"
     return f"exited with status {status}"
 
@@ -82,8 +98,15 @@ class RuntimeProcess:
     is born in it.
     """
 
-    def __init__(self, config: SandboxConfig, mode: str, bwrap: str | None, host_dir: Path,
-                 cancelled: Callable[[], bool], memory: SandboxMemory):
+    def __init__(
+        self,
+        config: SandboxConfig,
+        mode: str,
+        bwrap: str | None,
+        host_dir: Path,
+        cancelled: Callable[[], bool],
+        memory: SandboxMemory,
+    ):
         self.config = config
         self._cancelled = cancelled
         self._starting = True
@@ -115,22 +138,22 @@ class RuntimeProcess:
                 os.write(seccomp_write, program)
                 os.close(seccomp_write)
                 child_fds.append(seccomp_read)
-            argv = bwrap_command(bwrap, config, mode, media_dir, info_write, font_cache,
-                                 seccomp_read)
+            argv = bwrap_command(bwrap, config, mode, media_dir, info_write, font_cache, seccomp_read)
             argv += runtime_command(SANDBOX_RUNTIME_DIR)
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
             self.media_root = SANDBOX_MEDIA
             font_cache = font_cache and SANDBOX_FONT_CACHE
-        settings = runtime_settings(config, mode, workdir, self.uid, font_cache,
-                                    request_fd=request_read, reply_fd=reply_write)
+        settings = runtime_settings(
+            config, mode, workdir, self.uid, font_cache, request_fd=request_read, reply_fd=reply_write
+        )
         argv.append(json.dumps(settings))
         try:
             self._cgroup = memory.new_cgroup()
             if self._cgroup is not None:
                 argv = self._cgroup.entering_command() + argv
-            self._launched = LaunchedProcess(argv, child_fds, env,
-                                             workdir if mode == "unisolated" else "/",
-                                             host_dir / "launcher.log", info_read)
+            self._launched = LaunchedProcess(
+                argv, child_fds, env, workdir if mode == "unisolated" else "/", host_dir / "launcher.log", info_read
+            )
         except BaseException:
             if self._cgroup is not None:
                 self._cgroup.remove()
@@ -155,7 +178,8 @@ class RuntimeProcess:
                 raise
             raise SandboxStartError(
                 f"sandbox runtime did not start ({type(exc).__name__}: {exc}); "
-                f"launcher output: {self._launched.log_tail()}") from exc
+                f"launcher output: {self._launched.log_tail()}"
+            ) from exc
 
     @property
     def pid(self) -> int:

@@ -11,9 +11,11 @@ from PIL import Image
 from pyvision_jax.agent.sandbox.channel import ProtocolError
 from pyvision_jax.agent.sandbox.config import SandboxConfig
 
-STATE_LOST_NOTICE = ("[The Python session was restarted after the previous call failed; "
-                     "variables and imports defined by earlier code are lost. "
-                     "Preloaded media are available again.]\n")
+STATE_LOST_NOTICE = (
+    "[The Python session was restarted after the previous call failed; "
+    "variables and imports defined by earlier code are lost. "
+    "Preloaded media are available again.]\n"
+)
 TRUNCATION_MARKER = "\n[... output truncated: {dropped} more bytes not shown ...]"
 
 
@@ -59,21 +61,20 @@ def reply_error(reply: dict[str, Any]) -> str | None:
     return "\n".join(parts) or None
 
 
-def reply_images(reply: dict[str, Any], blob: bytes, config: SandboxConfig
-                 ) -> list[Image.Image]:
+def reply_images(reply: dict[str, Any], blob: bytes, config: SandboxConfig) -> list[Image.Image]:
     """The images of a reply, checked again against the config's limits."""
     images, offset = [], 0
     for size in reply["image_sizes"]:
-        data = blob[offset:offset + size]
+        data = blob[offset : offset + size]
         offset += size
         try:
             with Image.open(io.BytesIO(data)) as image:
                 if image.format != "PNG":
                     raise ProtocolError("an image is not a PNG")
                 width, height = image.size
-                if (width * height > config.max_image_pixels
-                        or max(width, height) >= config.max_aspect_ratio
-                        * min(width, height)):
+                if width * height > config.max_image_pixels or max(width, height) >= config.max_aspect_ratio * min(
+                    width, height
+                ):
                     raise ProtocolError(f"an image of {width}x{height} passed the limits")
                 image.load()
                 images.append(image.copy())

@@ -39,9 +39,14 @@ Runtime = RuntimeProcess | ForkedRuntime
 class Sandbox:
     """An isolated Python runtime whose variables persist across `run` calls."""
 
-    def __init__(self, config: SandboxConfig | None = None, *,
-                 cancel: threading.Event | None = None, server: ForkServer | None = None,
-                 memory: SandboxMemory | None = None):
+    def __init__(
+        self,
+        config: SandboxConfig | None = None,
+        *,
+        cancel: threading.Event | None = None,
+        server: ForkServer | None = None,
+        memory: SandboxMemory | None = None,
+    ):
         """Starts the runtime (blocking); setting `cancel` abandons a start in progress.
         With `server` (a pool's), runtimes are forked from its template where this host
         allows it, else each starts in a fresh bubblewrap. Each runtime is held to the
@@ -62,8 +67,7 @@ class Sandbox:
         self._restart_thread: threading.Thread | None = None
         self._restarted: Runtime | BaseException | None = None
         sweep_abandoned_host_dirs_once()
-        self._host_dir, self._owner_lock = (create_host_dir() if server is None
-                                            else server.create_host_dir())
+        self._host_dir, self._owner_lock = create_host_dir() if server is None else server.create_host_dir()
         try:
             (self._host_dir / "media").mkdir(mode=0o755)
             (self._host_dir / "media").chmod(0o755)
@@ -111,11 +115,11 @@ class Sandbox:
     def _start_runtime(self) -> Runtime:
         runtime = None
         if self._server is not None:
-            runtime = self._server.start_runtime(self._host_dir, self._start_cancelled,
-                                                 self._memory)
+            runtime = self._server.start_runtime(self._host_dir, self._start_cancelled, self._memory)
         if runtime is None:
-            runtime = RuntimeProcess(self.config, self._mode, self._bwrap, self._host_dir,
-                                     self._start_cancelled, self._memory)
+            runtime = RuntimeProcess(
+                self.config, self._mode, self._bwrap, self._host_dir, self._start_cancelled, self._memory
+            )
         try:
             for request in self._preloads:
                 self._call_preload(runtime, request)
@@ -133,11 +137,11 @@ class Sandbox:
             reply, _ = runtime.call(message, self.config.preload_timeout_s)
         except (CallTimeout, ChannelClosed, ProtocolError) as exc:
             runtime.kill()
-            raise SandboxError(f"{request['op']} of {request['name']!r} failed: the runtime "
-                               f"{type(exc).__name__}") from exc
+            raise SandboxError(
+                f"{request['op']} of {request['name']!r} failed: the runtime {type(exc).__name__}"
+            ) from exc
         if reply.get("error"):
-            raise SandboxError(f"{request['op']} of {request['name']!r} failed: "
-                               f"{reply['error']}")
+            raise SandboxError(f"{request['op']} of {request['name']!r} failed: {reply['error']}")
 
     def _restart_in_background(self) -> None:
         try:
@@ -160,7 +164,8 @@ class Sandbox:
             if not self._closed:
                 self._restarted = None
                 self._restart_thread = threading.Thread(
-                    target=self._restart_in_background, name="sandbox-restart", daemon=True)
+                    target=self._restart_in_background, name="sandbox-restart", daemon=True
+                )
                 self._restart_thread.start()
 
     def _ready_runtime(self) -> Runtime:
@@ -196,11 +201,17 @@ class Sandbox:
             except CallTimeout:
                 self._discard_runtime()
                 return RunResult(
-                    stdout=notice, images=[], timed_out=True, state_lost=state_lost,
+                    stdout=notice,
+                    images=[],
+                    timed_out=True,
+                    state_lost=state_lost,
                     wall_time_s=time.monotonic() - start,
-                    error=(f"TimeoutError: the code did not finish within "
-                           f"{self.config.timeout_s:g} s and was stopped; the Python session "
-                           f"was restarted and its variables are lost"))
+                    error=(
+                        f"TimeoutError: the code did not finish within "
+                        f"{self.config.timeout_s:g} s and was stopped; the Python session "
+                        f"was restarted and its variables are lost"
+                    ),
+                )
             except (ChannelClosed, ProtocolError) as exc:
                 status = runtime.exit_status(1.0) if isinstance(exc, ChannelClosed) else None
                 oom_kills = runtime.oom_kills() - oom_kills
@@ -224,26 +235,35 @@ class Sandbox:
             error = reply_error(reply)
             oom_kills = runtime.oom_kills() - oom_kills
             if oom_kills:
-                error = "\n".join(filter(None, [error, f"MemoryError: "
-                                                       f"{self._memory_exceeded(oom_kills)}"]))
-            return RunResult(stdout=notice + stdout, images=images, error=error,
-                             timed_out=False, wall_time_s=wall_time_s, state_lost=state_lost)
+                error = "\n".join(filter(None, [error, f"MemoryError: {self._memory_exceeded(oom_kills)}"]))
+            return RunResult(
+                stdout=notice + stdout,
+                images=images,
+                error=error,
+                timed_out=False,
+                wall_time_s=wall_time_s,
+                state_lost=state_lost,
+            )
 
     def _memory_exceeded(self, killed: int) -> str:
-        return (f"the sandbox's processes together reached its memory limit of "
-                f"{self.config.memory_bytes / (1 << 20):g} MiB and the kernel killed {killed} "
-                f"of them")
+        return (
+            f"the sandbox's processes together reached its memory limit of "
+            f"{self.config.memory_bytes / (1 << 20):g} MiB and the kernel killed {killed} "
+            f"of them"
+        )
 
     @staticmethod
-    def _crash_result(notice: str, state_lost: bool, wall_time_s: float,
-                      reason: str) -> RunResult:
-        return RunResult(stdout=notice, images=[], timed_out=False, state_lost=state_lost,
-                         wall_time_s=wall_time_s,
-                         error=(f"SandboxCrash: {reason}; the Python session was restarted "
-                                f"and its variables are lost"))
+    def _crash_result(notice: str, state_lost: bool, wall_time_s: float, reason: str) -> RunResult:
+        return RunResult(
+            stdout=notice,
+            images=[],
+            timed_out=False,
+            state_lost=state_lost,
+            wall_time_s=wall_time_s,
+            error=(f"SandboxCrash: {reason}; the Python session was restarted and its variables are lost"),
+        )
 
-    def _preload(self, op: str, name: str, source: Image.Image | str | Path,
-                 suffix: str) -> None:
+    def _preload(self, op: str, name: str, source: Image.Image | str | Path, suffix: str) -> None:
         check_variable_name(name)
         with self._lock:
             runtime = self._ready_runtime()
@@ -259,8 +279,7 @@ class Sandbox:
     def preload_image(self, name: str, image: Image.Image | str | Path) -> None:
         """Defines `name` in the runtime as the full-resolution RGB PIL image."""
         if not isinstance(image, (Image.Image, str, Path)):
-            raise TypeError(f"preload_image({name!r}) expects a PIL image or a path, got "
-                            f"{type(image).__name__}")
+            raise TypeError(f"preload_image({name!r}) expects a PIL image or a path, got {type(image).__name__}")
         self._preload("load_image", name, image, ".png")
 
     def preload_video(self, name: str, path: str | Path) -> None:

@@ -45,8 +45,15 @@ class RuntimeTemplate:
     each forked runtime then starts on its own.
     """
 
-    def __init__(self, config: SandboxConfig, mode: str, bwrap: str, hosts_dir: Path,
-                 log_path: Path, cancelled: Callable[[], bool]):
+    def __init__(
+        self,
+        config: SandboxConfig,
+        mode: str,
+        bwrap: str,
+        hosts_dir: Path,
+        log_path: Path,
+        cancelled: Callable[[], bool],
+    ):
         self.mode = mode
         self._lock = threading.Lock()
         self._gone = False
@@ -55,18 +62,26 @@ class RuntimeTemplate:
         font_cache = matplotlib_font_cache()
         program = seccomp_program()
         settings: dict[str, Any] = {
-            "control_fd": template_end.fileno(), "mode": mode,
+            "control_fd": template_end.fileno(),
+            "mode": mode,
             "seccomp": None if program is None else base64.b64encode(program).decode(),
-            "font_cache": font_cache and SANDBOX_FONT_CACHE, "workdir": SANDBOX_WORKDIR,
-            "kept_in_workdir": python_roots_in_workdir(), "hosts_dir": SANDBOX_HOSTS,
-            "media_dir": SANDBOX_MEDIA}
-        argv = template_bwrap_command(bwrap, config, mode, str(hosts_dir), info_write,
-                                      font_cache)
+            "font_cache": font_cache and SANDBOX_FONT_CACHE,
+            "workdir": SANDBOX_WORKDIR,
+            "kept_in_workdir": python_roots_in_workdir(),
+            "hosts_dir": SANDBOX_HOSTS,
+            "media_dir": SANDBOX_MEDIA,
+        }
+        argv = template_bwrap_command(bwrap, config, mode, str(hosts_dir), info_write, font_cache)
         argv += runtime_command(SANDBOX_RUNTIME_DIR) + [TEMPLATE_FLAG, json.dumps(settings)]
         try:
             self._launched = LaunchedProcess(
-                argv, [template_end.fileno(), info_write],
-                {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, "/", log_path, info_read)
+                argv,
+                [template_end.fileno(), info_write],
+                {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                "/",
+                log_path,
+                info_read,
+            )
         except BaseException:
             self.control.close()
             os.close(info_read)
@@ -86,7 +101,8 @@ class RuntimeTemplate:
                 raise
             raise SandboxStartError(
                 f"the runtime template did not start ({type(exc).__name__}: {exc}); "
-                f"launcher output: {self._launched.log_tail()}") from exc
+                f"launcher output: {self._launched.log_tail()}"
+            ) from exc
 
     @property
     def pid(self) -> int:
@@ -102,23 +118,20 @@ class RuntimeTemplate:
             self._gone = True
         return self._gone
 
-    def _receive(self, deadline: float, cancelled: Callable[[], bool]
-                 ) -> tuple[dict[str, Any], list[int]]:
+    def _receive(self, deadline: float, cancelled: Callable[[], bool]) -> tuple[dict[str, Any], list[int]]:
         """The template's next message and the descriptors that came with it."""
         try:
             wait_readable(self.control.fileno(), deadline, cancelled)
             message, fds, _, _ = socket.recv_fds(self.control, _MAX_REPLY_BYTES, 1)
         except (CallTimeout, OSError) as exc:
             self._gone = True
-            raise TemplateGone(f"the runtime template stopped answering "
-                               f"({type(exc).__name__})") from exc
+            raise TemplateGone(f"the runtime template stopped answering ({type(exc).__name__})") from exc
         if not message:
             self._gone = True
             raise TemplateGone("the runtime template exited")
         return json.loads(message), fds
 
-    def fork(self, request: dict[str, Any], fds: list[int], timeout_s: float
-             ) -> tuple[int, float]:
+    def fork(self, request: dict[str, Any], fds: list[int], timeout_s: float) -> tuple[int, float]:
         """Forks one runtime with `fds` (its request, reply and status pipe ends); returns
         the pidfd of its init and the CPU seconds the fork cost inside the template."""
         with self._lock:

@@ -30,8 +30,9 @@ def claim_uid() -> int:
             if stop - start > 1000:
                 ranges.append((start, stop))
     if not ranges:
-        raise SandboxStartError("no unused uid range is mapped in this user namespace to run "
-                                "sandboxes under (need uids >= 1000000)")
+        raise SandboxStartError(
+            "no unused uid range is mapped in this user namespace to run sandboxes under (need uids >= 1000000)"
+        )
     start, stop = max(ranges, key=lambda item: item[1] - item[0])
     with _taken_uids_lock:
         while True:

@@ -18,8 +18,8 @@ PACKAGE_NAME = "pyvision_sandbox_runtime"
 def load_package(directory: str) -> types.ModuleType:
     """Imports the package in `directory` under PACKAGE_NAME, whatever the directory's name."""
     spec = importlib.util.spec_from_file_location(
-        PACKAGE_NAME, os.path.join(directory, "__init__.py"),
-        submodule_search_locations=[directory])
+        PACKAGE_NAME, os.path.join(directory, "__init__.py"), submodule_search_locations=[directory]
+    )
     package = importlib.util.module_from_spec(spec)
     sys.modules[PACKAGE_NAME] = package
     spec.loader.exec_module(package)

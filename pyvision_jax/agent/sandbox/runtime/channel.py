@@ -46,8 +46,7 @@ def read_frame(fd: int) -> Any:
     return _json_loads(_read_exact(fd, json_size).decode("utf-8"))
 
 
-def write_frame(fd: int, message: dict[str, Any], blobs: tuple[bytes, ...] | list[bytes] = ()
-                ) -> None:
+def write_frame(fd: int, message: dict[str, Any], blobs: tuple[bytes, ...] | list[bytes] = ()) -> None:
     payload = _json_dumps(message, ensure_ascii=False).encode("utf-8")
     blob = _bytes_join(blobs)
     view = memoryview(_bytes_join([_header_pack(MAGIC, len(payload), len(blob)), payload, blob]))

@@ -46,11 +46,9 @@ class ImageCollector:
         if width <= 0 or height <= 0:
             return f"image refused: empty image of {width}x{height} pixels"
         if width * height > self.max_pixels:
-            return (f"image refused: {width}x{height} pixels exceeds the limit of "
-                    f"{self.max_pixels} pixels")
+            return f"image refused: {width}x{height} pixels exceeds the limit of {self.max_pixels} pixels"
         if max(width, height) / min(width, height) >= self.max_aspect_ratio:
-            return (f"image refused: {width}x{height} has an aspect ratio of at least "
-                    f"{self.max_aspect_ratio:g}")
+            return f"image refused: {width}x{height} has an aspect ratio of at least {self.max_aspect_ratio:g}"
         if len(self.encoded) >= self.max_images:
             self.over_count += 1
             return ""
@@ -85,8 +83,7 @@ class ImageCollector:
     def summary_notes(self) -> list[str]:
         notes = list(self.notes)
         if self.over_count:
-            notes.append(f"{self.over_count} image(s) refused: at most {self.max_images} "
-                         f"images are returned per call")
+            notes.append(f"{self.over_count} image(s) refused: at most {self.max_images} images are returned per call")
         return notes
 
 

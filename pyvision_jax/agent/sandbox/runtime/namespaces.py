@@ -21,8 +21,7 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-RUNTIME_NAMESPACES = (CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID
-                      | CLONE_NEWNET)
+RUNTIME_NAMESPACES = CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWNET
 
 MS_RDONLY = 0x1
 MS_NOSUID = 0x2
@@ -58,8 +57,7 @@ class _CapHeader(ctypes.Structure):
 
 
 class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                ("inheritable", ctypes.c_uint32)]
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
 def _check(result: int, what: str) -> None:
@@ -88,11 +86,9 @@ def map_own_ids(uid: int, gid: int) -> None:
         handle.write(f"{gid} {gid} 1")
 
 
-def mount(source: str | None, target: str, fstype: str | None, flags: int,
-          data: str | None = None) -> None:
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     encoded = [None if value is None else value.encode() for value in (source, fstype, data)]
-    _check(_libc.mount(encoded[0], target.encode(), encoded[1], ctypes.c_ulong(flags),
-                       encoded[2]), f"mount {target}")
+    _check(_libc.mount(encoded[0], target.encode(), encoded[1], ctypes.c_ulong(flags), encoded[2]), f"mount {target}")
 
 
 def _bind_read_only(path: str) -> None:
@@ -100,8 +96,9 @@ def _bind_read_only(path: str) -> None:
     mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
-def mount_private_views(workdir: str, tmpfs_bytes: int, kept_in_workdir: list[str],
-                        media_source: str, media_target: str, hidden: list[str]) -> None:
+def mount_private_views(
+    workdir: str, tmpfs_bytes: int, kept_in_workdir: list[str], media_source: str, media_target: str, hidden: list[str]
+) -> None:
     """Gives the calling process (the first of a new PID and mount namespace) a /proc of its
     PID namespace, fresh tmpfs at `workdir` and /dev/shm, its own devpts, `media_source` bound
     at `media_target` (read-only, as its source), and covers each of `hidden` with an empty
@@ -112,21 +109,17 @@ def mount_private_views(workdir: str, tmpfs_bytes: int, kept_in_workdir: list[st
     for name in _PROC_COVERED:
         if os.path.exists(f"/proc/{name}"):
             _bind_read_only(f"/proc/{name}")
-    kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
-            for path in kept_in_workdir]
+    kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)) for path in kept_in_workdir]
     mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=1777")
     for path, fd in kept:
         os.makedirs(path, mode=0o755, exist_ok=True)
         mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
         os.close(fd)
-    mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV,
-          f"size={max(tmpfs_bytes // 4, 4096)},mode=1777")
-    mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
-          "newinstance,ptmxmode=0666,mode=620")
+    mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={max(tmpfs_bytes // 4, 4096)},mode=1777")
+    mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
     mount(media_source, media_target, None, MS_BIND)
     for path in hidden:
-        mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-              "size=4096,mode=0555")
+        mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4096,mode=0555")
 
 
 def bring_loopback_up() -> None:
@@ -167,5 +160,4 @@ def install_seccomp(program: bytes) -> None:
     _check(_prctl(_PR_SET_NO_NEW_PRIVS, 1), "prctl(PR_SET_NO_NEW_PRIVS)")
     buffer = ctypes.create_string_buffer(program, len(program))
     fprog = _SockFprog(len(program) // 8, ctypes.addressof(buffer))
-    _check(_prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(fprog)),
-           "prctl(PR_SET_SECCOMP)")
+    _check(_prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(fprog)), "prctl(PR_SET_SECCOMP)")

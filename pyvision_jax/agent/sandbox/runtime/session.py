@@ -55,9 +55,9 @@ class Session:
         self.calls = 0
         self.capture = OutputCapture(settings["max_stdout_bytes"])
         self.stream = CaptureStream(self.capture, 1)
-        self.collector = ImageCollector(settings["max_image_pixels"],
-                                        settings["max_aspect_ratio"],
-                                        settings["max_images_per_call"])
+        self.collector = ImageCollector(
+            settings["max_image_pixels"], settings["max_aspect_ratio"], settings["max_images_per_call"]
+        )
         self.drain = DescriptorDrain(self.capture, CAPTURE_READ_FD)
         self.namespace = self._prepare_namespace()
         self._builtins_snapshot = dict(vars(builtins))
@@ -86,8 +86,17 @@ class Session:
         main_module = types.ModuleType("__main__")
         namespace = main_module.__dict__
         namespace.update(
-            __builtins__=builtins, np=np, PIL=PIL, Image=Image, matplotlib=matplotlib,
-            plt=plt, io=io, base64=base64, math=math, display=display)
+            __builtins__=builtins,
+            np=np,
+            PIL=PIL,
+            Image=Image,
+            matplotlib=matplotlib,
+            plt=plt,
+            io=io,
+            base64=base64,
+            math=math,
+            display=display,
+        )
         sys.modules["__main__"] = main_module
         return namespace
 
@@ -114,8 +123,9 @@ class Session:
         notes = self.collector.summary_notes()
         images = self.collector.encoded
         self.collector.reset()
-        message.update(stdout=stdout, stdout_dropped_bytes=dropped, notes=notes,
-                       image_sizes=[len(image) for image in images])
+        message.update(
+            stdout=stdout, stdout_dropped_bytes=dropped, notes=notes, image_sizes=[len(image) for image in images]
+        )
         return message, images
 
     def run_code(self, code: str) -> tuple[dict[str, Any], list[bytes]]:
@@ -147,8 +157,7 @@ class Session:
         from decord import VideoReader, cpu
 
         self._begin()
-        self.namespace.update({name: VideoReader(path, ctx=cpu(0)),
-                               "VideoReader": VideoReader, "cpu": cpu})
+        self.namespace.update({name: VideoReader(path, ctx=cpu(0)), "VideoReader": VideoReader, "cpu": cpu})
         return self._finish({"error": None})
 
     def handle(self, request: dict[str, Any]) -> tuple[dict[str, Any], list[bytes]]:

@@ -56,8 +56,15 @@ from .namespaces import (
 )
 from .protocol import READY_OP
 
-PRELOADED_MODULES = ("numpy", "numpy.random", "PIL.Image", "matplotlib", "matplotlib.pyplot",
-                     "matplotlib.backends.backend_agg", "decord")
+PRELOADED_MODULES = (
+    "numpy",
+    "numpy.random",
+    "PIL.Image",
+    "matplotlib",
+    "matplotlib.pyplot",
+    "matplotlib.backends.backend_agg",
+    "decord",
+)
 _SANDBOX_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # one directory, never ".."
 _MAX_MESSAGE_BYTES = 1 << 20
 
@@ -85,9 +92,14 @@ def _exit_code(status: int) -> int:
 def _report_start_failure(reply_fd: int, exc: BaseException) -> None:
     """Answers the host's wait for the runtime's first frame with why it will not come."""
     try:
-        write_frame(reply_fd, {"op": READY_OP, "seq": 0,
-                               "error": f"the runtime's namespaces could not be set up "
-                                        f"({type(exc).__name__}: {exc})"})
+        write_frame(
+            reply_fd,
+            {
+                "op": READY_OP,
+                "seq": 0,
+                "error": f"the runtime's namespaces could not be set up ({type(exc).__name__}: {exc})",
+            },
+        )
     except OSError:
         pass
 
@@ -116,9 +128,13 @@ def _init(template: dict[str, Any], request: dict[str, Any], fds: list[int]) -> 
     try:
         try:
             mount_private_views(
-                template["workdir"], request["tmpfs_bytes"], template["kept_in_workdir"],
-                f"{template['hosts_dir']}/{request['sandbox']}/media", template["media_dir"],
-                [template["hosts_dir"]])
+                template["workdir"],
+                request["tmpfs_bytes"],
+                template["kept_in_workdir"],
+                f"{template['hosts_dir']}/{request['sandbox']}/media",
+                template["media_dir"],
+                [template["hosts_dir"]],
+            )
             bring_loopback_up()
             if template.get("seccomp"):
                 install_seccomp(base64.b64decode(template["seccomp"]))
@@ -129,8 +145,11 @@ def _init(template: dict[str, Any], request: dict[str, Any], fds: list[int]) -> 
             raise
         if runtime_pid == 0:
             os.close(go_write)
-            _runtime(dict(request["runtime"], request_fd=request_fd, reply_fd=reply_fd,
-                          drop_capabilities=True), status_fd, go_read)
+            _runtime(
+                dict(request["runtime"], request_fd=request_fd, reply_fd=reply_fd, drop_capabilities=True),
+                status_fd,
+                go_read,
+            )
         for fd in (request_fd, reply_fd, go_read):
             os.close(fd)
         for signum in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:
@@ -153,8 +172,7 @@ def _init(template: dict[str, Any], request: dict[str, Any], fds: list[int]) -> 
         os._exit(code)
 
 
-def _intermediate(template: dict[str, Any], request: dict[str, Any], fds: list[int],
-                  report: socket.socket) -> None:
+def _intermediate(template: dict[str, Any], request: dict[str, Any], fds: list[int], report: socket.socket) -> None:
     """Enters the runtime's namespaces, forks its init and sends the init's pidfd on `report`
     (or why it failed); never returns."""
     code = 1
@@ -172,8 +190,11 @@ def _intermediate(template: dict[str, Any], request: dict[str, Any], fds: list[i
                 map_own_ids(uid, gid)
             init_pid = os.fork()
         except BaseException as exc:  # noqa: BLE001 - reported to the template, then exit
-            report.send(json.dumps({"error": f"the runtime's namespaces could not be created "
-                                             f"({type(exc).__name__}: {exc})"}).encode())
+            report.send(
+                json.dumps(
+                    {"error": f"the runtime's namespaces could not be created ({type(exc).__name__}: {exc})"}
+                ).encode()
+            )
             raise
         if init_pid == 0:
             report.close()
@@ -184,8 +205,9 @@ def _intermediate(template: dict[str, Any], request: dict[str, Any], fds: list[i
         os._exit(code)
 
 
-def _fork_runtime(template: dict[str, Any], request: dict[str, Any], fds: list[int],
-                  reports: tuple[socket.socket, socket.socket]) -> tuple[dict[str, Any], list[int]]:
+def _fork_runtime(
+    template: dict[str, Any], request: dict[str, Any], fds: list[int], reports: tuple[socket.socket, socket.socket]
+) -> tuple[dict[str, Any], list[int]]:
     """Forks one runtime; (the reply to the host, the descriptors to send with it).
     `reports`: the template's end and the intermediate's end of the socket that carries the
     init's pidfd."""

@@ -1,0 +1,163 @@
+"""Rollout throughput of the main job's producer with each improvement off and on, in one run:
+the packaged SFT model (configs/tiny_cpu.py), real sandboxes, the main job's synthetic tasks,
+group size, concurrency and engine shapes.
+
+    .venv/bin/python benchmarks/rollout_throughput.py [--rounds 2] [--tasks 8] [--out results.json]
+
+Variants (each a fresh engine and sandbox pool, one warm-up round that compiles, then
+`--rounds` timed rounds on the same tasks and seeds):
+- `baseline`: a fresh bubblewrap and Python per sandbox, every turn prefilled in full, one
+  decode step per dispatch;
+- `decode_chunk_8`: the same with 8 decode steps per dispatch in one compiled loop that stops
+  once every row has ended;
+- `+forked_sandboxes`, `+kv_continuation`: the improvements added one at a time;
+- `all`: forked sandboxes, KV continuation and 8 decode steps per dispatch (the defaults).
+It prints episodes/s and generated tokens/s per variant with the ratio to `baseline`, and where
+each round's time goes: inside the engine (`generate` calls) and outside it (sandbox starts and
+tool runs the engine waited for, grading, the episode driver).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from configs.tiny_cpu import get_config
+from pyvision_jax import wiring
+from pyvision_jax.agent.engine import Engine, GenerationRequest, GenerationResult, SamplingParams
+from pyvision_jax.data.task_order import TaskShard
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "baseline": {"sandbox.fork_runtimes": False, "rollout.kv_continuation": False, "rollout.decode_chunk": 1},
+    "decode_chunk_8": {"sandbox.fork_runtimes": False, "rollout.kv_continuation": False, "rollout.decode_chunk": 8},
+    "+forked_sandboxes": {"sandbox.fork_runtimes": True, "rollout.kv_continuation": False, "rollout.decode_chunk": 1},
+    "+kv_continuation": {"sandbox.fork_runtimes": True, "rollout.kv_continuation": True, "rollout.decode_chunk": 1},
+    "all": {"sandbox.fork_runtimes": True, "rollout.kv_continuation": True, "rollout.decode_chunk": 8},
+}
+
+
+class TimedEngine:
+    """An engine whose `generate` calls are timed (the episode driver calls it from one thread)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.busy_s = 0.0
+        self.calls = 0
+
+    def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[GenerationResult]:
+        start = time.perf_counter()
+        try:
+            return self.engine.generate(requests, sampling)
+        finally:
+            self.busy_s += time.perf_counter() - start
+            self.calls += 1
+
+    def update_weights(self, weights: Any, version: int) -> None:
+        self.engine.update_weights(weights, version)
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+
+def variant_config(overrides: dict[str, Any]):
+    config = copy.deepcopy(get_config())
+    for key, value in overrides.items():
+        section, _, field = key.partition(".")
+        config[section][field] = value
+    return config
+
+
+def run_variant(name: str, overrides: dict[str, Any], workdir: Path, tasks: int, rounds: int) -> dict[str, Any]:
+    config = variant_config(overrides)
+    tokenizer = wiring.load_tokenizer(config)
+    model, params = wiring.load_model(config)
+    engine = TimedEngine(
+        wiring.jax_engine(config, model, params, tokenizer, version=0, max_total_tokens=config.episode.max_total_tokens)
+    )
+    shard = TaskShard(wiring.training_tasks(config, workdir), wiring.task_order_seed(config))
+    items = shard.take(0, tasks)
+    with wiring.sandbox_pool(config) as sandboxes:
+        producer = wiring.producer(config, engine, tokenizer, sandboxes, wiring.episode_config(config, model))
+        producer.produce(items)  # warm-up: compiles every shape the timed rounds use
+        timed = []
+        for _ in range(rounds):
+            engine.busy_s, engine.calls = 0.0, 0
+            start = time.perf_counter()
+            groups = producer.produce(items)
+            wall = time.perf_counter() - start
+            trajectories = [t for g in groups for t in g.trajectories]
+            generated = sum(int(t.loss_mask.sum()) for t in trajectories)
+            timed.append(
+                {
+                    "wall_s": wall,
+                    "episodes": len(trajectories),
+                    "generated_tokens": generated,
+                    "engine_s": engine.busy_s,
+                    "engine_calls": engine.calls,
+                    "tool_s": sum(t.timings.get("tool_s", 0.0) for t in trajectories),
+                    "tool_calls": sum(t.num_tool_calls for t in trajectories),
+                }
+            )
+    wall = sum(r["wall_s"] for r in timed)
+    episodes = sum(r["episodes"] for r in timed)
+    tokens = sum(r["generated_tokens"] for r in timed)
+    engine_s = sum(r["engine_s"] for r in timed)
+    return {
+        "name": name,
+        "overrides": overrides,
+        "episodes_per_s": episodes / wall,
+        "tokens_per_s": tokens / wall,
+        "wall_s": wall,
+        "engine_share": engine_s / wall,
+        "engine_calls": sum(r["engine_calls"] for r in timed),
+        "tool_s_per_episode": sum(r["tool_s"] for r in timed) / max(episodes, 1),
+        "rounds": timed,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=2, help="timed rounds per variant")
+    parser.add_argument("--tasks", type=int, default=0, help="tasks per round (0: the main job's ceil(alpha * B))")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of the variants")
+    parser.add_argument("--out", default="", help="write the results as JSON here")
+    args = parser.parse_args()
+    base = get_config()
+    tasks = args.tasks or wiring.prompts_per_round(base)
+    workdir = Path(tempfile.mkdtemp(prefix="rollout-throughput-"))
+    wiring.use_compilation_cache(workdir)
+    names = [name for name in args.variants.split(",") if name]
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; known: {list(VARIANTS)}")
+    print(
+        f"main job producer: {tasks} tasks x G={base.rl.group_size} per round, max_concurrent "
+        f"{base.episode.max_concurrent}, max_batch {base.rollout.max_batch}, {args.rounds} timed round(s) per variant"
+    )
+    results = [run_variant(name, VARIANTS[name], workdir, tasks, args.rounds) for name in names]
+    reference = next((r for r in results if r["name"] == "baseline"), results[0])
+    print(
+        f"\n{'variant':<20} {'episodes/s':>10} {'tokens/s':>9} {'ratio':>6} {'engine':>7} {'calls':>6} {'tool s/ep':>9}"
+    )
+    for r in results:
+        ratio = r["episodes_per_s"] / reference["episodes_per_s"]
+        r["ratio_to_baseline"] = ratio
+        print(
+            f"{r['name']:<20} {r['episodes_per_s']:>10.3f} {r['tokens_per_s']:>9.1f} {ratio:>5.2f}x "
+            f"{r['engine_share']:>6.0%} {r['engine_calls']:>6d} {r['tool_s_per_episode']:>9.3f}"
+        )
+    print("\n(engine: share of the round's wall time inside `generate`; the rest is sandbox starts and tool runs")
+    print(" the engine waited for, grading and the episode driver; tool s/ep: sandbox time per episode)")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"tasks": tasks, "rounds": args.rounds, "results": results}, indent=1))
+        print(f"results: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
