@@ -88,9 +88,12 @@ def run_variant(name: str, overrides: dict[str, Any], workdir: Path, tasks: int,
         timed = []
         for _ in range(rounds):
             engine.busy_s, engine.calls = 0.0, 0
+            compiled = sum(engine.engine.compile_counts.values())
+            tokens_before = dict(engine.engine.token_counts)
             start = time.perf_counter()
             groups = producer.produce(items)
             wall = time.perf_counter() - start
+            counts = {k: v - tokens_before.get(k, 0) for k, v in engine.engine.token_counts.items()}
             trajectories = [t for g in groups for t in g.trajectories]
             generated = sum(int(t.loss_mask.sum()) for t in trajectories)
             timed.append(
@@ -102,6 +105,9 @@ def run_variant(name: str, overrides: dict[str, Any], workdir: Path, tasks: int,
                     "engine_calls": engine.calls,
                     "tool_s": sum(t.timings.get("tool_s", 0.0) for t in trajectories),
                     "tool_calls": sum(t.num_tool_calls for t in trajectories),
+                    "prefilled_tokens": counts.get("prefilled", 0),
+                    "reused_tokens": counts.get("reused", 0),
+                    "compiles": sum(engine.engine.compile_counts.values()) - compiled,
                 }
             )
     wall = sum(r["wall_s"] for r in timed)
@@ -117,6 +123,9 @@ def run_variant(name: str, overrides: dict[str, Any], workdir: Path, tasks: int,
         "engine_share": engine_s / wall,
         "engine_calls": sum(r["engine_calls"] for r in timed),
         "tool_s_per_episode": sum(r["tool_s"] for r in timed) / max(episodes, 1),
+        "prefilled_tokens": sum(r["prefilled_tokens"] for r in timed),
+        "reused_tokens": sum(r["reused_tokens"] for r in timed),
+        "compiles_in_timed_rounds": sum(r["compiles"] for r in timed),
         "rounds": timed,
     }
 
@@ -142,18 +151,19 @@ def main() -> None:
     )
     results = [run_variant(name, VARIANTS[name], workdir, tasks, args.rounds) for name in names]
     reference = next((r for r in results if r["name"] == "baseline"), results[0])
-    print(
-        f"\n{'variant':<20} {'episodes/s':>10} {'tokens/s':>9} {'ratio':>6} {'engine':>7} {'calls':>6} {'tool s/ep':>9}"
-    )
+    header = ("variant", "episodes/s", "tokens/s", "ratio", "engine", "calls", "tool s/ep", "prefilled", "reused")
+    print("\n{:<18} {:>10} {:>9} {:>6} {:>6} {:>5} {:>9} {:>9} {:>7} compiles".format(*header))
     for r in results:
         ratio = r["episodes_per_s"] / reference["episodes_per_s"]
         r["ratio_to_baseline"] = ratio
         print(
-            f"{r['name']:<20} {r['episodes_per_s']:>10.3f} {r['tokens_per_s']:>9.1f} {ratio:>5.2f}x "
-            f"{r['engine_share']:>6.0%} {r['engine_calls']:>6d} {r['tool_s_per_episode']:>9.3f}"
+            f"{r['name']:<18} {r['episodes_per_s']:>10.3f} {r['tokens_per_s']:>9.1f} {ratio:>5.2f}x "
+            f"{r['engine_share']:>6.0%} {r['engine_calls']:>5d} {r['tool_s_per_episode']:>9.3f} "
+            f"{r['prefilled_tokens']:>9d} {r['reused_tokens']:>7d} {r['compiles_in_timed_rounds']:>8d}"
         )
     print("\n(engine: share of the round's wall time inside `generate`; the rest is sandbox starts and tool runs")
-    print(" the engine waited for, grading and the episode driver; tool s/ep: sandbox time per episode)")
+    print(" the engine waited for, grading and the episode driver; tool s/ep: sandbox time per episode;")
+    print(" prefilled / reused: prompt tokens prefilled and taken from a held cache; compiles: in timed rounds)")
     if args.out:
         Path(args.out).write_text(json.dumps({"tasks": tasks, "rounds": args.rounds, "results": results}, indent=1))
         print(f"results: {args.out}")

@@ -47,13 +47,7 @@ from pyvision_jax.agent.prompts import (
 )
 from pyvision_jax.agent.trajectory import ContextImage, EndReason, Trajectory, TurnRecord
 from pyvision_jax.data.tasks import Task, read_video_info
-from pyvision_jax.processing.image import (
-    IMAGE_MAX_PIXELS,
-    IMAGE_MIN_PIXELS,
-    resize_rgb,
-    smart_resize,
-    to_rgb,
-)
+from pyvision_jax.processing.image import IMAGE_MAX_PIXELS, IMAGE_MIN_PIXELS, resize_rgb, smart_resize, to_rgb
 from pyvision_jax.processing.tokens import num_visual_tokens
 
 CODE_STOP = "</code>"

@@ -41,14 +41,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from pyvision_jax.agent.engine import Engine, SamplingParams, StreamingEngine
-from pyvision_jax.agent.episode import (
-    CODE_STOP,
-    EpisodeConfig,
-    EpisodeMachine,
-    EpisodeState,
-    PendingAction,
-    TaskPrompt,
-)
+from pyvision_jax.agent.episode import CODE_STOP, EpisodeConfig, EpisodeMachine, EpisodeState, PendingAction, TaskPrompt
 from pyvision_jax.agent.prompts import ChatRenderer
 from pyvision_jax.agent.trajectory import Trajectory, TrajectoryGroup
 from pyvision_jax.data.tasks import Task

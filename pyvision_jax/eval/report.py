@@ -22,13 +22,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from pyvision_jax.eval.records import (
-    REPORT_FILE,
-    RESULTS_FILE,
-    TRAJECTORIES_FILE,
-    read_finished,
-    write_text_atomic,
-)
+from pyvision_jax.eval.records import REPORT_FILE, RESULTS_FILE, TRAJECTORIES_FILE, read_finished, write_text_atomic
 from pyvision_jax.eval.report_charts import accuracy_chart, end_reasons_chart, tool_calls_chart
 
 _BASE64 = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")

@@ -218,12 +218,7 @@ def parse_choice(answer: str, options: Sequence[str] | None = None) -> str | Non
 
 
 def score_multiple_choice(
-    response: str,
-    ground_truth: str,
-    *,
-    options: Sequence[str] | None = None,
-    strict: bool = True,
-    gate: str = "last",
+    response: str, ground_truth: str, *, options: Sequence[str] | None = None, strict: bool = True, gate: str = "last"
 ) -> Score:
     """1 when the extracted answer names the same option as the ground truth."""
     expected = parse_choice(ground_truth, options)

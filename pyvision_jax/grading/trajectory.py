@@ -18,14 +18,7 @@ from typing import Any
 
 from pyvision_jax.agent.trajectory import Trajectory
 from pyvision_jax.data.tasks import Task
-from pyvision_jax.grading.scoring import (
-    ANSWER_GATES,
-    MRA_THRESHOLDS,
-    SCORERS,
-    ZERO_SCORE,
-    Score,
-    score_response,
-)
+from pyvision_jax.grading.scoring import ANSWER_GATES, MRA_THRESHOLDS, SCORERS, ZERO_SCORE, Score, score_response
 
 # A free-text answer goes to the math scorer: math_verify proves symbolic equivalence and falls
 # back to literal comparison of the normalised strings.

@@ -17,12 +17,7 @@ from PIL import Image
 
 from pyvision_jax.processing.image import IMAGE_MAX_PIXELS, IMAGE_MIN_PIXELS, preprocess_images
 from pyvision_jax.processing.tokens import num_visual_tokens
-from pyvision_jax.processing.video import (
-    VIDEO_MAX_PIXELS,
-    VIDEO_MIN_PIXELS,
-    VIDEO_TOTAL_PIXELS,
-    preprocess_video,
-)
+from pyvision_jax.processing.video import VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, VIDEO_TOTAL_PIXELS, preprocess_video
 
 
 @dataclass(frozen=True)
@@ -63,10 +58,7 @@ def expand_vision_pads(
     merge_size: int = 2,
 ) -> list[int]:
     """Replaces the k-th single image (video) pad with the k-th grid's token count of pads."""
-    grids = {
-        vision_ids.image_pad: _grid_list(image_grid_thw),
-        vision_ids.video_pad: _grid_list(video_grid_thw),
-    }
+    grids = {vision_ids.image_pad: _grid_list(image_grid_thw), vision_ids.video_pad: _grid_list(video_grid_thw)}
     used = {pad: 0 for pad in grids}
     expanded: list[int] = []
     for token_id in token_ids:

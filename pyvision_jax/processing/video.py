@@ -134,10 +134,7 @@ def preprocess_video(
 
 
 def load_video_frames(
-    path: str | Path,
-    sample_fps: float = DEFAULT_SAMPLE_FPS,
-    min_frames: int = MIN_FRAMES,
-    max_frames: int = MAX_FRAMES,
+    path: str | Path, sample_fps: float = DEFAULT_SAMPLE_FPS, min_frames: int = MIN_FRAMES, max_frames: int = MAX_FRAMES
 ) -> tuple[np.ndarray, float]:
     """Decodes uniformly sampled frames with decord: (frames uint8 [n, H, W, 3], sample_fps)."""
     import decord

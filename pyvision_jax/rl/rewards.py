@@ -7,11 +7,7 @@ import jax.numpy as jnp
 
 
 def accumulative_tool_reward(
-    score: jax.Array,
-    correct: jax.Array,
-    num_tool_calls: jax.Array,
-    valid: jax.Array,
-    coef: float = 0.1,
+    score: jax.Array, correct: jax.Array, num_tool_calls: jax.Array, valid: jax.Array, coef: float = 0.1
 ) -> jax.Array:
     """R = score + coef * num_tool_calls * 1[correct], and 0 on padding.
 

@@ -10,6 +10,8 @@ rows of a batch) and raw PRNG key data [b, 2]; token 0 of a request is drawn wit
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -110,3 +112,31 @@ def extend_rows(
         index=cache.index,
     )
     return cache, logits, tokens, logprobs
+
+
+def extend_tokens(
+    config: ModelConfig,
+    compute_dtype: str,
+    params: Any,
+    cache: KVCache,
+    inputs: ModelInputs,
+    targets: jax.Array,
+    keep: jax.Array,
+    keys: jax.Array,
+    settings: SamplingArrays,
+) -> tuple[KVCache, jax.Array, jax.Array]:
+    """`extend_rows` without the block's logits: (cache, first tokens, their logprobs)."""
+    cache, _, tokens, logprobs = extend_rows(
+        config, compute_dtype, params, cache, inputs, targets, keep, keys, settings
+    )
+    return cache, tokens, logprobs
+
+
+def counting(counts: Counter[str], name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn`, adding one to counts[name] each time it runs: under `jax.jit`, each trace."""
+
+    def traced(*args: Any) -> Any:
+        counts[name] += 1
+        return fn(*args)
+
+    return traced

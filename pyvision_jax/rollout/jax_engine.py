@@ -45,63 +45,37 @@ decode steps per dispatch or cache continuation it gets.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-import zlib
 from collections import Counter, deque
-from typing import Any, Iterable, Mapping, Sequence
+from functools import partial
+from typing import Any, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pyvision_jax.agent.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
-from pyvision_jax.models import KVCache, ModelConfig, ModelInputs, prepare_inputs
+from pyvision_jax.models import ModelConfig, ModelInputs, prepare_inputs
 from pyvision_jax.models.rope_index import decode_position_ids
 from pyvision_jax.models.vision import window_units
-from pyvision_jax.rollout.cache_rows import extend_rows, prefill_rows
+from pyvision_jax.rollout.cache_rows import counting, extend_tokens, prefill_rows
 from pyvision_jax.rollout.decode_loop import decode_steps
+from pyvision_jax.rollout.engine_requests import (
+    DecodingSlot,
+    PreparedRequest,
+    batch_sizes,
+    finish_reason,
+    prepare_requests,
+)
 from pyvision_jax.rollout.held_context import HeldContext, reusable_prefix
 from pyvision_jax.rollout.incremental_text import IncrementalText
-from pyvision_jax.rollout.named_params import params_from_named
+from pyvision_jax.rollout.named_params import params_like
 from pyvision_jax.rollout.prompt_block import prompt_block, suffix_positions
-from pyvision_jax.rollout.request_images import check_images, image_patches
+from pyvision_jax.rollout.request_images import image_patches
 from pyvision_jax.rollout.sampling import SamplingArrays
 from pyvision_jax.rollout.slot_cache import SlotCache, smallest_bucket
 
 DEFAULT_LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
-
-
-@dataclasses.dataclass
-class _Prepared:
-    """A validated request with its position in the call, token limit and PRNG key, and the
-    held slot (``row``) whose first ``reused`` tokens and ``reused_images`` images it continues."""
-
-    index: int
-    request: GenerationRequest
-    limit: int
-    key: np.ndarray  # raw key data of the request's PRNG key
-    pixel_values: np.ndarray | None = None  # patches of the images it prefills
-    row: int | None = None
-    reused: int = 0
-    reused_images: int = 0
-
-
-@dataclasses.dataclass
-class _Slot:
-    """Host state of one decoding slot."""
-
-    job: _Prepared
-    position: int  # M-RoPE position of `last_token` (not yet in the cache)
-    last_token: int
-    token_ids: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    text: IncrementalText | None = None
-
-    @property
-    def context(self) -> int:
-        """Tokens whose KV the slot's row holds: the prompt and all generated tokens but the last."""
-        return len(self.job.request.prompt_token_ids) + len(self.token_ids) - 1
 
 
 class JaxEngine:
@@ -163,36 +137,27 @@ class JaxEngine:
         self.eos_token_ids = frozenset(
             end_of_turn_ids(tokenizer) if eos_token_ids is None else (int(t) for t in eos_token_ids)
         )
-        if prefill_batch_sizes is None:
-            prefill_batch_sizes = [min(1 << k, max_batch) for k in range(max_batch.bit_length() + 1)]
-        self.prefill_batches = tuple(sorted({int(b) for b in prefill_batch_sizes}))
-        if self.prefill_batches[0] < 1 or self.prefill_batches[-1] != max_batch:
-            raise ValueError(
-                f"JaxEngine: prefill_batch_sizes must be positive and end at "
-                f"max_batch={max_batch}, got {prefill_batch_sizes}"
-            )
-        self.decode_batches = tuple(sorted({int(b) for b in decode_batch_sizes or self.prefill_batches}))
-        if self.decode_batches[0] < 1 or self.decode_batches[-1] != max_batch:
-            raise ValueError(
-                f"JaxEngine: decode_batch_sizes must be positive and end at "
-                f"max_batch={max_batch}, got {decode_batch_sizes}"
-            )
+        self.prefill_batches, self.decode_batches = batch_sizes(max_batch, prefill_batch_sizes, decode_batch_sizes)
         self.trace_counts: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()
         self.token_counts: Counter[str] = Counter()  # "prefilled", "reused" prompt tokens; "generated"
         self._kv = SlotCache(
             config, max_batch, buckets, decode_chunk, self.cache_dtype, min_cache_length, self.trace_counts, self.calls
         )
-        self._slots: list[_Slot | HeldContext | None] = [None] * max_batch
+        self._slots: list[DecodingSlot | HeldContext | None] = [None] * max_batch
         self._clock = 0
         self._params = jax.tree.map(jnp.asarray, params)
         self._version = int(version)
         self._lock = threading.Lock()
         self._seed_source = np.random.default_rng()
         self._vision_floor: dict[tuple[str, int], tuple[int, int]] = {}  # (kind, batch) -> (windows, merged)
-        self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1,))
-        self._extend = jax.jit(self._extend_impl, donate_argnums=(1,))
-        self._decode = jax.jit(self._decode_impl, donate_argnums=(1,))
+        # (params, cache, ...) -> (cache, ...): the cache is donated; traces are counted
+        dtype, counts = self.compute_dtype, self.trace_counts
+        self._prefill = jax.jit(counting(counts, "prefill", partial(prefill_rows, config, dtype)), donate_argnums=(1,))
+        self._extend = jax.jit(counting(counts, "extend", partial(extend_tokens, config, dtype)), donate_argnums=(1,))
+        self._decode = jax.jit(
+            counting(counts, "decode", partial(decode_steps, config, dtype, decode_chunk)), donate_argnums=(1,)
+        )
 
     # ------------------------------------------------------------------ Engine protocol
 
@@ -222,26 +187,7 @@ class JaxEngine:
         ``weights`` is a params pytree like the one the engine was built with, or an
         iterable of (Hub or transformers-v5 tensor name, array in HF layout) pairs.
         """
-        if not isinstance(weights, Mapping):
-            weights = params_from_named(self.config, weights)
-        current = self._params
-        if jax.tree.structure(weights) != jax.tree.structure(current):
-            raise ValueError(
-                "update_weights: the new weights' tree differs from the engine's "
-                f"params: {jax.tree.structure(weights)} vs {jax.tree.structure(current)}"
-            )
-
-        def convert(path: Any, new: Any, old: jax.Array) -> jax.Array:
-            if tuple(np.shape(new)) != old.shape:
-                raise ValueError(
-                    f"update_weights: {jax.tree_util.keystr(path)} has shape "
-                    f"{tuple(np.shape(new))}, the engine's params {old.shape}"
-                )
-            value = jnp.asarray(new, old.dtype)
-            # a committed array where the old leaf was not (or vice versa) would recompile
-            return jax.device_put(value, old.sharding) if old.committed else value
-
-        new_params = jax.tree_util.tree_map_with_path(convert, weights, current)
+        new_params = params_like(self.config, weights, self._params)
         with self._lock:
             self._params = new_params
             self._version = int(version)
@@ -263,7 +209,7 @@ class JaxEngine:
             self._kv.reset(max(len(j.request.prompt_token_ids) for j in jobs))
             queued = deque(jobs)
             try:
-                while queued or any(isinstance(s, _Slot) for s in self._slots):
+                while queued or any(isinstance(s, DecodingSlot) for s in self._slots):
                     kind, joining, rows = self._joining(queued)
                     if joining:
                         admit = self._admit_extended if kind == "extend" else self._admit
@@ -278,35 +224,19 @@ class JaxEngine:
 
     # ------------------------------------------------------------------ host side
 
-    def _prepare(self, requests: Sequence[GenerationRequest], params: SamplingParams, seed: int) -> list[_Prepared]:
+    def _prepare(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams, seed: int
+    ) -> list[PreparedRequest]:
         """Validates the requests, gives each its key and held slot, and preprocesses the
         images each will prefill."""
-        largest = self.length_buckets[-1]
-        repeats: Counter[str] = Counter()
-        base = jax.random.key(seed)
-        jobs = []
-        for index, request in enumerate(requests):
-            prompt = request.prompt_token_ids
-            limit = request.token_limit(params)
-            if not prompt:
-                raise ValueError(f"request {request.request_id}: empty prompt_token_ids")
-            if len(prompt) + limit > largest:
-                raise ValueError(
-                    f"request {request.request_id}: prompt of {len(prompt)} tokens + token "
-                    f"limit {limit} exceeds the engine's largest length bucket {largest}"
-                )
-            check_images(self.config, request)
-            key = jax.random.fold_in(base, zlib.crc32(request.request_id.encode()) & 0x7FFFFFFF)
-            key = jax.random.fold_in(key, repeats[request.request_id])
-            repeats[request.request_id] += 1
-            jobs.append(_Prepared(index, request, limit, np.asarray(jax.random.key_data(key))))
+        jobs = prepare_requests(self.config, requests, params, seed, self.length_buckets[-1])
         if self.kv_continuation:
             self._claim(jobs)
         for job in jobs:
             job.pixel_values = image_patches(self.config, job.request, job.reused_images)
         return jobs
 
-    def _claim(self, jobs: list[_Prepared]) -> None:
+    def _claim(self, jobs: list[PreparedRequest]) -> None:
         """Sends each request continuing a held slot's context back to that slot."""
         held = {i: s for i, s in enumerate(self._slots) if isinstance(s, HeldContext)}
         merge = self.config.vision.spatial_merge_size
@@ -322,7 +252,7 @@ class JaxEngine:
                     job.row, job.reused, job.reused_images = row, reused, images
                     del held[row]
 
-    def _joining(self, queued: deque) -> tuple[str, list[_Prepared], list[int]]:
+    def _joining(self, queued: deque) -> tuple[str, list[PreparedRequest], list[int]]:
         """The next requests to admit and their slots: every queued continuation, else as many
         queued requests as there are free slots, given up held ones included (least
         recently held first)."""
@@ -342,7 +272,9 @@ class JaxEngine:
             self._slots[i] = None
             self._kv.content[i] = 0
 
-    def _block(self, joining: list[_Prepared], starts: Sequence[int], buckets: Sequence[int]) -> tuple[dict, int, int]:
+    def _block(
+        self, joining: list[PreparedRequest], starts: Sequence[int], buckets: Sequence[int]
+    ) -> tuple[dict, int, int]:
         """``prompt_block`` of the prompts' tokens from `starts` on, padded to one of `buckets`."""
         return prompt_block(
             self.config,
@@ -355,7 +287,7 @@ class JaxEngine:
 
     def _admit(
         self,
-        joining: list[_Prepared],
+        joining: list[PreparedRequest],
         rows: list[int],
         settings: SamplingArrays,
         params: SamplingParams,
@@ -384,7 +316,7 @@ class JaxEngine:
 
     def _admit_extended(
         self,
-        joining: list[_Prepared],
+        joining: list[PreparedRequest],
         rows: list[int],
         settings: SamplingArrays,
         params: SamplingParams,
@@ -420,14 +352,14 @@ class JaxEngine:
         targets[: len(rows)] = rows
         return jnp.asarray(targets)
 
-    def _keys(self, joining: list[_Prepared], batch: int) -> jax.Array:
+    def _keys(self, joining: list[PreparedRequest], batch: int) -> jax.Array:
         keys = np.zeros((batch, 2), np.uint32)
         keys[: len(joining)] = [j.key for j in joining]
         return jnp.asarray(keys)
 
     def _seat(
         self,
-        joining: list[_Prepared],
+        joining: list[PreparedRequest],
         rows: list[int],
         starts: Sequence[int],
         tokens: jax.Array,
@@ -439,7 +371,7 @@ class JaxEngine:
         """Puts the prefilled requests in their slots with their first tokens."""
         tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
         for k, (job, row) in enumerate(zip(joining, rows)):
-            self._slots[row] = _Slot(
+            self._slots[row] = DecodingSlot(
                 job,
                 position=int(starts[k]),
                 last_token=int(tokens[k]),
@@ -474,13 +406,13 @@ class JaxEngine:
         every active one, moved to the front if needed) and hands each slot its tokens."""
         slots = self._slots
         self._kv.make_room(0, self.decode_chunk)
-        active = [i for i, s in enumerate(slots) if isinstance(s, _Slot)]
+        active = [i for i, s in enumerate(slots) if isinstance(s, DecodingSlot)]
         rows = smallest_bucket(len(active), self.decode_batches)
         if active[-1] >= rows:
-            order = active + [i for i, s in enumerate(slots) if not isinstance(s, _Slot)]
+            order = active + [i for i, s in enumerate(slots) if not isinstance(s, DecodingSlot)]
             self._kv.permute_rows(np.asarray(order, np.int32))
             slots[:] = [slots[i] for i in order]
-        running = [s if isinstance(s, _Slot) else None for s in slots[:rows]]
+        running = [s if isinstance(s, DecodingSlot) else None for s in slots[:rows]]
         live = np.array([s is not None for s in running])
         column = lambda value, dtype=np.int32: np.array([value(s) if s else 0 for s in running], dtype)
         self._kv.cache, new_tokens, new_logprobs, drawn, steps = self._decode(
@@ -526,19 +458,7 @@ class JaxEngine:
         slot.token_ids.append(token)
         slot.logprobs.append(logprob)
         self.token_counts["generated"] += 1
-        reason, matched = None, None
-        if token in self.eos_token_ids or token in params.stop_token_ids:
-            reason = "eos"
-        elif slot.text is not None:
-            before = len(slot.text.text)
-            if slot.text.append(token):
-                text = slot.text.text
-                hits = [(text.find(s, max(0, before - len(s) + 1)), s) for s in params.stop]
-                hits = [(at + len(s), s) for at, s in hits if at >= 0]
-                if hits:
-                    reason, matched = "stop", min(hits)[1]
-        if reason is None and len(slot.token_ids) >= slot.job.limit:
-            reason = "length"
+        reason, matched = finish_reason(slot, token, self.eos_token_ids, params)
         if reason is None:
             return False
         results[slot.job.index] = GenerationResult(
@@ -558,67 +478,3 @@ class JaxEngine:
         else:
             self._free([i])
         return True
-
-    # ------------------------------------------------------------------ jitted functions
-
-    def _prefill_impl(
-        self,
-        params: Any,
-        cache: KVCache,
-        inputs: ModelInputs,
-        targets: jax.Array,
-        start: jax.Array,
-        keys: jax.Array,
-        settings: SamplingArrays,
-    ) -> tuple[KVCache, jax.Array, jax.Array]:
-        """``cache_rows.prefill_rows``."""
-        self.trace_counts["prefill"] += 1
-        return prefill_rows(self.config, self.compute_dtype, params, cache, inputs, targets, start, keys, settings)
-
-    def _extend_impl(
-        self,
-        params: Any,
-        cache: KVCache,
-        inputs: ModelInputs,
-        targets: jax.Array,
-        keep: jax.Array,
-        keys: jax.Array,
-        settings: SamplingArrays,
-    ) -> tuple[KVCache, jax.Array, jax.Array]:
-        """``cache_rows.extend_rows`` without the block's logits."""
-        self.trace_counts["extend"] += 1
-        cache, _, tokens, logprobs = extend_rows(
-            self.config, self.compute_dtype, params, cache, inputs, targets, keep, keys, settings
-        )
-        return cache, tokens, logprobs
-
-    def _decode_impl(
-        self,
-        params: Any,
-        cache: KVCache,
-        tokens: jax.Array,
-        positions: jax.Array,
-        live: jax.Array,
-        counts: jax.Array,
-        limits: jax.Array,
-        keys: jax.Array,
-        stop_mask: jax.Array,
-        settings: SamplingArrays,
-    ) -> tuple:
-        """``decode_loop.decode_steps`` of up to `decode_chunk` steps."""
-        self.trace_counts["decode"] += 1
-        return decode_steps(
-            self.config,
-            self.compute_dtype,
-            self.decode_chunk,
-            params,
-            cache,
-            tokens,
-            positions,
-            live,
-            counts,
-            limits,
-            keys,
-            stop_mask,
-            settings,
-        )

@@ -4,12 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pyvision_jax.agent.engine import (
-    Engine,
-    GenerationRequest,
-    GenerationResult,
-    SamplingParams,
-)
+from pyvision_jax.agent.engine import Engine, GenerationRequest, GenerationResult, SamplingParams
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 
 PAD, IM_END = 2012, 2002
@@ -50,12 +45,7 @@ def test_results_keep_tokens_and_logprobs_aligned():
 
 def test_scripted_engine_follows_the_protocol_conventions(tokenizer):
     engine = ScriptedEngine(
-        tokenizer,
-        {
-            "a": ["think <code>\nx\n</code> never seen", "final"],
-            "b": ["word " * 50],
-        },
-        version=3,
+        tokenizer, {"a": ["think <code>\nx\n</code> never seen", "final"], "b": ["word " * 50]}, version=3
     )
     assert isinstance(engine, Engine)
     params = SamplingParams(stop=("</code>",), max_new_tokens=20)

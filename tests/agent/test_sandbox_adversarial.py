@@ -14,13 +14,7 @@ from pathlib import Path
 import pytest
 
 from pyvision_jax.agent.sandbox import STATE_LOST_NOTICE, RunResult, Sandbox, SandboxConfig
-from tests.agent.sandbox_probes import (
-    RUNTIME_KINDS,
-    assert_gone,
-    current_pids,
-    footprint,
-    sandbox_of_kind,
-)
+from tests.agent.sandbox_probes import RUNTIME_KINDS, assert_gone, current_pids, footprint, sandbox_of_kind
 
 KILL_CONFIG = SandboxConfig(
     timeout_s=2.0,

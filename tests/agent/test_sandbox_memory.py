@@ -21,11 +21,7 @@ import psutil
 import pytest
 
 from pyvision_jax.agent.sandbox import Sandbox, SandboxConfig, SandboxPool, cgroups
-from pyvision_jax.agent.sandbox.cgroups import (
-    MemoryHierarchy,
-    candidate_hierarchies,
-    find_memory_hierarchy,
-)
+from pyvision_jax.agent.sandbox.cgroups import MemoryHierarchy, candidate_hierarchies, find_memory_hierarchy
 from tests.agent.sandbox_probes import RUNTIME_KINDS, footprint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

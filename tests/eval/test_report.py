@@ -14,12 +14,7 @@ from PIL import Image
 
 from pyvision_jax.eval.records import REPORT_FILE, RESULTS_FILE, TRAJECTORIES_FILE
 from pyvision_jax.eval.report import render_report, write_report
-from pyvision_jax.eval.report_charts import (
-    ACCURACY_COLOUR,
-    DONE_COLOUR,
-    OTHER_END_COLOUR,
-    TOOL_CALLS_COLOUR,
-)
+from pyvision_jax.eval.report_charts import ACCURACY_COLOUR, DONE_COLOUR, OTHER_END_COLOUR, TOOL_CALLS_COLOUR
 from tests.eval.scripted_benchmark import HOSTILE, run_scripted_evaluation
 
 CHROMIUM = "/usr/bin/chromium"

@@ -7,13 +7,7 @@ import pytest
 
 from pyvision_jax.agent.templates import PromptTemplate
 from pyvision_jax.grading.judge import JUDGE_NAMES, JudgeConfig, LLMJudge
-from pyvision_jax.grading.routes import (
-    ANSWER_TYPE_ROUTES,
-    RELEASED_ROUTES,
-    Graded,
-    ScorerRoutes,
-    grade_trajectories,
-)
+from pyvision_jax.grading.routes import ANSWER_TYPE_ROUTES, RELEASED_ROUTES, Graded, ScorerRoutes, grade_trajectories
 from pyvision_jax.grading.scoring import extract_answer, mean_relative_accuracy
 from pyvision_jax.grading.trajectory import ScoringRules, score_task_response
 from pyvision_jax.rl.rewards import accumulative_tool_reward

@@ -31,7 +31,7 @@ MESSAGES = [
             {"type": "text", "text": "and the video"},
             {"type": "video"},
         ],
-    },
+    }
 ]
 
 

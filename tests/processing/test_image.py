@@ -3,12 +3,8 @@
 import numpy as np
 import pytest
 from PIL import Image
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-    Qwen2VLImageProcessorPil,
-)
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-    smart_resize as reference_smart_resize,
-)
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as reference_smart_resize
 
 from pyvision_jax.processing.image import patchify, preprocess_images, smart_resize
 

@@ -74,9 +74,7 @@ def test_groups_of_a_consumer_that_never_acks_are_reclaimed_by_another(redis_url
     assert stats.backlog == 0
 
 
-def test_a_consumer_restarted_under_its_name_gets_its_unacknowledged_groups_back_at_once(
-    redis_url,
-):
+def test_a_consumer_restarted_under_its_name_gets_its_unacknowledged_groups_back_at_once(redis_url):
     producer = open_queue(redis_url)
     ids = [producer.put(f"g{n}".encode(), version=0) for n in range(5)]
     before = open_queue(redis_url, consumer="trainer-0", claim_idle_ms=600_000)

@@ -40,11 +40,7 @@ and `fork_server` (a pool's template, a runtime forked from it, and the pool's s
 """
 
 from pyvision_jax.agent.sandbox.config import SandboxConfig
-from pyvision_jax.agent.sandbox.errors import (
-    SandboxError,
-    SandboxStartError,
-    SandboxUnavailableError,
-)
+from pyvision_jax.agent.sandbox.errors import SandboxError, SandboxStartError, SandboxUnavailableError
 from pyvision_jax.agent.sandbox.pool import SandboxPool
 from pyvision_jax.agent.sandbox.results import STATE_LOST_NOTICE, TRUNCATION_MARKER, RunResult
 from pyvision_jax.agent.sandbox.sandbox import Sandbox

@@ -11,12 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pyvision_jax.agent.sandbox.cgroups import MemoryCgroup, SandboxMemory
-from pyvision_jax.agent.sandbox.channel import (
-    CallTimeout,
-    ChannelClosed,
-    RuntimeChannel,
-    wait_readable,
-)
+from pyvision_jax.agent.sandbox.channel import CallTimeout, ChannelClosed, RuntimeChannel, wait_readable
 from pyvision_jax.agent.sandbox.config import SandboxConfig
 from pyvision_jax.agent.sandbox.errors import SandboxStartError
 from pyvision_jax.agent.sandbox.font_cache import matplotlib_font_cache

@@ -16,22 +16,12 @@ from pyvision_jax.agent.sandbox.config import SandboxConfig
 from pyvision_jax.agent.sandbox.errors import SandboxError
 from pyvision_jax.agent.sandbox.fork_server import ForkServer
 from pyvision_jax.agent.sandbox.forked import ForkedRuntime
-from pyvision_jax.agent.sandbox.host_dirs import (
-    create_host_dir,
-    remove_host_dir,
-    sweep_abandoned_host_dirs_once,
-)
+from pyvision_jax.agent.sandbox.host_dirs import create_host_dir, remove_host_dir, sweep_abandoned_host_dirs_once
 from pyvision_jax.agent.sandbox.isolation import isolation_mode
 from pyvision_jax.agent.sandbox.media import check_variable_name, stage_media
 from pyvision_jax.agent.sandbox.process import RuntimeProcess, describe_exit
 from pyvision_jax.agent.sandbox.registry import LIVE_SANDBOXES, install_shutdown_hooks
-from pyvision_jax.agent.sandbox.results import (
-    STATE_LOST_NOTICE,
-    RunResult,
-    reply_error,
-    reply_images,
-    reply_stdout,
-)
+from pyvision_jax.agent.sandbox.results import STATE_LOST_NOTICE, RunResult, reply_error, reply_images, reply_stdout
 
 Runtime = RuntimeProcess | ForkedRuntime
 

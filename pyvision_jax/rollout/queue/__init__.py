@@ -41,9 +41,7 @@ __all__ = [
 
 
 def make_queue(
-    config: QueueConfig | Mapping[str, Any],
-    *,
-    decode: Callable[[bytes], Any] | None = None,
+    config: QueueConfig | Mapping[str, Any], *, decode: Callable[[bytes], Any] | None = None
 ) -> TrajectoryQueue:
     """Builds the configured backend. `config` is a QueueConfig, a dict or a ConfigDict."""
     if not isinstance(config, QueueConfig):

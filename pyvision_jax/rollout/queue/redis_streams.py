@@ -211,12 +211,7 @@ class RedisTrajectoryQueue(TrajectoryQueue):
 
     def _reclaim(self, count: int) -> list[RawEntry]:
         cursor, claimed, *_ = self._client.xautoclaim(
-            self._stream,
-            self.group,
-            self.consumer,
-            self.claim_idle_ms,
-            start_id=self._claim_cursor,
-            count=count,
+            self._stream, self.group, self.consumer, self.claim_idle_ms, start_id=self._claim_cursor, count=count
         )
         self._claim_cursor = cursor
         # Entries deleted meanwhile come back without fields (Redis 6.2) or not at all (7+).
