@@ -90,7 +90,7 @@ def surviving(trace: Footprint, exclude: frozenset[int] = frozenset()) -> list[s
     return found
 
 
-def assert_gone(trace: Footprint, grace_s: float = 3.0, exclude: frozenset[int] = frozenset()) -> None:
+def assert_gone(trace: Footprint, grace_s: float = 20.0, exclude: frozenset[int] = frozenset()) -> None:
     deadline = time.monotonic() + grace_s
     while surviving(trace, exclude) and time.monotonic() < deadline:
         time.sleep(0.05)
