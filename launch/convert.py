@@ -1,13 +1,6 @@
-"""Convert Qwen2.5-VL weights between Hugging Face directories and Flax params checkpoints.
+"""Thin wrapper over `pyvision-convert` (pyvision_jax.cli.convert), whose docstring it takes for --help."""
 
-  python launch/convert.py hf2flax --src HF_DIR --dst DIR   # orbax params + config.json
-  python launch/convert.py flax2hf --src DIR --dst HF_DIR   # safetensors shards + index + config.json
-
-Tokenizer and other side files of the HF directory travel along (DIR/hf_files/) so that the
-exported directory is complete for transformers and vLLM.
-"""
-
-from pyvision_jax.cli.convert import run
+from pyvision_jax.cli.convert import __doc__, run  # noqa: F401 - absl's --help prints the main module's __doc__
 
 if __name__ == "__main__":
     run()

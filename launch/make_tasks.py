@@ -1,13 +1,6 @@
-"""Write a synthetic task file and its media (the generator the trainer uses).
+"""Thin wrapper over `pyvision-make-tasks` (pyvision_jax.cli.make_tasks), whose docstring it takes for --help."""
 
-    python launch/make_tasks.py --out /tmp/tasks --per-kind 8 --seed 7 [--kinds visual_search,counting,video]
-
-One JSONL file per kind (`DIR/<kind>.jsonl`, media beside it) plus `DIR/tasks.jsonl` with
-every task, ready for `launch/eval.py --data`. Seeds used in training: data.synthetic_seed
-(RL, default 0) and sft.synthetic_seed (SFT, default 1000); evaluate on another seed.
-"""
-
-from pyvision_jax.cli.make_tasks import run
+from pyvision_jax.cli.make_tasks import __doc__, run  # noqa: F401 - absl's --help prints the main module's __doc__
 
 if __name__ == "__main__":
     run()
