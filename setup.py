@@ -43,7 +43,7 @@ setup(
     version="0.1.0",
     description="PyVision-RL agentic reinforcement learning for Qwen2.5-VL in JAX/Flax",
     packages=find_packages(include=["pyvision_jax", "pyvision_jax.*", "configs"]),
-    package_data={"pyvision_jax": ["assets/**/*"], "configs": ["prompts/*"]},
+    package_data={"pyvision_jax": ["assets/**/*"], "configs": ["prompts/*", "sandbox/*"]},
     entry_points={
         "console_scripts": [
             "pyvision-train = pyvision_jax.cli.train:run",

@@ -56,7 +56,7 @@ from pyvision_jax.wiring import (  # noqa: E402
 )
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", str(ROOT / "configs" / "tiny_cpu.py"), "Base config.", lock_config=True
+    "config", str(ROOT / "configs" / "kinds_cpu.py"), "Base config.", lock_config=True
 )
 _TASKS = flags.DEFINE_integer("tasks", 16, "Groups (tasks) each worker runs per round.")
 _GROUP = flags.DEFINE_integer("group-size", 8, "G: episodes per group.")

@@ -1,7 +1,7 @@
 """Which parameter groups an update moved, and by how much: two checkpoints compared.
 
     python benchmarks/param_movement.py --before packaged:small_sft --after /tmp/run [--out movement.json] \
-        [--config configs/tiny_cpu.py]
+        [--config configs/kinds_cpu.py]
 
 Either side is anything `launch/eval.py` loads (an HF directory, "packaged:NAME", a training
 workdir or checkpoint). Per group (embed, attention, mlp, norms, lm_head, visual, other): the
@@ -30,7 +30,7 @@ from pyvision_jax.wiring.evaluation import load_policy  # noqa: E402
 from pyvision_jax.wiring.model import hf_dir  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", str(ROOT / "configs" / "tiny_cpu.py"), "Config (architecture).", lock_config=True
+    "config", str(ROOT / "configs" / "kinds_cpu.py"), "Config (architecture).", lock_config=True
 )
 _BEFORE = flags.DEFINE_string("before", "packaged:small_sft", "The starting weights.")
 _AFTER = flags.DEFINE_string("after", None, "The updated weights.")

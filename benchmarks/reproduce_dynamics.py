@@ -1,15 +1,43 @@
-"""Reproduce the paper's training dynamics and ablations at toy scale.
+"""Reproduce the paper's learning results at toy scale: the fixed-temperature baselines, the full
+recipe, its ablations and the controls, with early stopping on a validation set and bootstrap
+intervals over held-out tasks.
 
     python benchmarks/reproduce_dynamics.py --workdir /tmp/dynamics [--steps 24] [--eval-every 6] \
-        [--variants full,no_tool_reward,std_norm,arrival_order,turns_2] [--config.x=y ...]
+        [--variants full,no_tool_reward,std_norm,arrival_order,turns_2,random_reward,entropy_min] \
+        [--seeds 0] [--temperatures 0.1,0.3,0.6,1.0] [--validation-seed 777] [--config configs/tiny_cpu.py] \
+        [--config.x=y ...]
 
-From the config's starting model (configs/tiny_cpu.py: the packaged SFT checkpoint of the
-small model) each variant of `pyvision_jax.eval.ablations.VARIANTS` runs GRPO on the same
-synthetic tasks with the same seeds; the held-out set (`eval.heldout_*`, a seed never
-trained on) is evaluated once before training and every `--eval-every` steps. Writes
-WORKDIR/<variant>/ (TensorBoard, checkpoints, held-out evaluations), WORKDIR/results.json,
-WORKDIR/dynamics.png (the variants side by side) and WORKDIR/results.md (the table).
-Rerunning resumes.
+Two task sets of the config's synthetic kinds (`data.synthetic_kinds`), both of
+`eval.heldout_per_kind` tasks per kind and `eval.heldout_k` rollouts per task: the validation
+set (synthetic seed --validation-seed) and the held-out set (`eval.heldout_seed`). Neither seed
+may be a training seed, nor the two the same. Nothing is ever chosen on the held-out set.
+
+1. Baselines: the config's starting model (no training) at each of --temperatures on both
+   sets; the temperature best on validation (the first listed among equals) gives "the best
+   fixed-temperature baseline", its held-out per-task accuracies.
+2. Runs: each variant of `pyvision_jax.eval.ablations.VARIANTS` (--variants: the recipe, its
+   ablations and the controls random_reward and entropy_min) trains GRPO from the same start
+   for --steps steps once per seed of --seeds (`config.seed`), evaluated on both sets at the
+   start (step 0: the starting model at eval.temperature) and every --eval-every steps and the
+   last. Its reported result is the held-out evaluation at the step of best validation
+   accuracy (ties: the earliest); the last step's is kept beside it.
+3. Statistics per run (`eval.dynamics_stats`): held-out accuracy early-stopped and last with
+   95 % bootstrap intervals over tasks, the paired interval of (early-stopped - best
+   baseline) and of (last - start), tool calls per trajectory (held-out start and end, the
+   training curve's last value) and their ratio to the full recipe's of the same seed, plan
+   shares (`data.shape_plans.plan_of`) on held-out at the start, the early-stopped step and
+   the end, wall time; and per seed the checks of the learning claims (`eval.dynamics_stats.claim_checks`).
+
+Writes WORKDIR/validation/tasks and WORKDIR/heldout/tasks; WORKDIR/baselines/seed_<S>/T_<T>
+(the starting model's evaluations); WORKDIR/<variant>/seed_<S>/ (TensorBoard under tb/ with
+heldout/* and validation/* scalars, checkpoints, validation/step_N and heldout/step_N
+evaluations, wall_time.json); WORKDIR/results.json (keys: command, steps, eval_every, seeds,
+variants, validation, heldout, baselines, start, runs, claims, wall_time_s);
+WORKDIR/dynamics.png (held-out accuracy with the best baseline and the start, training
+accuracy, tool calls, careful-plan share, entropy, response length: one line per variant, the
+mean over seeds); WORKDIR/plans.png (held-out plan shares at the start and the end per
+variant); WORKDIR/results.md (the baseline, the tables, the claim checks). Rerunning
+resumes the runs and reuses every finished evaluation.
 """
 
 from __future__ import annotations
@@ -26,17 +54,34 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from pyvision_jax import wiring  # noqa: E402
 from pyvision_jax.eval.ablations import VARIANTS  # noqa: E402
-from pyvision_jax.eval.dynamics_figures import plot_dynamics, results_table  # noqa: E402
-from pyvision_jax.wiring.dynamics_runs import run_variant  # noqa: E402
-from pyvision_jax.wiring.heldout import evaluate_heldout  # noqa: E402
+from pyvision_jax.eval.baselines import HELDOUT  # noqa: E402
+from pyvision_jax.eval.dynamics_figures import plot_dynamics, plot_plans  # noqa: E402
+from pyvision_jax.eval.dynamics_stats import claim_checks, run_records, statistics_by_run  # noqa: E402
+from pyvision_jax.eval.dynamics_tables import results_markdown  # noqa: E402
+from pyvision_jax.wiring.baselines import (  # noqa: E402
+    heldout_set,
+    start_evaluations,
+    temperature_baselines,
+    validation_set,
+)
+from pyvision_jax.wiring.dynamics_runs import check_seeds, run_variant  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", str(ROOT / "configs" / "tiny_cpu.py"), "Base config.", lock_config=True
 )
-_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (one run directory per variant).")
-_STEPS = flags.DEFINE_integer("steps", 24, "GRPO steps per variant.")
-_EVAL_EVERY = flags.DEFINE_integer("eval-every", 6, "Held-out evaluation every this many steps.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (one run directory per variant and seed).")
+_STEPS = flags.DEFINE_integer("steps", 24, "GRPO steps per run.")
+_EVAL_EVERY = flags.DEFINE_integer("eval-every", 6, "Validation and held-out evaluation every this many steps.")
 _VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), "Variants to run, comma-separated.")
+_SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds (config.seed) each variant runs with, comma-separated.")
+_TEMPERATURES = flags.DEFINE_list("temperatures", ["0.1", "0.3", "0.6", "1.0"], "Baseline sampling temperatures.")
+_VALIDATION_SEED = flags.DEFINE_integer(
+    "validation-seed", 777, "Synthetic seed of the validation set (temperature choice, early stopping)."
+)
+
+
+def log(line: str) -> None:
+    print(line, flush=True)
 
 
 def main(argv: list[str]) -> None:
@@ -48,53 +93,73 @@ def main(argv: list[str]) -> None:
     if unknown:
         raise app.UsageError(f"--variants: unknown {unknown}; known: {list(VARIANTS)}")
     config, workdir = _CONFIG.value, Path(_WORKDIR.value).absolute()
-    if not config.eval.heldout_per_kind:
-        raise app.UsageError("the config has no held-out set: set --config.eval.heldout_per_kind > 0")
+    try:
+        seeds = [int(s) for s in _SEEDS.value]
+        temperatures = [float(t) for t in _TEMPERATURES.value]
+        heldout = heldout_set(config)
+        validation = validation_set(config, _VALIDATION_SEED.value)
+        check_seeds(config, seeds)
+        if not temperatures or min(temperatures) <= 0:
+            raise ValueError(f"--temperatures must be > 0, got {_TEMPERATURES.value}")
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
     workdir.mkdir(parents=True, exist_ok=True)
     # each segment and evaluation builds its engine and train step anew: compile each shape once
     wiring.use_compilation_cache(workdir)
-    start = time.perf_counter()
-    before = evaluate_heldout(config, workdir, None, "before")
-    print(f"held-out before training: {before.summary()}", flush=True)
-    runs, times = [], {}
-    for name in _VARIANTS.value:
-        begin = time.perf_counter()
-        runs.append(
-            run_variant(
-                config,
-                VARIANTS[name],
-                workdir,
-                _STEPS.value,
-                _EVAL_EVERY.value,
-                before,
-                log=lambda line: print(line, flush=True),
-            )
+    begin = time.perf_counter()
+    baselines = temperature_baselines(config, workdir, temperatures, validation, heldout, log)
+    best = baselines.best
+    log(f"best fixed temperature on validation: T {baselines.best_temperature:g}; held-out {best.summary()}")
+    start = start_evaluations(config, workdir, (validation, heldout))
+    baseline_time = round(time.perf_counter() - begin, 1)
+    runs = [
+        run_variant(
+            config, VARIANTS[name], seed, workdir, _STEPS.value, _EVAL_EVERY.value, validation, heldout, start, log
         )
-        times[name] = round(time.perf_counter() - begin, 1)
+        for name in _VARIANTS.value
+        for seed in seeds
+    ]
+    records = run_records(runs, best)
+    checks = claim_checks(statistics_by_run(records))
+    baselines_record = baselines.as_dict()
     results = {
         "command": " ".join(sys.argv),
         "steps": _STEPS.value,
         "eval_every": _EVAL_EVERY.value,
-        "heldout": {
-            "per_kind": config.eval.heldout_per_kind,
-            "seed": config.eval.heldout_seed,
-            "k": config.eval.heldout_k,
+        "seeds": seeds,
+        "variants": list(_VARIANTS.value),
+        "validation": validation.as_dict(),
+        "heldout": heldout.as_dict(),
+        "baselines": baselines_record,
+        "start": {
+            "temperature": float(config.eval.temperature),
+            **{name: summary.as_dict() for name, summary in start.items()},
         },
-        "wall_time_s": {"total": round(time.perf_counter() - start, 1), **times},
-        "runs": runs,
+        "runs": records,
+        "claims": checks,
+        "wall_time_s": {
+            "total": round(time.perf_counter() - begin, 1),
+            "baselines": baseline_time,
+            "runs": {f"{r['name']}/seed_{r['seed']}": r["wall_time_s"] for r in records},
+        },
     }
     (workdir / "results.json").write_text(json.dumps(results, indent=1))
+    seeds_text = ",".join(map(str, seeds))
     plot_dynamics(
-        runs,
+        records,
         workdir / "dynamics.png",
-        title=f"{_STEPS.value} GRPO steps per variant, held-out seed {config.eval.heldout_seed}",
+        title=f"GRPO to step {_STEPS.value}, seeds {seeds_text}, held-out seed {heldout.seed}",
+        baseline=best.accuracy,
+        start=start[HELDOUT].accuracy,
+        baseline_label=f"best fixed T {baselines.best_temperature:g}",
     )
-    table = results_table(runs)
-    (workdir / "results.md").write_text(table + "\n")
-    print(table)
+    plot_plans(records, workdir / "plans.png", title=f"held-out plan shares, seeds {seeds_text}")
+    markdown = results_markdown(records, baselines_record, checks, validation.seed, heldout.seed)
+    (workdir / "results.md").write_text(markdown + "\n")
+    print(markdown)
     print(
-        f"results: {workdir / 'results.json'}, figure: {workdir / 'dynamics.png'}; "
-        f"wall time {results['wall_time_s']['total']:.0f} s"
+        f"results: {workdir / 'results.json'}, {workdir / 'results.md'}; figures: {workdir / 'dynamics.png'}, "
+        f"{workdir / 'plans.png'}; wall time {results['wall_time_s']['total']:.0f} s"
     )
 
 

@@ -25,7 +25,7 @@
    each), as in the official design's batch rollout. Target: pipelined >= 1.5x barrier.
 
 4. Multi-turn engine throughput (tokens generated / seconds inside ``generate``) of the
-   packaged small SFT model (configs/tiny_cpu.py: model.hf_dir="packaged:small_sft", tokenizer
+   packaged small SFT model (configs/kinds_cpu.py: model.hf_dir="packaged:small_sft", tokenizer
    "tiny") with KV continuation off/on and 1 or 8 decode steps per dispatch, the four variants
    interleaved, best of --repeats rounds after warm-up rounds that compile every shape (a
    measured round that compiles fails); new weights (the same values) between rounds, so
@@ -56,7 +56,7 @@ from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
 
-from configs.tiny_cpu import get_config  # noqa: E402
+from configs.kinds_cpu import get_config  # noqa: E402
 from pyvision_jax.agent.engine import GenerationRequest, SamplingParams  # noqa: E402
 from pyvision_jax.agent.episode import EpisodeConfig  # noqa: E402
 from pyvision_jax.agent.runner import EpisodeRunner, _PromptCache  # noqa: E402
@@ -499,7 +499,7 @@ def report_turns(seconds: dict, tokens: dict, prefilled: dict, outputs: dict) ->
 
 
 def agent_turns_benchmark(args) -> None:
-    """Episodes of the packaged SFT model (configs/tiny_cpu.py) on synthetic tasks, one
+    """Episodes of the packaged SFT model (configs/kinds_cpu.py) on synthetic tasks, one
     generate call per turn over every live episode (the barrier schedule, so every variant
     gets the same calls), tool responses of text and one image."""
     config = get_config()

@@ -1,5 +1,5 @@
-"""Rollout throughput of the main job's producer with each improvement off and on, in one run:
-the packaged SFT model (configs/tiny_cpu.py), real sandboxes, the main job's synthetic tasks,
+"""Rollout throughput of the four-kind toy's producer with each improvement off and on, in one run:
+the packaged SFT model (configs/kinds_cpu.py), real sandboxes, its synthetic tasks,
 group size, concurrency and engine shapes.
 
     .venv/bin/python benchmarks/rollout_throughput.py [--rounds 2] [--tasks 8] [--out results.json]
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from configs.tiny_cpu import get_config
+from configs.kinds_cpu import get_config
 from pyvision_jax import wiring
 from pyvision_jax.agent.engine import Engine, GenerationRequest, GenerationResult, SamplingParams
 from pyvision_jax.data.task_order import TaskShard
@@ -133,7 +133,7 @@ def run_variant(name: str, overrides: dict[str, Any], workdir: Path, tasks: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds per variant")
-    parser.add_argument("--tasks", type=int, default=0, help="tasks per round (0: the main job's ceil(alpha * B))")
+    parser.add_argument("--tasks", type=int, default=0, help="tasks per round (0: the config's ceil(alpha * B))")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of the variants")
     parser.add_argument("--out", default="", help="write the results as JSON here")
     args = parser.parse_args()
@@ -146,7 +146,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; known: {list(VARIANTS)}")
     print(
-        f"main job producer: {tasks} tasks x G={base.rl.group_size} per round, max_concurrent "
+        f"producer: {tasks} tasks x G={base.rl.group_size} per round, max_concurrent "
         f"{base.episode.max_concurrent}, max_batch {base.rollout.max_batch}, {args.rounds} timed round(s) per variant"
     )
     results = [run_variant(name, VARIANTS[name], workdir, tasks, args.rounds) for name in names]

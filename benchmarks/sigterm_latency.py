@@ -1,5 +1,5 @@
 """Seconds from SIGTERM to a saved checkpoint and exit, with rollouts in flight, on the main
-job's configuration (configs/tiny_cpu.py; the held-out evaluations off, since SIGTERM skips
+job's configuration (configs/kinds_cpu.py; the held-out evaluations off, since SIGTERM skips
 the one after training and the one before runs before the handler is installed):
 
     .venv/bin/python benchmarks/sigterm_latency.py [--workdir DIR] [--after-s 8]
@@ -37,7 +37,7 @@ def main() -> None:
         sys.executable,
         str(ROOT / "launch" / "train.py"),
         "--config",
-        str(ROOT / "configs" / "tiny_cpu.py"),
+        str(ROOT / "configs" / "kinds_cpu.py"),
         f"--workdir={workdir}",
         "--config.eval.heldout_per_kind=0",
         "--config.train.steps=100",

@@ -3,7 +3,7 @@
     python benchmarks/update_proxy.py --workdir /tmp/proxy [--per-kind 8 --steps 9] \
         --setting lr=1e-4 --setting lr=3e-4,entropy_coef=-10 --setting lr=1e-3,eps=1e-4,negative_weight=0.1
 
-The starting model (configs/tiny_cpu.py: the packaged SFT checkpoint) samples two pools of
+The starting model (configs/kinds_cpu.py: the packaged SFT checkpoint) samples two pools of
 groups of `rl.group_size` rollouts once (cached under WORKDIR): pool A on training tasks
 (synthetic seed `--train-seed`) and pool B on tasks of another seed (`--proxy-seed`; never the
 held-out evaluation seed 4242). Each setting then trains from the start on pool A, 4 groups a
@@ -42,7 +42,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from configs.tiny_cpu import get_config  # noqa: E402
+from configs.kinds_cpu import get_config  # noqa: E402
 from pyvision_jax import wiring  # noqa: E402
 from pyvision_jax.models import param_logical_axes  # noqa: E402
 from pyvision_jax.rl.losses import PPOLossConfig  # noqa: E402

@@ -60,6 +60,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.sandbox.timeout_s = 10.0
     c.sandbox.allow_unisolated = False
     c.sandbox.fork_runtimes = True  # runtimes forked from one template per pool (False: a fresh bubblewrap each)
+    c.sandbox.setup_file = ""  # trusted Python run in every episode's sandbox before the model's code: helper
+    # functions the prompt names ("": none)
     c.sandbox.memory_limit_mb = 4096  # memory of one sandbox, all its processes together (a memory cgroup);
     # where the host has no usable cgroup, of each process (RLIMIT_AS)
 
@@ -207,6 +209,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.rollouts_per_task = 2  # scripted trajectories drawn per task
     c.sft.guess_share = 0.1  # share of plans that guess without a tool call
     c.sft.wrong_share = 0.1  # share of plans whose code measures wrong (thresholds, flips)
+    c.sft.careful_share = 0.25  # shapes tasks: share of the careful plan (look, then measure); the rest quick
     c.sft.batch_size = 8  # samples per step
     c.sft.export_dir = ""  # HF safetensors export at the end ("": WORKDIR/hf)
     c.sft.export_dtype = ""  # cast on export ("": the params' dtype)

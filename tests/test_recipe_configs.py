@@ -50,7 +50,8 @@ def test_the_embedded_default_keeps_our_positions():
         episode.image_cap_rule,
         episode.stdout_strip,
     ) == (0, "tagged", "im_end", "exceed", "right")
-    assert episode.prompts == default_prompt_templates()
+    assert episode.prompts.video == default_prompt_templates().video
+    assert "`measure()` prints its colour and shape" in episode.prompts.image.text  # the shapes toy's prompt
     selection = wiring.selection_config(c.rl)
     assert (selection.stats_include_broken, selection.require_code_image, selection.train_end_reasons) == (
         False,
@@ -73,6 +74,16 @@ def test_prompt_files_and_bad_routes_come_from_the_config(tmp_path):
     c.grading.routes = ("*", "judge")
     with pytest.raises(ValueError, match="grading.routes entry"):
         scorer_routes(c)
+
+
+def test_the_sandbox_setup_file_is_read_and_a_missing_one_is_named(tmp_path):
+    c = tiny_cpu.get_config()
+    assert "def measure():" in episode_config(c, ModelConfig.preset("tiny")).setup_code
+    c.sandbox.setup_file = str(tmp_path / "missing.py")
+    with pytest.raises(ValueError, match=r"sandbox.setup_file: cannot read .*missing.py"):
+        episode_config(c, ModelConfig.preset("tiny"))
+    c.sandbox.setup_file = ""
+    assert episode_config(c, ModelConfig.preset("tiny")).setup_code == ""
 
 
 # Keys that the composition root turns into settings fields (docs/recipe.md rows): the 7B

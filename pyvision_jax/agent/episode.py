@@ -87,6 +87,8 @@ class EpisodeConfig:
     max_concurrent: trajectories in flight (and pool threads).
     gather_s: after a pool job finishes, how long the driver waits at most for others to
       finish too, so they join the same generation batch (never waits for all).
+    setup_code: trusted Python run in each episode's sandbox before the model's first code
+      (helper functions the prompt names; "" none); it is not part of the context.
     """
 
     max_tool_calls: int = 4
@@ -109,6 +111,7 @@ class EpisodeConfig:
     max_concurrent: int = 8
     gather_s: float = 0.05
     sandbox_acquire_timeout_s: float | None = 600.0
+    setup_code: str = ""
 
     def __post_init__(self) -> None:
         if self.on_error not in ("terminate", "feedback"):

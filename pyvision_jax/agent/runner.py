@@ -63,6 +63,8 @@ class SandboxLike(Protocol):
 
     def preload_video(self, name: str, path: str) -> None: ...
 
+    def preload_code(self, name: str, code: str) -> None: ...
+
 
 class SandboxSource(Protocol):
     """What the runner uses of ``pyvision_jax.agent.sandbox.SandboxPool``."""
@@ -317,6 +319,8 @@ class EpisodeRunner:
                 sandbox.preload_video("video_clue_0", episode.task.video_path)
             for name, image in episode.runtime_images.items():
                 sandbox.preload_image(name, image)
+            if self.config.setup_code:
+                sandbox.preload_code("setup", self.config.setup_code)
         return episode.sandbox
 
     def _finish(self, episode: _SandboxedEpisode) -> Trajectory:

@@ -22,7 +22,9 @@ PROGRAM = "pyvision-make-tasks"
 _OUT = flags.DEFINE_string("out", None, "Output directory.")
 _PER_KIND = flags.DEFINE_integer("per-kind", 8, "Tasks per kind.")
 _SEED = flags.DEFINE_integer("seed", None, "Generator seed (every file depends only on seed, kind, index).")
-_KINDS = flags.DEFINE_list("kinds", list(synthetic.GENERATORS), "Kinds, comma-separated.")
+_KINDS = flags.DEFINE_list(
+    "kinds", list(synthetic.DEFAULT_KINDS), f"Kinds, comma-separated, of {list(synthetic.GENERATORS)}."
+)
 
 
 def main(argv: list[str]) -> None:

@@ -4,7 +4,8 @@
   multiple-choice questions about the target's colour, shape or position (quadrant);
 - counting: shapes scattered without overlap; "how many <colour> <shape>s" (numeric);
 - video: short mp4 clips of coloured discs crossing the frame one after another; "how many
-  <colour> objects appear" (numeric) or "which colour appears first" (multiple choice).
+  <colour> objects appear" (numeric) or "which colour appears first" (multiple choice);
+- shapes: one object, "which object is it" (`data.shape_tasks`: the mode-selection toy).
 
 Every file depends only on (seed, kind, index): each task draws from its own
 ``numpy.random.default_rng([seed, kind, index])``. Videos are H.264 (yuv420p) written by the
@@ -22,38 +23,13 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
+from pyvision_jax.data.drawing import BACKGROUND, COLOURS, SHAPES, draw_shape
+from pyvision_jax.data.shape_tasks import generate_shapes
 from pyvision_jax.data.tasks import Task, load_tasks, write_tasks_jsonl
 
-COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (220, 30, 30),
-    "green": (30, 170, 50),
-    "blue": (30, 70, 220),
-    "yellow": (235, 200, 20),
-    "purple": (140, 40, 180),
-    "orange": (245, 130, 20),
-}
-SHAPES = ("circle", "square", "triangle", "diamond")
 QUADRANTS = ("top-left", "top-right", "bottom-left", "bottom-right")
 _KIND_CODES = {"visual_search": 1, "counting": 2, "video": 3}
 _LETTERS = "ABCD"
-_BACKGROUND = (236, 236, 230)
-
-
-def draw_shape(
-    draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, size: float, colour: tuple[int, int, int]
-) -> None:
-    """Draws a filled shape of bounding-box side ``size`` centred at (cx, cy)."""
-    r = size / 2
-    if shape == "circle":
-        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour)
-    elif shape == "square":
-        draw.rectangle([cx - r, cy - r, cx + r, cy + r], fill=colour)
-    elif shape == "triangle":
-        draw.polygon([(cx, cy - r), (cx + r, cy + r), (cx - r, cy + r)], fill=colour)
-    elif shape == "diamond":
-        draw.polygon([(cx, cy - r), (cx + r, cy), (cx, cy + r), (cx - r, cy)], fill=colour)
-    else:
-        raise ValueError(f"unknown shape {shape!r}; expected one of {SHAPES}")
 
 
 def _rng(seed: int, kind: str, index: int) -> np.random.Generator:
@@ -95,7 +71,7 @@ def _place(
 def _visual_search_task(out_dir: Path, seed: int, index: int, canvas: tuple[int, int], num_distractors: int) -> Task:
     rng = _rng(seed, "visual_search", index)
     width, height = canvas
-    image = Image.new("RGB", canvas, _BACKGROUND)
+    image = Image.new("RGB", canvas, BACKGROUND)
     draw = ImageDraw.Draw(image)
     question_kind = ("colour", "shape", "position")[index % 3]
     colour, shape = _choice(rng, list(COLOURS)), _choice(rng, SHAPES)
@@ -144,7 +120,7 @@ def _visual_search_task(out_dir: Path, seed: int, index: int, canvas: tuple[int,
 def _counting_task(out_dir: Path, seed: int, index: int, canvas: tuple[int, int]) -> Task:
     rng = _rng(seed, "counting", index)
     width, height = canvas
-    image = Image.new("RGB", canvas, _BACKGROUND)
+    image = Image.new("RGB", canvas, BACKGROUND)
     draw = ImageDraw.Draw(image)
     colour, shape = _choice(rng, list(COLOURS)), _choice(rng, SHAPES)
     count = int(rng.integers(1, 10))
@@ -246,7 +222,7 @@ def _video_task(out_dir: Path, seed: int, index: int, size: tuple[int, int], fps
         x0, x1 = (radius + 2, width - radius - 2) if rng.random() < 0.5 else (width - radius - 2, radius + 2)
         tracks.append((entry, min(num_frames, entry + duration), x0, x1, y0, y1))
     for t in range(num_frames):
-        image = Image.new("RGB", size, _BACKGROUND)
+        image = Image.new("RGB", size, BACKGROUND)
         draw = ImageDraw.Draw(image)
         for colour, (start, stop, x0, x1, y0, y1) in zip(objects, tracks):
             if start <= t < stop:
@@ -337,14 +313,16 @@ GENERATORS: dict[str, Callable[..., Path]] = {
     "visual_search": generate_visual_search,
     "counting": generate_counting,
     "video": generate_videos,
+    "shapes": generate_shapes,
 }
+DEFAULT_KINDS = ("visual_search", "counting", "video")
 
 
 def generate_synthetic_suite(
     out_dir: str | Path,
     num_per_kind: int,
     seed: int,
-    kinds: tuple[str, ...] = tuple(GENERATORS),
+    kinds: tuple[str, ...] = DEFAULT_KINDS,
     progress: bool = False,
 ) -> dict[str, Path]:
     """The chosen kinds under ``out_dir``; returns {kind: jsonl path}."""
@@ -363,7 +341,7 @@ def write_synthetic_task_file(
     out_dir: str | Path,
     num_per_kind: int,
     seed: int,
-    kinds: tuple[str, ...] = tuple(GENERATORS),
+    kinds: tuple[str, ...] = DEFAULT_KINDS,
     progress: bool = False,
 ) -> Path:
     """`generate_synthetic_suite` plus ``out_dir/tasks.jsonl`` holding every task of every

@@ -1,27 +1,41 @@
-"""Figures of the ablation runs (eval/ablations.py): one panel per curve, the variants side
-by side as in the paper's Fig. 3/5/7, and a markdown table of the held-out results."""
+"""Figures of the ablation runs (records of `eval.dynamics_stats.run_records`): the curves
+side by side as in the paper's Fig. 3/5/7, one line per variant (the mean over its seeds,
+each seed a thin line), and the held-out plan shares at the start and the end."""
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pyvision_jax.eval.ablations import CURVES, HELDOUT_ACCURACY  # noqa: E402
+from pyvision_jax.data.shape_plans import PLANS  # noqa: E402
+from pyvision_jax.eval.ablations import CAREFUL_SHARE, HELDOUT_ACCURACY  # noqa: E402
+from pyvision_jax.eval.plan_shares import mean_shares  # noqa: E402
 from pyvision_jax.train import metric_names as tags  # noqa: E402
 
+PANELS: tuple[str, ...] = (
+    HELDOUT_ACCURACY,
+    tags.REWARD_ACCURACY,
+    tags.TOOLS_CALLS_PER_TRAJ,
+    CAREFUL_SHARE,
+    tags.ACTOR_ENTROPY,
+    tags.RESPONSE_LENGTH,
+)
+"""The panels of the dynamics figure, in order (then any `params/` curve)."""
+
 TITLES: dict[str, str] = {
-    tags.REWARD_ACCURACY: "accuracy reward (training)",
     HELDOUT_ACCURACY: "held-out accuracy",
+    tags.REWARD_ACCURACY: "accuracy reward (training)",
     tags.TOOLS_CALLS_PER_TRAJ: "tool calls per trajectory",
-    tags.RESPONSE_LENGTH: "response length (tokens)",
+    CAREFUL_SHARE: "careful-plan share (2 tool calls, training)",
     tags.ACTOR_ENTROPY: "entropy",
-    tags.ACTOR_GRAD_NORM: "gradient norm",
+    tags.RESPONSE_LENGTH: "response length (tokens)",
 }
+PLAN_COLOURS = {"quick": "tab:blue", "careful": "tab:green", "guess": "tab:orange", "other": "tab:gray"}
 
 
 def _title(tag: str) -> str:
@@ -30,24 +44,58 @@ def _title(tag: str) -> str:
     return TITLES[tag]
 
 
-def plot_dynamics(runs: list[dict[str, Any]], out_png: str | os.PathLike, title: str = "") -> None:
-    """One PNG: a grid of the CURVES (2 x 3), then any `params/` curve the runs logged (the
-    parameters trained by `train.uniform_updates`), one line per run (`wiring.dynamics_runs.run_variant`
-    output)."""
+def by_variant(runs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """The runs grouped by variant name, in the order the variants first appear."""
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for run in runs:
+        out.setdefault(run["name"], []).append(run)
+    return out
+
+
+def mean_curve(curves: Sequence[Sequence[Sequence[float]]]) -> list[tuple[int, float]]:
+    """The mean of several runs' curves at the steps every one of them has."""
+    values = [{int(step): float(value) for step, value in points} for points in curves]
+    common = sorted(set.intersection(*(set(v) for v in values))) if values else []
+    return [(step, sum(v[step] for v in values) / len(values)) for step in common]
+
+
+def plot_dynamics(
+    runs: Sequence[Mapping[str, Any]],
+    out_png: str | os.PathLike,
+    title: str = "",
+    baseline: float | None = None,
+    start: float | None = None,
+    baseline_label: str = "best fixed temperature",
+) -> None:
+    """One PNG: a 2 x 3 grid of the PANELS, then any `params/` curve the runs logged (the
+    parameters trained by `train.uniform_updates`); one line per variant. The held-out panel
+    shows `baseline` (the best fixed-temperature baseline) dashed and `start` (the starting
+    model) dotted."""
     params = sorted({tag for run in runs for tag in run["curves"] if tag.startswith(tags.PARAMS_PREFIX)})
-    panels = [*CURVES, *params]
+    panels = [*PANELS, *params]
     columns = -(-len(panels) // 2)
     figure, axes = plt.subplots(2, columns, figsize=(5 * columns, 8))
     for axis in axes.flat[len(panels) :]:
         axis.set_visible(False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    groups = by_variant(runs)
     for axis, tag in zip(axes.flat, panels):
-        for run in runs:
-            points = run["curves"].get(tag, [])
-            if points:
-                steps, values = zip(*points)
-                axis.plot(
-                    steps, values, marker="o" if tag == HELDOUT_ACCURACY else None, markersize=3, label=run["name"]
-                )
+        for n, (name, group) in enumerate(groups.items()):
+            colour = colours[n % len(colours)]
+            curves = [run["curves"].get(tag, []) for run in group]
+            if len(group) > 1:
+                for points in curves:
+                    if points:
+                        axis.plot(*zip(*points), color=colour, linewidth=0.6, alpha=0.35)
+            mean = mean_curve([points for points in curves if points])
+            if mean:  # evaluations, and curves of a point or two, as markers
+                marker = "o" if tag == HELDOUT_ACCURACY or len(mean) <= 2 else None
+                axis.plot(*zip(*mean), color=colour, marker=marker, markersize=3, label=name)
+        if tag == HELDOUT_ACCURACY:
+            if baseline is not None:
+                axis.axhline(baseline, color="black", linestyle="--", linewidth=1, label=baseline_label)
+            if start is not None:
+                axis.axhline(start, color="gray", linestyle=":", linewidth=1, label="start (SFT)")
         axis.set_title(_title(tag))
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)
@@ -59,23 +107,36 @@ def plot_dynamics(runs: list[dict[str, Any]], out_png: str | os.PathLike, title:
     plt.close(figure)
 
 
-def results_table(runs: list[dict[str, Any]]) -> str:
-    """Markdown: per variant, held-out accuracy at the start and the end, the change, and
-    mean tool calls per training trajectory over the first and last quarter of steps."""
-    lines = [
-        "| variant | held-out acc start | held-out acc end | change (points) | tool calls early | "
-        "tool calls late | paper |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for run in runs:
-        held = sorted(run["heldout"].items(), key=lambda kv: int(kv[0]))
-        start, end = held[0][1]["accuracy"], held[-1][1]["accuracy"]
-        calls = [v for _, v in run["curves"].get(tags.TOOLS_CALLS_PER_TRAJ, [])]
-        quarter = max(1, len(calls) // 4)
-        early = sum(calls[:quarter]) / quarter if calls else float("nan")
-        late = sum(calls[-quarter:]) / quarter if calls else float("nan")
-        lines.append(
-            f"| {run['name']} | {start:.3f} | {end:.3f} | {100 * (end - start):+.1f} | {early:.2f} | "
-            f"{late:.2f} | {run['paper']} |"
-        )
-    return "\n".join(lines)
+def plot_plans(runs: Sequence[Mapping[str, Any]], out_png: str | os.PathLike, title: str = "") -> None:
+    """One PNG: per variant two stacked bars, the held-out plan shares (PLANS) at the start and
+    at the last step (means over seeds), from each record's statistics."""
+    groups = by_variant(runs)
+    figure, axis = plt.subplots(figsize=(max(4.0, 1.6 * len(groups) + 1.5) + 1.2, 4))
+    positions, labels = [], []
+    for n, group in enumerate(groups.values()):
+        for offset, when in ((-0.2, "start"), (0.2, "last")):
+            shares = mean_shares([run["statistics"]["plans"][when] for run in group])
+            bottom = 0.0
+            for plan in PLANS:
+                axis.bar(
+                    n + offset,
+                    shares[plan],
+                    width=0.36,
+                    bottom=bottom,
+                    color=PLAN_COLOURS[plan],
+                    label=plan if n == 0 and when == "start" else None,
+                )
+                bottom += shares[plan]
+            positions.append(n + offset)
+            labels.append("start" if when == "start" else "end")
+    axis.set_xticks(positions, labels, fontsize=7)
+    for n, name in enumerate(groups):
+        axis.text(n, 1.03, name, ha="center", fontsize=8, transform=axis.get_xaxis_transform())
+    axis.set_ylim(0, 1)
+    axis.set_ylabel("share of held-out rollouts")
+    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if title:
+        axis.set_title(title, pad=18, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(out_png, dpi=100)
+    plt.close(figure)

@@ -265,4 +265,8 @@ def rollout_scalars(pool: GroupPool, counts: SelectionCounts) -> dict[str, float
     }
     for reason in EndReason:
         out[tags.end_reason_tag(reason.value)] = mean([t.end_reason is reason for t in trajectories])
+    for bucket in tags.TOOL_CALL_SHARE_BUCKETS:
+        out[tags.tool_call_share_tag(bucket)] = mean(
+            [tags.tool_call_share_tag(t.num_tool_calls) == tags.tool_call_share_tag(bucket) for t in trajectories]
+        )
     return out

@@ -28,6 +28,10 @@ VERSION_STALENESS_MEAN = "version/staleness_mean"
 VERSION_STALENESS_MAX = "version/staleness_max"
 """Staleness of the rows trained: the trainer's step minus each group's policy version (the
 version its rollouts started with), i.e. the updates between behaviour and trained params."""
+TOOL_CALL_SHARE_PREFIX = "tools/share_"
+TOOL_CALL_SHARE_BUCKETS = (0, 1, 2, 3)
+"""`tools/share_<n>`: the share of rollouts with n tool calls (3: 3 or more), written every step;
+on the shapes toy the plan share (0 the untooled guess, 1 quick, 2 careful)."""
 END_REASON_PREFIX = "end_reason/"
 PARAMS_PREFIX = "params/"
 """`params/<path>/mean`: the mean of each parameter `train.uniform_updates` names, written every
@@ -90,9 +94,15 @@ TRAINER_SCALARS: tuple[str, ...] = (
     BATCH_LENGTH,
     BATCH_REAL_TOKENS,
 )
-"""Names written at every training step (besides one `end_reason/<NAME>` per end reason)."""
+"""Names written at every training step (besides one `end_reason/<NAME>` per end reason and one
+`tools/share_<n>` per tool-call bucket)."""
 
 _END_REASON_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def tool_call_share_tag(calls: int) -> str:
+    """The tag of the share of rollouts with `calls` tool calls (the last bucket: that many or more)."""
+    return f"{TOOL_CALL_SHARE_PREFIX}{min(calls, TOOL_CALL_SHARE_BUCKETS[-1])}"
 
 
 def end_reason_tag(name: str) -> str:

@@ -40,7 +40,8 @@ class SftSamples:
 class SyntheticSftSettings:
     """Synthetic SFT data: `per_kind` tasks of each of `kinds` (seed `seed`), each solved
     `rollouts_per_task` times by the scripted plans, `guess_share` / `wrong_share` of them
-    the untooled-guess and wrong-answer plans (config section `sft`)."""
+    the untooled-guess and wrong-answer plans, `careful_share` the careful plan of shapes tasks
+    (config section `sft`)."""
 
     per_kind: int
     seed: int
@@ -48,13 +49,15 @@ class SyntheticSftSettings:
     rollouts_per_task: int = 1
     guess_share: float = 0.0
     wrong_share: float = 0.0
+    careful_share: float = 0.0
 
     def __post_init__(self) -> None:
-        if min(self.guess_share, self.wrong_share) < 0 or self.guess_share + self.wrong_share > 1:
-            raise ValueError(
-                f"sft.guess_share = {self.guess_share!r}, sft.wrong_share = {self.wrong_share!r}: "
-                "shares of the scripted plans, each >= 0 and at most 1 together"
-            )
+        for name, other in (("wrong_share", self.wrong_share), ("careful_share", self.careful_share)):
+            if min(self.guess_share, other) < 0 or self.guess_share + other > 1:
+                raise ValueError(
+                    f"sft.guess_share = {self.guess_share!r}, sft.{name} = {other!r}: "
+                    "shares of the scripted plans, each >= 0 and at most 1 together"
+                )
 
 
 def synthetic_sft_file(
@@ -86,6 +89,7 @@ def synthetic_sft_file(
             seed=s.seed,
             guess_share=s.guess_share,
             wrong_share=s.wrong_share,
+            careful_share=s.careful_share,
         )
     log(
         f"synthetic SFT data: {report.rows} trajectories in {report.path} (dropped {report.dropped}); "

@@ -26,6 +26,8 @@ from pyvision_jax.agent.runner import EpisodeRunner, SandboxSource
 from pyvision_jax.agent.trajectory import EndReason, Trajectory
 from pyvision_jax.data.sft_rows import IMAGE_PLACEHOLDER, SftMessage, SftRow, write_sft_rows
 from pyvision_jax.data.sft_solutions import RESULT_SLOT, SolutionPlan, solution_plan
+from pyvision_jax.data.shape_plans import shape_plan
+from pyvision_jax.data.shape_tasks import DATA_SOURCE as SHAPES_SOURCE
 from pyvision_jax.data.tasks import Task
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 
@@ -92,14 +94,24 @@ def trajectory_row(trajectory: Trajectory, task: Task, tokenizer: Any, image_dir
 
 
 def draw_plans(
-    tasks: Sequence[Task], per_task: int, seed: int, guess_share: float, wrong_share: float
+    tasks: Sequence[Task],
+    per_task: int,
+    seed: int,
+    guess_share: float,
+    wrong_share: float,
+    careful_share: float = 0.0,
 ) -> dict[str, SolutionPlan]:
     """`per_task` plans of every task, keyed by request id `"{task id}/{k}"`; each plan's
-    draw depends only on (seed, task position, k)."""
+    draw depends only on (seed, task position, k). Shapes tasks draw `data.shape_plans`
+    (`guess_share`, `careful_share`), the other kinds `data.sft_solutions`."""
+
+    def plan(task: Task, rng: np.random.Generator) -> SolutionPlan:
+        if task.data_source == SHAPES_SOURCE:
+            return shape_plan(task, rng, guess_share=guess_share, careful_share=careful_share)
+        return solution_plan(task, rng, guess_share=guess_share, wrong_share=wrong_share)
+
     return {
-        f"{task.id}/{k}": solution_plan(
-            task, np.random.default_rng([seed, t, k]), guess_share=guess_share, wrong_share=wrong_share
-        )
+        f"{task.id}/{k}": plan(task, np.random.default_rng([seed, t, k]))
         for t, task in enumerate(tasks)
         for k in range(per_task)
     }
@@ -132,6 +144,7 @@ def write_synthetic_sft(
     seed: int,
     guess_share: float,
     wrong_share: float,
+    careful_share: float = 0.0,
     progress: bool = False,
 ) -> SyntheticSftReport:
     """Runs `per_task` drawn plans of every task and writes `out_dir/sft.jsonl` with the
@@ -139,7 +152,7 @@ def write_synthetic_sft(
     out_dir = Path(out_dir)
     image_dir = out_dir / "images"
     image_dir.mkdir(parents=True, exist_ok=True)
-    plans = draw_plans(tasks, per_task, seed, guess_share, wrong_share)
+    plans = draw_plans(tasks, per_task, seed, guess_share, wrong_share, careful_share)
     trajectories = run_plans(tasks, plans, tokenizer=tokenizer, sandboxes=sandboxes, episode=episode, progress=progress)
     by_id = {task.id: task for task in tasks}
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")

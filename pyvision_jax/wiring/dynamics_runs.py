@@ -1,28 +1,35 @@
 """The training-dynamics ablations run: each variant of `eval.ablations.VARIANTS` trained
-from the same start with the same seeds and tasks, evaluated on held-out tasks before
-training and every few steps.
+from the same start with the same tasks, once per seed, evaluated on the validation and the
+held-out set (`wiring.baselines`) at the start and every few steps.
 
-Each variant trains in WORKDIR/<name> (an ordinary trainer workdir: TensorBoard under tb/,
-held-out evaluations under heldout/), in segments: train to step n, evaluate, resume to the
-next n. A rerun resumes every variant where it stopped.
+Each run trains in WORKDIR/<variant>/seed_<S> (an ordinary trainer workdir: TensorBoard
+under tb/, the evaluations under validation/step_N and heldout/step_N, the segments' wall
+times in wall_time.json), in segments: train to step n, evaluate both sets, resume to the
+next n. The sets' tasks are shared (WORKDIR/<set>/tasks), and so is the start's evaluation.
+A rerun resumes every run where it stopped.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import os
+import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, Mapping, Sequence
 
 import ml_collections
 
-from pyvision_jax.eval.ablations import CURVES, Variant, eval_points, log_heldout, read_curves
-from pyvision_jax.eval.heldout import HeldoutResult
+from pyvision_jax.eval.ablations import CURVES, Variant, eval_points, log_evaluations, read_curves
+from pyvision_jax.eval.baselines import EvalSet
+from pyvision_jax.eval.dynamics_stats import VariantRun
+from pyvision_jax.eval.eval_summary import EvalSummary
 from pyvision_jax.train import metric_names as tags
 from pyvision_jax.train.run_harness import TB_DIR
-from pyvision_jax.wiring.heldout import evaluate_heldout
-from pyvision_jax.wiring.settings import heldout_config
+from pyvision_jax.wiring.baselines import evaluate_summary, set_tasks
 from pyvision_jax.wiring.training import train
+
+WALL_TIME_FILE = "wall_time.json"
 
 
 def variant_config(config: ml_collections.ConfigDict, variant: Variant) -> ml_collections.ConfigDict:
@@ -36,42 +43,83 @@ def variant_config(config: ml_collections.ConfigDict, variant: Variant) -> ml_co
     return out
 
 
+def check_seeds(config: ml_collections.ConfigDict, seeds: Sequence[int]) -> None:
+    """Every seed's run must start from the model the baselines evaluate: a random init
+    (model.hf_dir empty) draws its weights from `seed`, so it allows only config.seed."""
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be a non-empty list without repeats, got {list(seeds)}")
+    if not config.model.hf_dir and list(seeds) != [int(config.seed)]:
+        raise ValueError(
+            f"a random-init start (model.hf_dir empty) depends on the seed: --seeds must be {int(config.seed)} "
+            f"(config.seed), got {list(seeds)}"
+        )
+
+
+def run_dir(workdir: str | os.PathLike, variant: Variant, seed: int) -> Path:
+    return Path(workdir) / variant.name / f"seed_{seed}"
+
+
+def _wall_times(path: Path) -> dict[str, float]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def run_variant(
     config: ml_collections.ConfigDict,
     variant: Variant,
+    seed: int,
     workdir: str | os.PathLike,
     steps: int,
     eval_every: int,
-    before: HeldoutResult,
+    validation: EvalSet,
+    heldout: EvalSet,
+    start: Mapping[str, EvalSummary],
     log: Callable[[str], None] = print,
     progress: bool = False,
-) -> dict[str, Any]:
-    """Trains `variant` to `steps` in WORKDIR/<name>, evaluating the held-out set at
-    `eval_points`; returns its curves and held-out results. `before` is the shared
-    evaluation of the starting model (logged as step 0)."""
-    heldout_config(config)
-    run_dir = Path(workdir) / variant.name
+) -> VariantRun:
+    """Trains `variant` with `config.seed = seed` to `steps` in WORKDIR/<name>/seed_<seed>,
+    evaluating both sets at `eval_points`; `start` ({set name: evaluation}) is the shared
+    evaluation of the starting model (step 0). Each evaluation is logged to the run's
+    TensorBoard as "<set>/accuracy" and "<set>/tool_calls"."""
+    sets = (validation, heldout)
+    if sorted(start) != sorted(s.name for s in sets):
+        raise ValueError(f"start evaluations of {sorted(start)} for the sets {[s.name for s in sets]}")
+    out_dir = run_dir(workdir, variant, seed)
     run_config = variant_config(config, variant)
-    log_heldout(run_dir / TB_DIR, 0, before)
-    heldout = {0: before}
+    run_config.seed = seed
+    tb_dir = out_dir / TB_DIR
+    log_evaluations(tb_dir, 0, start)
+    evaluations = {name: {0: result} for name, result in start.items()}
+    wall_file = out_dir / WALL_TIME_FILE
     for stop in eval_points(steps, eval_every):
+        begin = time.perf_counter()
         run_config.train.steps = stop
-        summary = train(run_config, run_dir, progress=progress)
+        summary = train(run_config, out_dir, progress=progress)
         if summary.last_step < stop:
-            raise RuntimeError(f"variant {variant.name!r} stopped at step {summary.last_step} before {stop}")
-        heldout[stop] = evaluate_heldout(run_config, run_dir, str(run_dir), f"step_{stop}")
-        log_heldout(run_dir / TB_DIR, stop, heldout[stop])
-        log(f"{variant.name}: step {stop}: held-out {heldout[stop].summary()}")
-    curves = read_curves(run_dir / TB_DIR)
-    return {
-        "name": variant.name,
-        "overrides": variant.overrides,
-        "paper": variant.paper,
-        "heldout": {
-            str(step): {"accuracy": r.accuracy, "tool_calls": r.tool_calls} for step, r in sorted(heldout.items())
-        },
-        "curves": {
+            raise RuntimeError(f"{variant.name} seed {seed}: stopped at step {summary.last_step} before {stop}")
+        now = {
+            s.name: evaluate_summary(
+                run_config, str(out_dir), set_tasks(config, workdir, s), out_dir / s.name / f"step_{stop}", s.k
+            )
+            for s in sets
+        }
+        log_evaluations(tb_dir, stop, now)
+        for name, result in now.items():
+            evaluations[name][stop] = result
+        times = _wall_times(wall_file)
+        if str(stop) not in times:  # the time a segment took when it ran, not a rerun's check
+            times[str(stop)] = round(time.perf_counter() - begin, 1)
+            wall_file.write_text(json.dumps(times, indent=1))
+        log(f"{variant.name} seed {seed}: step {stop}: " + "; ".join(f"{n} {r.summary()}" for n, r in now.items()))
+    curves = read_curves(tb_dir)
+    return VariantRun(
+        variant=variant,
+        seed=seed,
+        run_dir=str(out_dir),
+        validation=evaluations[validation.name],
+        heldout=evaluations[heldout.name],
+        curves={
             **{tag: curves.get(tag, []) for tag in CURVES},
             **{tag: points for tag, points in curves.items() if tag.startswith(tags.PARAMS_PREFIX)},
         },
-    }
+        wall_time_s=round(sum(_wall_times(wall_file).values()), 1),
+    )

@@ -3,6 +3,8 @@ the scorer routes (with the LLM judge), the sandbox pool and sampling parameters
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ml_collections
 
 from pyvision_jax.agent.engine import SamplingParams
@@ -55,7 +57,19 @@ def episode_config(
         patch_size=model.vision.patch_size,
         merge_size=model.vision.spatial_merge_size,
         max_concurrent=e.max_concurrent,
+        setup_code=sandbox_setup_code(config),
     )
+
+
+def sandbox_setup_code(config: ml_collections.ConfigDict) -> str:
+    """The text of `sandbox.setup_file` ("" when unset), with an error naming the key."""
+    path = config.sandbox.setup_file
+    if not path:
+        return ""
+    try:
+        return Path(path).read_text()
+    except OSError as err:
+        raise ValueError(f"sandbox.setup_file: cannot read {path!r} ({err.strerror or err})") from None
 
 
 def own_judge_prompt(config: ml_collections.ConfigDict) -> bool:

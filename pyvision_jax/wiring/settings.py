@@ -198,6 +198,7 @@ def synthetic_sft_settings(config: ml_collections.ConfigDict) -> SyntheticSftSet
         rollouts_per_task=int(s.rollouts_per_task),
         guess_share=float(s.guess_share),
         wrong_share=float(s.wrong_share),
+        careful_share=float(s.careful_share),
     )
 
 

@@ -39,6 +39,9 @@ class FakeSandbox:
     def preload_video(self, name, path):
         self.preloaded[name] = str(path)
 
+    def preload_code(self, name, code):
+        self.preloaded[name] = code
+
     def run(self, code: str) -> FakeRunResult:
         self.codes.append(code)
         stdout, images, error, timed_out = [], [], None, False

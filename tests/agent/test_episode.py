@@ -113,6 +113,16 @@ def test_image_labels_continue_across_turns_from_1_for_image_tasks(tokenizer, im
     assert last_request.images[1].size == (56, 56)
 
 
+def test_setup_code_is_preloaded_after_the_clues_and_stays_out_of_the_context(tokenizer, image_task):
+    setup = "def helper():\n    print('from setup')\n"
+    t, engine, pool = run_one(tokenizer, image_task, [code_turn("print x"), answer_turn()], setup_code=setup)
+    (sandbox,) = pool.acquired
+    assert list(sandbox.preloaded) == ["image_clue_0", "setup"] and sandbox.preloaded["setup"] == setup
+    assert "def helper" not in tokenizer.decode(t.token_ids.tolist())
+    _, _, untooled = run_one(tokenizer, image_task, [answer_turn()], setup_code=setup)
+    assert untooled.acquired == []
+
+
 def test_video_task_labels_start_at_0_and_video_is_only_in_the_runtime(tokenizer, tmp_path):
     frames = np.zeros((6, 48, 64, 3), np.uint8)
     frames[:, :, :, 1] = np.arange(6)[:, None, None] * 40

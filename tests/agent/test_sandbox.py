@@ -182,6 +182,23 @@ def test_preload_image_from_pil_and_path_and_restore_after_restart(tmp_path, kin
             box.preload_image("image_clue_3", tmp_path / "bad.png")
 
 
+@pytest.mark.parametrize("kind", RUNTIME_KINDS)
+def test_preload_code_defines_helpers_that_survive_a_restart(kind):
+    config = dataclasses.replace(CONFIG, timeout_s=2.0)
+    with sandbox_of_kind(config, kind) as box:
+        box.preload_image("image_clue_0", Image.new("RGB", (8, 4), (10, 20, 30)))
+        box.preload_code("setup", "print('dropped')\ndef size():\n    print(image_clue_0.size)\n")
+        assert box.run("size()").stdout == "(8, 4)\n"
+        assert box.run("while True: pass").timed_out
+        restored = box.run("size()")
+        assert restored.state_lost and restored.stdout == STATE_LOST_NOTICE + "(8, 4)\n"
+        with pytest.raises(SandboxError, match="(?s)load_code of 'broken' failed: .*ZeroDivisionError"):
+            box.preload_code("broken", "1 / 0")
+        with pytest.raises(TypeError, match="as a string"):
+            box.preload_code("setup", b"size()")
+        assert box.run("size()").stdout == "(8, 4)\n"
+
+
 def test_preload_video_gives_a_decord_reader(sandbox, tmp_path):
     import imageio_ffmpeg
 

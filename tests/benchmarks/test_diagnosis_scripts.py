@@ -1,5 +1,5 @@
-"""benchmarks/temperature_baseline.py end to end at tiny sizes, and the arithmetic of
-benchmarks/param_movement.py."""
+"""benchmarks/temperature_baseline.py end to end at tiny sizes and its seed refusals, and the
+arithmetic of benchmarks/param_movement.py."""
 
 import json
 import os
@@ -82,18 +82,30 @@ def test_temperature_baseline_at_tiny_sizes(tmp_path):
     low, high = results["heldout_best_minus_reference"]["ci95"]
     assert low <= results["heldout_best_minus_reference"]["difference"] <= high
     assert (tmp_path / "seed_777" / "T_0.5" / "results.json").is_file()
+    assert results["validation"][0]["out_dir"] == str(tmp_path / "seed_777" / "T_0.5")
+    assert sum(results["validation"][0]["plans"].values()) == pytest.approx(1.0)
 
 
-def test_temperature_baseline_refuses_to_choose_on_the_heldout_seed(tmp_path):
+@pytest.mark.parametrize(
+    "seed, message",
+    [
+        (4242, "must differ from the held-out seed 4242"),
+        (0, "must differ from the training seed data.synthetic_seed=0"),
+    ],
+)
+def test_temperature_baseline_refuses_a_heldout_or_training_validation_seed(tmp_path, seed, message):
     command = [
         sys.executable,
         str(REPO / "benchmarks" / "temperature_baseline.py"),
+        "--config",
+        str(REPO / "tests" / "tiny_random_cpu.py"),
         "--workdir",
         str(tmp_path),
         "--validation-seed",
-        "4242",
+        str(seed),
     ]
     result = subprocess.run(
         command, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True, timeout=300
     )
-    assert result.returncode != 0 and "must differ from the held-out seed 4242" in result.stderr
+    assert result.returncode != 0 and message in result.stderr
+    assert not list(tmp_path.iterdir())  # refused before any task or evaluation

@@ -1,5 +1,6 @@
-"""The ablation runner (eval/ablations.py), its figures, and benchmarks/reproduce_dynamics.py
-end to end on the tiny random-init model (two variants, one step each)."""
+"""The ablation variants (eval/ablations.py), their figures and tables, and
+benchmarks/reproduce_dynamics.py end to end on the tiny random-init model (two temperatures,
+two variants of two steps, evaluated at the start and the end) and its refusals."""
 
 import json
 import os
@@ -11,8 +12,20 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pyvision_jax.eval.ablations import CURVES, HELDOUT_ACCURACY, VARIANTS, Variant, eval_points
-from pyvision_jax.eval.dynamics_figures import plot_dynamics, results_table
+from pyvision_jax.eval.ablations import (
+    CONTROL,
+    CURVES,
+    HELDOUT_ACCURACY,
+    VALIDATION_ACCURACY,
+    VARIANTS,
+    Variant,
+    eval_points,
+)
+from pyvision_jax.eval.baselines import EvalSet, TemperatureBaselines
+from pyvision_jax.eval.dynamics_figures import mean_curve, plot_dynamics, plot_plans
+from pyvision_jax.eval.dynamics_stats import VariantRun, claim_checks, early_stop_step, run_records, statistics_by_run
+from pyvision_jax.eval.dynamics_tables import results_markdown, results_table
+from pyvision_jax.eval.eval_summary import EvalSummary
 from pyvision_jax.train import metric_names as tags
 from pyvision_jax.wiring.dynamics_runs import variant_config
 from tests.eval.tiny_run import TINY
@@ -30,6 +43,10 @@ def test_variants_change_one_switch_each_and_leave_the_base_config_alone():
             section, field = key.split(".")
             assert changed[section][field] == value and config[section][field] != value
     assert variant_config(config, VARIANTS["full"]).to_dict() == config.to_dict()
+    assert [name for name, v in VARIANTS.items() if v.kind == CONTROL] == ["random_reward", "entropy_min"]
+    assert variant_config(config, VARIANTS["entropy_min"]).rl.entropy_coef < 0
+    with pytest.raises(ValueError, match="kind must be one of"):
+        Variant("bad", {}, "", kind="baseline")
     with pytest.raises(ValueError, match="'rl.tool_reward' is not a config field"):
         variant_config(config, Variant("bad", {"rl.tool_reward": 0.0}, ""))
 
@@ -41,66 +58,159 @@ def test_eval_points_include_the_last_step():
         eval_points(3, 0)
 
 
-def fake_run(name, accuracy_end, calls):
+def summary(per_task, tool_calls=1.0, careful=0.25):
+    plans = {"quick": 0.75 - careful, "careful": careful, "guess": 0.25, "other": 0.0}
+    return EvalSummary(sum(per_task.values()) / len(per_task), tool_calls, per_task, plans, len(per_task), "/x")
+
+
+def fake_run(name, seed, accuracy_end, calls):
     steps = range(1, len(calls) + 1)
     curves = {tag: [(s, float(s)) for s in steps] for tag in CURVES}
     curves[tags.TOOLS_CALLS_PER_TRAJ] = list(zip(steps, calls))
-    curves[HELDOUT_ACCURACY] = [(0, 0.2), (len(calls), accuracy_end)]
-    return {
-        "name": name,
-        "paper": "p",
-        "curves": curves,
-        "heldout": {
-            "0": {"accuracy": 0.2, "tool_calls": 1.0},
-            str(len(calls)): {"accuracy": accuracy_end, "tool_calls": 1.0},
+    curves[HELDOUT_ACCURACY] = [(0, 0.25), (len(calls), accuracy_end)]
+    last = len(calls)
+    return VariantRun(
+        VARIANTS[name],
+        seed,
+        f"/runs/{name}/seed_{seed}",
+        validation={0: summary({"v": 0.0}), last: summary({"v": 1.0})},
+        heldout={
+            0: summary({"a": 0.0, "b": 0.5}),
+            last: summary({"a": accuracy_end, "b": accuracy_end}, calls[-1], careful=0.5),
         },
-    }
+        curves=curves,
+        wall_time_s=12.0,
+    )
 
 
-def test_figure_and_table(tmp_path):
-    runs = [fake_run("full", 0.5, [1.0, 1.2, 1.4, 1.6]), fake_run("no_tool_reward", 0.25, [1.0, 0.6, 0.2, 0.0])]
-    plot_dynamics(runs, tmp_path / "f.png", title="t")
+def test_figures_and_tables(tmp_path):
+    runs = [
+        fake_run("full", 0, 0.5, [1.0, 1.2, 1.4, 1.6]),
+        fake_run("full", 1, 0.75, [1.0, 1.1, 1.2, 1.3]),
+        fake_run("no_tool_reward", 0, 0.25, [1.0, 0.6, 0.2, 0.0]),
+        fake_run("random_reward", 0, 0.5, [1.0, 1.0, 1.0, 1.0]),
+    ]
+    records = run_records(runs, baseline=summary({"a": 0.0, "b": 0.25}))
+    plot_dynamics(records, tmp_path / "f.png", title="t", baseline=0.125, start=0.25)
     image = np.asarray(Image.open(tmp_path / "f.png"))
     assert image.shape[:2] == (800, 1500) and image.std() > 10
-    runs[0]["curves"][tags.param_mean_tag("model/norm/scale")] = [(1, 1.3), (2, 1.5)]
-    plot_dynamics(runs, tmp_path / "with_params.png")
+    records[0]["curves"][tags.param_mean_tag("model/norm/scale")] = [(1, 1.3), (2, 1.5)]
+    plot_dynamics(records, tmp_path / "with_params.png")
     assert np.asarray(Image.open(tmp_path / "with_params.png")).shape[:2] == (800, 2000)  # a 2 x 4 grid
-    table = results_table(runs).splitlines()
-    assert table[2] == "| full | 0.200 | 0.500 | +30.0 | 1.00 | 1.60 | p |"
-    assert table[3] == "| no_tool_reward | 0.200 | 0.250 | +5.0 | 1.00 | 0.00 | p |"
+    plot_plans(records, tmp_path / "plans.png", title="t")
+    assert np.asarray(Image.open(tmp_path / "plans.png")).std() > 10
+    assert mean_curve([[(1, 1.0), (2, 2.0)], [(2, 4.0), (3, 1.0)]]) == [(2, 3.0)]
+    table = results_table(records).splitlines()
+    assert table[0] == "### Recipe and ablations" and table[8] == "### Controls"
+    assert table[4] == (
+        "| full | 0 | 0.250 [0.000, 0.500] | 0.500 [0.500, 0.500] (4) | 0.500 [0.500, 0.500] | "
+        "+0.375 [+0.250, +0.500] | +0.250 [+0.000, +0.500] | 1.00 -> 1.60 | 1.00 | 0.25 -> 0.50 | 12 | "
+        f"{VARIANTS['full'].paper} |"
+    )
+    assert table[6].startswith("| no_tool_reward | 0 | ") and "| 1.00 -> 0.00 | 0.00 |" in table[6]
+    assert table[12].startswith("| random_reward | 0 | ") and len(table) == 13
+    checks = claim_checks(statistics_by_run(records))
+    assert checks["seed_0"]["full_gain"]["passed"] and checks["seed_0"]["no_tool_reward"]["passed"]
+    assert not checks["seed_0"]["random_reward"]["passed"]  # tasks a, b: 0 -> 0.5, 0.5 -> 0.5
+    assert list(checks["seed_1"]) == ["full_gain", "full_tool_calls", "passed"]
+    markdown = results_markdown(records, baselines_record(), checks, 777, 4242)
+    assert markdown.startswith("Best fixed temperature T 0.6 (chosen on validation seed 777): held-out (seed 4242)")
+    assert "- seed_0 random_reward: FAIL (last_minus_start 0.250, max_change 0.030)" in markdown
 
 
-def test_reproduce_dynamics_end_to_end(tmp_path):
-    command = [
-        sys.executable,
-        str(ROOT / "benchmarks" / "reproduce_dynamics.py"),
-        f"--workdir={tmp_path}",
-        "--steps=2",
-        "--eval-every=1",
-        "--variants=full,no_tool_reward",
-        "--config",
-        str(ROOT / "tests" / "tiny_random_cpu.py"),
-        *TINY,
-        "--config.eval.heldout_per_kind=1",
-        "--config.eval.heldout_k=1",
-        "--config.eval.max_new_tokens_per_turn=8",
-    ]
-    env = dict(
+def baselines_record():
+    validation = {t: summary({"v": a}) for t, a in ((0.3, 0.0), (0.6, 1.0))}
+    heldout = {t: summary({"a": a, "b": 0.0}) for t, a in ((0.3, 1.0), (0.6, 0.5))}
+    return TemperatureBaselines(
+        EvalSet("validation", 777, 1, 1), EvalSet("heldout", 4242, 2, 1), validation, heldout
+    ).as_dict()
+
+
+def script_env():
+    return dict(
         os.environ,
         PYTHONPATH=str(ROOT),
         JAX_PLATFORMS="cpu",
         JAX_COMPILATION_CACHE_DIR=COMPILATION_CACHE,
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
     )
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+
+
+def tiny_command(workdir, *flags):
+    return [
+        sys.executable,
+        str(ROOT / "benchmarks" / "reproduce_dynamics.py"),
+        f"--workdir={workdir}",
+        "--config",
+        str(ROOT / "tests" / "tiny_random_cpu.py"),
+        *TINY,
+        "--config.data.synthetic_kinds=('counting',)",
+        "--config.eval.heldout_per_kind=1",
+        "--config.eval.heldout_k=1",
+        "--config.eval.max_new_tokens_per_turn=8",
+        *flags,
+    ]
+
+
+def test_reproduce_dynamics_end_to_end(tmp_path):
+    command = tiny_command(
+        tmp_path, "--steps=2", "--eval-every=2", "--variants=full,random_reward", "--temperatures=0.5,1.0"
+    )
+    result = subprocess.run(command, cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    assert [run["name"] for run in results["runs"]] == ["full", "no_tool_reward"]
+    baselines = results["baselines"]
+    assert baselines["temperatures"] == [0.5, 1.0]
+    assert {e["seed"] for e in baselines["validation"]} == {777} and {e["seed"] for e in baselines["heldout"]} == {4242}
+    accuracies = [e["accuracy"] for e in baselines["validation"]]  # chosen on validation, the first among equals
+    best = baselines["best_temperature"]
+    assert best == baselines["validation"][accuracies.index(max(accuracies))]["temperature"]
+    assert (
+        baselines["best_heldout_accuracy"]
+        == next(e for e in baselines["heldout"] if e["temperature"] == best)["accuracy"]
+    )
+    assert results["start"]["temperature"] == 1.0  # eval.temperature: the baseline's evaluation at 1.0 reused
+    assert results["start"]["heldout"]["out_dir"] == str(tmp_path / "baselines" / "seed_4242" / "T_1")
+    assert [(run["name"], run["kind"], run["seed"]) for run in results["runs"]] == [
+        ("full", "recipe", 0),
+        ("random_reward", "control", 0),
+    ]
     for run in results["runs"]:
-        assert sorted(run["heldout"], key=int) == ["0", "1", "2"]
+        assert sorted(run["heldout"], key=int) == sorted(run["validation"], key=int) == ["0", "2"]
         assert [s for s, _ in run["curves"][tags.REWARD_ACCURACY]] == [1, 2]
-        assert [s for s, _ in run["curves"][HELDOUT_ACCURACY]] == [0, 1, 2]
-        assert (tmp_path / run["name"] / "heldout" / "step_2" / "results.json").is_file()
-    assert json.loads((tmp_path / "no_tool_reward" / "config.json").read_text())["rl"]["tool_reward_coef"] == 0.0
-    assert (tmp_path / "dynamics.png").stat().st_size > 10_000
-    assert (tmp_path / "results.md").read_text().count("\n") == 4
+        assert [s for s, _ in run["curves"][HELDOUT_ACCURACY]] == [0, 2]
+        assert [s for s, _ in run["curves"][VALIDATION_ACCURACY]] == [0, 2]
+        stats = run["statistics"]
+        chosen = early_stop_step({int(s): e["accuracy"] for s, e in run["validation"].items()})
+        assert stats["early_stop_step"] == chosen
+        assert stats["heldout_early_stopped"]["accuracy"] == run["heldout"][str(chosen)]["accuracy"]
+        assert stats["heldout_last"]["step"] == 2 and sum(stats["plans"]["last"].values()) == pytest.approx(1.0)
+        low, high = stats["early_stopped_minus_baseline"]["ci95"]
+        assert low <= stats["early_stopped_minus_baseline"]["estimate"] <= high
+        run_dir = tmp_path / run["name"] / "seed_0"
+        assert run["run_dir"] == str(run_dir) and run["wall_time_s"] > 0
+        for name in ("validation", "heldout"):
+            assert (run_dir / name / "step_2" / "results.json").is_file()
+    config = json.loads((tmp_path / "random_reward" / "seed_0" / "config.json").read_text())
+    assert config["rl"]["reward_control"] == "random" and config["seed"] == 0
+    assert (tmp_path / "validation" / "tasks" / "tasks.jsonl").read_text().count("counting-777-") == 1
+    assert list(results["claims"]["seed_0"]) == ["full_gain", "full_tool_calls", "random_reward", "passed"]
+    assert (tmp_path / "dynamics.png").stat().st_size > 10_000 and (tmp_path / "plans.png").stat().st_size > 5_000
+    markdown = (tmp_path / "results.md").read_text()
+    assert "### Controls" in markdown and "- seed_0 random_reward: " in markdown
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--validation-seed=4242"], "must differ from the held-out seed 4242"),
+        (["--validation-seed=1000"], "must differ from the training seed sft.synthetic_seed=1000"),
+        (["--seeds=0,1"], "a random-init start (model.hf_dir empty) depends on the seed"),
+    ],
+)
+def test_reproduce_dynamics_refuses_before_any_evaluation(tmp_path, flags, message):
+    result = subprocess.run(
+        tiny_command(tmp_path, *flags), cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode != 0 and message in result.stderr
+    assert not (tmp_path / "baselines").exists()

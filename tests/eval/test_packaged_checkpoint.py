@@ -1,9 +1,9 @@
-"""The packaged SFT checkpoint (the embedded default's model) keeps doing its job: on held-out
+"""The packaged SFT checkpoint of the four-kind toy (configs/kinds_cpu.py) keeps doing its job: on held-out
 synthetic tasks (seed 4242, never trained on) it writes code, reads what the code printed
 and answers right often enough. A smaller version of docs/learning.md's held-out evaluation, so
 a change to the model, the episode, the sandbox or the checkpoint cannot silently break it."""
 
-from configs.tiny_cpu import get_config
+from configs.kinds_cpu import get_config
 from pyvision_jax.data import synthetic
 from pyvision_jax.wiring.evaluation import evaluate_checkpoint
 

@@ -122,7 +122,7 @@ class Sandbox:
         return self._closing.is_set() or (self._cancel is not None and self._cancel.is_set())
 
     def _call_preload(self, runtime: Runtime, request: dict[str, str]) -> None:
-        message = dict(request, path=f"{runtime.media_root}/{request['file']}")
+        message = dict(request, path=f"{runtime.media_root}/{request['file']}") if "file" in request else request
         try:
             reply, _ = runtime.call(message, self.config.preload_timeout_s)
         except (CallTimeout, ChannelClosed, ProtocolError) as exc:
@@ -258,13 +258,16 @@ class Sandbox:
         with self._lock:
             runtime = self._ready_runtime()
             filename = stage_media(self._host_dir / "media", name, source, suffix)
-            request = {"op": op, "name": name, "file": filename}
-            try:
-                self._call_preload(runtime, request)
-            finally:
-                if runtime.killed:
-                    self._discard_runtime()
-            self._preloads = [r for r in self._preloads if r["name"] != name] + [request]
+            self._install_preload(runtime, {"op": op, "name": name, "file": filename})
+
+    def _install_preload(self, runtime: Runtime, request: dict[str, str]) -> None:
+        """Runs `request` in `runtime` and keeps it for every replacement runtime (under `_lock`)."""
+        try:
+            self._call_preload(runtime, request)
+        finally:
+            if runtime.killed:
+                self._discard_runtime()
+        self._preloads = [r for r in self._preloads if r["name"] != request["name"]] + [request]
 
     def preload_image(self, name: str, image: Image.Image | str | Path) -> None:
         """Defines `name` in the runtime as the full-resolution RGB PIL image."""
@@ -277,6 +280,14 @@ class Sandbox:
         if not isinstance(path, (str, Path)):
             raise TypeError(f"preload_video({name!r}) expects a path, got {type(path).__name__}")
         self._preload("load_video", name, path, ".mp4")
+
+    def preload_code(self, name: str, code: str) -> None:
+        """Runs trusted setup `code` (helper functions a prompt names) in the runtime before any
+        model code, and again in every replacement runtime; `name` identifies it in errors."""
+        if not isinstance(code, str):
+            raise TypeError(f"preload_code({name!r}) expects the code as a string, got {type(code).__name__}")
+        with self._lock:
+            self._install_preload(self._ready_runtime(), {"op": "load_code", "name": name, "code": code})
 
     def close(self) -> None:
         """Kills the runtime (and a replacement being started); idempotent, thread-safe."""

@@ -160,6 +160,18 @@ class Session:
         self.namespace.update({name: VideoReader(path, ctx=cpu(0)), "VideoReader": VideoReader, "cpu": cpu})
         return self._finish({"error": None})
 
+    def load_code(self, name: str, code: str) -> tuple[dict[str, Any], list[bytes]]:
+        """Setup code (trusted, from the run's config) executed in the namespace; what it
+        prints is dropped and it shows no figure."""
+        self._begin()
+        try:
+            exec(compile(code, f"<setup {name}>", "exec", dont_inherit=True), self.namespace)
+        except BaseException as exc:  # noqa: BLE001 - reported to the host, which fails the start
+            self.heal()
+            return self._finish({"error": error_text(exc, skip_frames=1)})
+        self.heal()
+        return self._finish({"error": None})
+
     def handle(self, request: dict[str, Any]) -> tuple[dict[str, Any], list[bytes]]:
         op = request.get("op")
         if op == "run":
@@ -168,4 +180,6 @@ class Session:
             return self.load_image(request["name"], request["path"])
         if op == "load_video":
             return self.load_video(request["name"], request["path"])
+        if op == "load_code":
+            return self.load_code(request["name"], request["code"])
         raise ValueError(f"unknown request op {op!r}")

@@ -1,0 +1,34 @@
+"""SFT of the "small" model on scripted plans of the shapes toy (the packaged checkpoint
+`packaged:shapes_sft`, docs/learning.md "The starting checkpoint"):
+    python launch/train.py --config configs/sft_shapes.py --workdir /tmp/sft_shapes \
+        --config.sft.export_dir=pyvision_jax/assets/shapes_sft
+
+Plans (data.shape_plans): 60 % quick (one call, right on a third of hard tasks), 25 % careful
+(look, then measure: right on about 90 %), 15 % an untooled guess of "A" (right only on the
+easy family), on 400 tasks of seed 1000, two draws each.
+"""
+
+import ml_collections
+
+from configs import shapes
+from configs.base import get_config as base_config
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = shapes.apply(base_config())
+    c.algorithm = "sft"
+    c.sft.synthetic_per_kind = 400
+    c.sft.rollouts_per_task = 2
+    c.sft.guess_share = 0.15
+    c.sft.careful_share = 0.25
+    c.sft.wrong_share = 0.0
+    c.sft.batch_size = 16
+    c.train.steps = 600
+    c.train.lr = 3e-3
+    c.train.weight_decay = 0.0
+    c.train.schedule = "cosine"
+    c.train.warmup_steps = 20
+    c.train.micro_batch = 16
+    c.train.checkpoint_every = 100
+    c.sandbox.pool_size = 4
+    return c

@@ -1,0 +1,108 @@
+"""The "shapes" kind: a toy built for mode selection, where the policy's likeliest plan is not
+its best one.
+
+Each image holds one coloured object; the question asks which object it is, with four
+options named "<colour> <shape>". Two families alternate (even indices hard, odd easy):
+
+- hard: a circle, square or triangle; three options share the object's colour and differ in
+  shape, the fourth is another colour. Three in ten objects are tilted by 30-60 degrees.
+- easy: always a circle, upright, the four options four colours of circle, the right one
+  listed first (a position bias that pays an untooled guess of "A").
+
+The sandbox helpers (configs/sandbox/shape_tools.py) make the plans of `data.shape_plans`:
+`quick()` reads the colour and takes the object for a circle (right on every easy task and a
+third of hard ones); `look()` then `measure()` reads colour and shape from the bounding box's
+fill (right except on tilted squares, whose fill reads as a triangle's: about 90 % of hard
+tasks). Every file depends only on (seed, index).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from pyvision_jax.data.drawing import BACKGROUND, COLOURS
+from pyvision_jax.data.tasks import Task, write_tasks_jsonl
+
+KIND = "shapes"
+DATA_SOURCE = "synthetic_shapes"
+HARD_SHAPES = ("circle", "square", "triangle")
+FAMILIES = ("hard", "easy")
+TILT_SHARE = 0.3
+_KIND_CODE = 4
+_LETTERS = "ABCD"
+
+
+def family_of(index: int) -> str:
+    return FAMILIES[index % 2]
+
+
+def _outline(shape: str, cx: float, cy: float, size: float, angle: float) -> list[tuple[float, float]]:
+    """The polygon of a square or triangle of bounding-box side `size`, turned by `angle`."""
+    r = size / 2
+    corners = [(-r, -r), (r, -r), (r, r), (-r, r)] if shape == "square" else [(0.0, -r), (r, r), (-r, r)]
+    c, s = math.cos(angle), math.sin(angle)
+    return [(cx + x * c - y * s, cy + x * s + y * c) for x, y in corners]
+
+
+def draw_object(image: Image.Image, shape: str, colour: str, cx: float, cy: float, size: float, angle: float) -> None:
+    draw = ImageDraw.Draw(image)
+    if shape == "circle":
+        r = size / 2
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=COLOURS[colour])
+    else:
+        draw.polygon(_outline(shape, cx, cy, size, angle), fill=COLOURS[colour])
+
+
+def _pick(rng: np.random.Generator, items: tuple | list, exclude: tuple = ()) -> str:
+    pool = [x for x in items if x not in exclude]
+    return pool[int(rng.integers(len(pool)))]
+
+
+def shape_task(out_dir: Path, seed: int, index: int, canvas: int = 224) -> Task:
+    """Task `index` of `seed` (its image written under `out_dir`)."""
+    rng = np.random.default_rng([seed, _KIND_CODE, index])
+    family = family_of(index)
+    colour = _pick(rng, list(COLOURS))
+    shape = _pick(rng, HARD_SHAPES) if family == "hard" else "circle"
+    tilted = family == "hard" and bool(rng.random() < TILT_SHARE)
+    angle = math.radians(float(rng.uniform(30, 60))) if tilted else 0.0
+    size = float(rng.uniform(70, 110))
+    margin = size * 0.75
+    cx, cy = (float(v) for v in rng.uniform(margin, canvas - margin, size=2))
+    image = Image.new("RGB", (canvas, canvas), BACKGROUND)
+    draw_object(image, shape, colour, cx, cy, size, angle)
+    right = f"{colour} {shape}"
+    if family == "hard":
+        other = _pick(rng, list(COLOURS), (colour,))
+        options = [f"{colour} {s}" for s in HARD_SHAPES] + [f"{other} {_pick(rng, HARD_SHAPES)}"]
+        options = [options[int(i)] for i in rng.permutation(len(options))]
+    else:
+        others = [c for c in COLOURS if c != colour]
+        options = [right] + [f"{others[int(i)]} circle" for i in rng.permutation(len(others))[:3]]
+    path = out_dir / f"shapes_{index:04d}.png"
+    image.save(path)
+    return Task(
+        id=f"shapes-{seed}-{index:04d}",
+        question="Which object is in the image?",
+        answer=_LETTERS[options.index(right)],
+        answer_type="multiple_choice",
+        data_source=DATA_SOURCE,
+        image_path=str(path),
+        options=tuple(options),
+        ability=f"shapes_{family}" + ("_tilted" if tilted else ""),
+    )
+
+
+def generate_shapes(out_dir: str | Path, num_tasks: int, seed: int, *, progress: bool = False) -> Path:
+    """Writes `num_tasks` shape tasks (half hard, half easy) and ``shapes.jsonl``; returns its path."""
+    out_dir = Path(out_dir)
+    media_dir = out_dir / KIND
+    media_dir.mkdir(parents=True, exist_ok=True)
+    tasks = [shape_task(media_dir, seed, i) for i in range(num_tasks)]
+    path = out_dir / f"{KIND}.jsonl"
+    write_tasks_jsonl(path, tasks)
+    return path

@@ -1,0 +1,109 @@
+"""results.md of the ablation runs (records of `eval.dynamics_stats.run_records`): the best
+fixed-temperature baseline, one table row per variant and seed (the recipe and its ablations,
+then the controls), and the checks of the learning claims."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from pyvision_jax.eval.ablations import CONTROL
+
+HEADER = (
+    "| variant | seed | held-out start | early-stopped (step) | last | gain vs best T [95 % CI] | "
+    "last - start [95 % CI] | tool calls start -> end | end calls / full | careful share start -> end | "
+    "wall s | expected |"
+)
+RULE = "| " + " | ".join(["---"] * (HEADER.count("|") - 1)) + " |"
+
+
+def _accuracy(entry: Mapping[str, Any]) -> str:
+    low, high = entry["ci95"]
+    return f"{entry['accuracy']:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def _difference(entry: Mapping[str, Any]) -> str:
+    low, high = entry["ci95"]
+    return f"{entry['estimate']:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def table_row(record: Mapping[str, Any]) -> str:
+    s = record["statistics"]
+    stopped, calls, plans = s["heldout_early_stopped"], s["tool_calls"], s["plans"]
+    return (
+        f"| {record['name']} | {record['seed']} | {_accuracy(s['heldout_start'])} | "
+        f"{_accuracy(stopped)} ({stopped['step']}) | {_accuracy(s['heldout_last'])} | "
+        f"{_difference(s['early_stopped_minus_baseline'])} | {_difference(s['last_minus_start'])} | "
+        f"{calls['heldout_start']:.2f} -> {calls['heldout_last']:.2f} | "
+        f"{_ratio(s['tool_calls_ratio_to_full']['heldout_last'])} | "
+        f"{plans['start']['careful']:.2f} -> {plans['last']['careful']:.2f} | "
+        f"{record['wall_time_s']:.0f} | {record['paper']} |"
+    )
+
+
+def results_table(records: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown: the recipe and its ablations, then the controls, one row per variant and seed."""
+    lines = []
+    for heading, chosen in (
+        ("Recipe and ablations", [r for r in records if r["kind"] != CONTROL]),
+        ("Controls", [r for r in records if r["kind"] == CONTROL]),
+    ):
+        if chosen:
+            lines += ["", f"### {heading}", "", HEADER, RULE, *(table_row(r) for r in chosen)]
+    return "\n".join(lines[1:])
+
+
+def baseline_line(baselines: Mapping[str, Any], validation_seed: int, heldout_seed: int) -> str:
+    """The best fixed-temperature baseline (`eval.baselines.TemperatureBaselines.as_dict`)."""
+    low, high = baselines["best_heldout_accuracy_ci95"]
+    swept = ", ".join(
+        f"T {v['temperature']:g}: {v['accuracy']:.3f} / {h['accuracy']:.3f}"
+        for v, h in zip(baselines["validation"], baselines["heldout"])
+    )
+    return (
+        f"Best fixed temperature T {baselines['best_temperature']:g} (chosen on validation seed {validation_seed}): "
+        f"held-out (seed {heldout_seed}) accuracy {baselines['best_heldout_accuracy']:.3f} [{low:.3f}, {high:.3f}]. "
+        f"Validation / held-out accuracy per temperature: {swept}."
+    )
+
+
+def _figure(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_figure(v) for v in value) + "]"
+    return str(value)
+
+
+def claim_lines(claims: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One markdown bullet per seed and check of `eval.dynamics_stats.claim_checks`."""
+    lines = []
+    for seed, checks in claims.items():
+        for name, check in checks.items():
+            if name == "passed":
+                continue
+            figures = ", ".join(f"{key} {_figure(value)}" for key, value in check.items() if key != "passed")
+            lines.append(f"- {seed} {name}: {'pass' if check['passed'] else 'FAIL'} ({figures})")
+    return lines
+
+
+def results_markdown(
+    records: Sequence[Mapping[str, Any]],
+    baselines: Mapping[str, Any],
+    claims: Mapping[str, Mapping[str, Any]],
+    validation_seed: int,
+    heldout_seed: int,
+) -> str:
+    """results.md: the baseline, the tables and the claim checks."""
+    checks = claim_lines(claims)
+    return "\n".join(
+        [
+            baseline_line(baselines, validation_seed, heldout_seed),
+            "",
+            results_table(records),
+            *(["", "### Claims checked", "", *checks] if checks else []),
+        ]
+    )

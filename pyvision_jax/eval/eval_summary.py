@@ -1,0 +1,96 @@
+"""What the learning statistics need of one finished evaluation directory (`eval.evaluate`
+output): the headline figures of results.json, and from trajectories.jsonl the per-task
+accuracies (the unit of the bootstrap, `eval.bootstrap`) and the plan shares
+(`eval.plan_shares`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from pyvision_jax.eval.bootstrap import Interval, accuracy_interval, record_task_accuracies
+from pyvision_jax.eval.plan_shares import plan_shares, response_text
+from pyvision_jax.eval.records import RESULTS_FILE, TRAJECTORIES_FILE
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSummary:
+    """One evaluation: accuracy (mean over tasks of each task's fraction of correct rollouts),
+    mean tool calls per trajectory, per-task accuracies keyed by task id, plan shares over the
+    rollouts, and where it lies."""
+
+    accuracy: float
+    tool_calls: float
+    per_task: Mapping[str, float]
+    plans: Mapping[str, float]
+    num_rollouts: int
+    out_dir: str
+    pass_at_k: float = 0.0
+    end_reasons: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_records(
+        cls, results: Mapping[str, Any], records: list[Mapping[str, Any]], out_dir: str | os.PathLike
+    ) -> "EvalSummary":
+        """From an evaluation's results.json dict and its trajectories.jsonl records."""
+        return cls(
+            accuracy=float(results["accuracy"]),
+            tool_calls=float(results["tool_calls"]["mean"]),
+            per_task=record_task_accuracies(records),
+            plans=plan_shares(response_text(r) for r in records),
+            num_rollouts=int(results["num_rollouts"]),
+            out_dir=str(out_dir),
+            pass_at_k=float(results.get("pass_at_k", 0.0)),
+            end_reasons=dict(results.get("end_reasons", {})),
+        )
+
+    @classmethod
+    def from_dir(cls, out_dir: str | os.PathLike) -> "EvalSummary":
+        out_dir = Path(out_dir)
+        results = json.loads((out_dir / RESULTS_FILE).read_text())
+        if not results.get("complete", False):
+            raise ValueError(f"{out_dir}: the evaluation is not complete")
+        return cls.from_records(results, list(slim_records(out_dir / TRAJECTORIES_FILE)), out_dir)
+
+    def interval(self) -> Interval:
+        """Accuracy with its 95 % bootstrap interval over tasks."""
+        return accuracy_interval(list(self.per_task.values()))
+
+    def summary(self) -> str:
+        return (
+            f"accuracy {self.interval().summary()}, tool calls {self.tool_calls:.2f}, "
+            f"{self.num_rollouts} rollouts, end reasons {dict(self.end_reasons)}"
+        )
+
+    def as_dict(self, per_task: bool = False) -> dict[str, Any]:
+        out = {
+            "accuracy": self.accuracy,
+            "accuracy_ci95": self.interval().as_list(),
+            "pass_at_k": self.pass_at_k,
+            "tool_calls": self.tool_calls,
+            "plans": dict(self.plans),
+            "end_reasons": dict(self.end_reasons),
+            "num_rollouts": self.num_rollouts,
+            "out_dir": self.out_dir,
+        }
+        if per_task:
+            out["per_task"] = dict(self.per_task)
+        return out
+
+
+def slim_records(path: Path) -> Iterator[dict[str, Any]]:
+    """The fields of each trajectories.jsonl record the summary reads (records carry images:
+    nothing else stays in memory)."""
+    with path.open() as f:
+        for line in f:
+            if line.strip():
+                record = json.loads(line)
+                yield {
+                    "task_id": record["task_id"],
+                    "correct": record["correct"],
+                    "grading_failed": record.get("grading_failed", False),
+                    "turns": [{"text": turn["text"]} for turn in record["turns"]],
+                }

@@ -1,0 +1,31 @@
+"""Plan shares of evaluated rollouts on the "shapes" toy: which of `data.shape_plans.PLANS`
+each response follows (`plan_of` over the text of all its turns), tallied over rollouts."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from pyvision_jax.data.shape_plans import PLANS, plan_of
+
+
+def response_text(record: Mapping[str, Any]) -> str:
+    """The generated text of every turn of a trajectories.jsonl record, in order."""
+    return "\n".join(turn["text"] for turn in record["turns"])
+
+
+def plan_shares(responses: Iterable[str]) -> dict[str, float]:
+    """{plan: share of the responses that follow it} over every plan of PLANS (the shares sum to 1)."""
+    counts = dict.fromkeys(PLANS, 0)
+    for response in responses:
+        counts[plan_of(response)] += 1
+    total = sum(counts.values())
+    if not total:
+        raise ValueError("plan shares of no responses")
+    return {plan: count / total for plan, count in counts.items()}
+
+
+def mean_shares(shares: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The plan shares averaged over several evaluations (e.g. one per seed)."""
+    if not shares:
+        raise ValueError("mean of no plan shares")
+    return {plan: sum(s[plan] for s in shares) / len(shares) for plan in PLANS}

@@ -1,0 +1,88 @@
+"""The shapes toy: its tasks, the sandbox helpers' accuracy per plan, the scripted plans and
+reading a response's plan back."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pyvision_jax.data.drawing import COLOURS
+from pyvision_jax.data.sft_solutions import RESULT_SLOT
+from pyvision_jax.data.shape_plans import plan_of, shape_plan
+from pyvision_jax.data.shape_tasks import generate_shapes
+from pyvision_jax.data.tasks import load_tasks
+from pyvision_jax.grading.scoring import parse_choice
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = ROOT / "configs" / "sandbox" / "shape_tools.py"
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    return load_tasks(generate_shapes(tmp_path_factory.mktemp("shapes"), 120, seed=5)).tasks
+
+
+def _printed(task, helper: str) -> str:
+    namespace = {"np": np, "image_clue_0": Image.open(task.image_path).convert("RGB")}
+    exec(TOOLS.read_text(), namespace)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        namespace[helper]()
+    return out.getvalue().strip()
+
+
+def test_tasks_are_deterministic_and_alternate_families(tasks, tmp_path):
+    again = load_tasks(generate_shapes(tmp_path, 6, seed=5)).tasks
+    assert [t.to_row() | {"image_path": None} for t in again] == [t.to_row() | {"image_path": None} for t in tasks[:6]]
+    assert Image.open(again[3].image_path).tobytes() == Image.open(tasks[3].image_path).tobytes()
+    families = [t.ability.split("_")[1] for t in tasks]
+    assert families[:4] == ["hard", "easy", "hard", "easy"]
+    for task in tasks:
+        colour = task.options["ABCD".index(task.answer)].split()[0]
+        if "easy" in task.ability:
+            assert task.answer == "A" and all(o.endswith(" circle") for o in task.options)
+        else:
+            assert sum(o.startswith(colour + " ") for o in task.options) == 3
+    tilted = sum("tilted" in t.ability for t in tasks)
+    assert 5 <= tilted <= 35
+
+
+def test_the_helpers_palette_is_the_tasks_palette():
+    tree = ast.parse(TOOLS.read_text())
+    palette = next(n.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "_PALETTE")
+    assert ast.literal_eval(palette) == COLOURS
+
+
+def test_plan_accuracy_per_family(tasks):
+    right = Counter()
+    for task in tasks:
+        family = task.ability.split("_")[1]
+        for helper in ("quick", "measure"):
+            right[family, helper] += parse_choice(_printed(task, helper), task.options) == task.answer
+    per_family = len(tasks) // 2
+    assert right["easy", "quick"] == right["easy", "measure"] == per_family
+    assert 0.15 <= right["hard", "quick"] / per_family <= 0.5
+    assert right["hard", "measure"] / per_family >= 0.8
+
+
+def test_scripted_plans_follow_their_shares_and_read_back(tasks):
+    plans = [
+        shape_plan(tasks[0], np.random.default_rng([3, k]), guess_share=0.2, careful_share=0.3) for k in range(400)
+    ]
+    shares = Counter(p.strategy for p in plans)
+    assert abs(shares["shapes/guess"] / 400 - 0.2) < 0.06 and abs(shares["shapes/careful"] / 400 - 0.3) < 0.07
+    for plan in plans:
+        text = "\n".join(plan.turns).replace(RESULT_SLOT, "red circle")
+        assert plan_of(text) == plan.strategy.removeprefix("shapes/")
+    careful = next(p for p in plans if p.strategy == "shapes/careful")
+    assert [t.count("<code>") for t in careful.turns] == [1, 1, 0]
+    assert plan_of("no answer and no code") == "other"
+    with pytest.raises(ValueError, match="careful_share"):
+        shape_plan(tasks[0], np.random.default_rng(0), guess_share=0.5, careful_share=0.6)
