@@ -3,8 +3,9 @@
 Three plans, drawn per (task, draw) with seeded shares, so the SFT model's likeliest plan is
 not its best one:
 
-- quick (the rest of the shares): one call of `quick()`, then its printed text as the answer;
-- careful (`careful_share`): `look()`, then `measure()`, then the measured text;
+- quick (the rest of the shares): one call of `quick()` (a guessed letter), then its printed
+  letter as the answer;
+- careful (`careful_share`): `look()`, then `measure()`, then the measured letter;
 - guess (`guess_share`): no tool call, the answer "A".
 
 `plan_of` reads the plan back from a response (the plan share of a policy's samples).
@@ -18,9 +19,9 @@ from pyvision_jax.data.sft_solutions import RESULT_SLOT, SolutionPlan, answer_tu
 from pyvision_jax.data.tasks import Task
 
 PLANS = ("quick", "careful", "guess", "other")
-QUICK_THOUGHT = "A quick glance at the colour."
+QUICK_THOUGHT = "A quick glance."
 LOOK_THOUGHT = "Carefully: first a look at the object."
-MEASURE_THOUGHT = "Now measure its colour and shape."
+MEASURE_THOUGHT = "Now measure its shape."
 GUESS_THOUGHT = "I can answer directly."
 
 

@@ -4,16 +4,18 @@ its best one.
 Each image holds one coloured object; the question asks which object it is, with four
 options named "<colour> <shape>". Two families alternate (even indices hard, odd easy):
 
-- hard: a circle, square or triangle; three options share the object's colour and differ in
-  shape, the fourth is another colour. Three in ten objects are tilted by 30-60 degrees.
-- easy: always a circle, upright, the four options four colours of circle, the right one
+- hard: a circle, square or triangle; the options are (A) the object's colour as a circle, (B)
+  as a square, (C) as a triangle and (D) another colour. Three in ten objects are tilted by
+  30-60 degrees.
+- easy: always an upright circle, the four options four colours of circle, the right one
   listed first (a position bias that pays an untooled guess of "A").
 
-The sandbox helpers (configs/sandbox/shape_tools.py) make the plans of `data.shape_plans`:
-`quick()` reads the colour and takes the object for a circle (right on every easy task and a
-third of hard ones); `look()` then `measure()` reads colour and shape from the bounding box's
-fill (right except on tilted squares, whose fill reads as a triangle's: about 90 % of hard
-tasks). Every file depends only on (seed, index).
+The sandbox helpers (configs/sandbox/shape_tools.py) make the plans of `data.shape_plans`; each
+prints an option's letter, which the answer copies: `quick()` guesses (right on about a third of
+tasks); `look()` then `measure()` reads the shape from how much of its bounding box the object
+fills (right on every easy task, and on hard ones except tilted squares, whose fill reads as a
+triangle's: about 87 %); an untooled guess of "A" is right on every easy task and the hard
+tasks' circles. Every file depends only on (seed, index).
 """
 
 from __future__ import annotations
@@ -79,7 +81,6 @@ def shape_task(out_dir: Path, seed: int, index: int, canvas: int = 224) -> Task:
     if family == "hard":
         other = _pick(rng, list(COLOURS), (colour,))
         options = [f"{colour} {s}" for s in HARD_SHAPES] + [f"{other} {_pick(rng, HARD_SHAPES)}"]
-        options = [options[int(i)] for i in rng.permutation(len(options))]
     else:
         others = [c for c in COLOURS if c != colour]
         options = [right] + [f"{others[int(i)]} circle" for i in rng.permutation(len(others))[:3]]

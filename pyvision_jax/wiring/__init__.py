@@ -12,7 +12,8 @@ rollout workers). Each module owns one concern:
 - `training`: GRPO and SFT runs.
 - `evaluation`: evaluating a checkpoint on a task file.
 - `heldout`: held-out accuracy before and after training.
-- `dynamics_runs`: the ablation variants' runs.
+- `dynamics_runs`: the ablation variants' runs, each evaluated on the validation and held-out sets.
+- `baselines`: the validation and held-out sets and the fixed-temperature baselines of the start.
 - `compilation_cache`: JAX's persistent compilation cache in the workdir.
 
 `train/` and `eval/` never read a ConfigDict; `pyvision_jax.cli` is the only layer above.
