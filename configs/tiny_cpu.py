@@ -20,6 +20,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.episode.max_concurrent = 32
     c.rollout.max_batch = 32
     c.sandbox.pool_size = 8
+    c.data.synthetic_per_kind = 64  # training tasks (seed 0): a step draws 16 of them
     c.rl.batch_groups = 8
     c.rl.group_size = 4
     # A small model's optimizer (chosen on the validation seed 777, docs/learning.md): an epsilon

@@ -51,7 +51,7 @@ def test_the_embedded_default_keeps_our_positions():
         episode.stdout_strip,
     ) == (0, "tagged", "im_end", "exceed", "right")
     assert episode.prompts.video == default_prompt_templates().video
-    assert "`measure()` prints its colour and shape" in episode.prompts.image.text  # the shapes toy's prompt
+    assert "`measure()` measures its shape" in episode.prompts.image.text  # the shapes toy's prompt
     selection = wiring.selection_config(c.rl)
     assert (selection.stats_include_broken, selection.require_code_image, selection.train_end_reasons) == (
         False,
