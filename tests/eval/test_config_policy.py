@@ -44,8 +44,8 @@ def test_a_missing_packaged_checkpoint_is_named_in_the_error():
 
 def test_the_embedded_default_is_the_packaged_sft_checkpoint_of_the_small_preset():
     config = get_config()
-    assert (config.model.preset, config.model.hf_dir) == ("small", "packaged:small_sft")
+    assert (config.model.preset, config.model.hf_dir) == ("small", "packaged:shapes_sft")
     policy = config_policy(config, progress=False)
-    assert policy.kind == "hf" and policy.path.endswith("assets/small_sft")
+    assert policy.kind == "hf" and policy.path.endswith("assets/shapes_sft")
     assert policy.model_config.to_hf_dict() == ModelConfig.preset("small").to_hf_dict()
     assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(policy.params))
