@@ -59,6 +59,8 @@ def test_the_embedded_default_keeps_our_positions():
         (),
     )
     assert wiring.loss_config(c.rl).aggregation == "token-mean"
+    assert wiring.loss_config(c.rl).kl_coef == 0.3  # the paper has no KL term; the 7B configs keep none
+    assert wiring.loss_config(pyvision_image_7b.get_config().rl).kl_coef == 0.0
     routes = scorer_routes(c)
     assert routes.routes == ANSWER_TYPE_ROUTES and routes.judge is None
 

@@ -85,6 +85,7 @@ CURVES: tuple[str, ...] = (
     tags.RESPONSE_LENGTH,
     tags.ACTOR_ENTROPY,
     tags.ACTOR_GRAD_NORM,
+    tags.ACTOR_REF_KL,
 )
 """The curves a run's record keeps (besides any `params/` curve)."""
 

@@ -72,6 +72,8 @@ class PPOLossConfig:
             problems.append(f"importance_sampling={self.importance_sampling!r} must be one of {IS_LEVELS}")
         if self.is_truncation <= 0:
             problems.append(f"is_truncation={self.is_truncation} must be > 0")
+        if not 0 <= self.kl_coef < float("inf"):
+            problems.append(f"kl_coef={self.kl_coef} must be a finite number >= 0")
         if self.kl_estimator not in KL_ESTIMATORS:
             problems.append(f"kl_estimator={self.kl_estimator!r} must be one of {KL_ESTIMATORS}")
         if self.min_entropy < 0:
@@ -95,6 +97,8 @@ class PPOMetrics(NamedTuple):
     """Sum of the untruncated IS ratio exp(old - behaviour) (1 without behaviour logprobs)."""
     is_ratio_min: jax.Array
     is_ratio_max: jax.Array
+    ref_kl_sum: jax.Array
+    """Sum of the KL estimate to the reference policy (`kl_estimator`; 0 when `kl_coef` is 0)."""
 
 
 class PPOLossOutput(NamedTuple):
@@ -178,6 +182,7 @@ def ppo_loss(
     elif config.importance_sampling != "none":
         raise ValueError(f"ppo_loss: importance_sampling={config.importance_sampling!r} needs behaviour_logprobs")
 
+    ref_kl = jnp.zeros((batch, length), jnp.float32)
     if config.kl_coef:
         if ref_logprobs is None:
             raise ValueError(f"ppo_loss: kl_coef={config.kl_coef} needs ref_logprobs")
@@ -189,6 +194,7 @@ def ppo_loss(
         else:
             clamped = jnp.clip(ref_log_ratio, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
             kl = jnp.exp(clamped) - clamped - 1.0
+        ref_kl = kl
         token_loss = token_loss + config.kl_coef * kl
 
     entropy_values = jnp.zeros((batch, length), jnp.float32)
@@ -233,6 +239,7 @@ def ppo_loss(
         is_ratio_sum=_masked_sum(is_ratio, mask),
         is_ratio_min=jnp.where(mask, is_ratio, jnp.inf).min(),
         is_ratio_max=jnp.where(mask, is_ratio, -jnp.inf).max(),
+        ref_kl_sum=_masked_sum(jax.lax.stop_gradient(ref_kl), mask),
     )
     return PPOLossOutput(loss_sum=loss_sum, denominator=denominator.astype(jnp.float32), metrics=metrics)
 
@@ -249,6 +256,7 @@ def combine_metrics(first: PPOMetrics, second: PPOMetrics) -> PPOMetrics:
         is_ratio_sum=first.is_ratio_sum + second.is_ratio_sum,
         is_ratio_min=jnp.minimum(first.is_ratio_min, second.is_ratio_min),
         is_ratio_max=jnp.maximum(first.is_ratio_max, second.is_ratio_max),
+        ref_kl_sum=first.ref_kl_sum + second.ref_kl_sum,
     )
 
 
@@ -264,4 +272,5 @@ def summarize_metrics(metrics: PPOMetrics) -> dict[str, jax.Array]:
         "is_ratio_mean": metrics.is_ratio_sum / count,
         "is_ratio_min": metrics.is_ratio_min,
         "is_ratio_max": metrics.is_ratio_max,
+        "ref_kl": metrics.ref_kl_sum / count,
     }

@@ -16,6 +16,8 @@ ACTOR_ENTROPY = "actor/entropy"
 ACTOR_GRAD_NORM = "actor/grad_norm"
 ACTOR_CLIPFRAC = "actor/clipfrac"
 ACTOR_APPROX_KL = "actor/approx_kl"
+ACTOR_REF_KL = "actor/ref_kl"
+"""Mean per-token KL estimate to the starting model (`rl.kl_coef` > 0; 0 without the term)."""
 ACTOR_IS_RATIO_MAX = "actor/is_ratio_max"
 ACTOR_IS_RATIO_MEAN = "actor/is_ratio_mean"
 FILTER_ZERO_VARIANCE_FRAC = "filter/zero_variance_frac"
@@ -73,6 +75,7 @@ TRAINER_SCALARS: tuple[str, ...] = (
     ACTOR_GRAD_NORM,
     ACTOR_CLIPFRAC,
     ACTOR_APPROX_KL,
+    ACTOR_REF_KL,
     ACTOR_IS_RATIO_MAX,
     ACTOR_IS_RATIO_MEAN,
     FILTER_ZERO_VARIANCE_FRAC,

@@ -173,12 +173,23 @@ def micro_batch_loss(
     frozen: Any,
     micro: TrainBatch,
     features: jax.Array | None = None,
+    reference: Any = None,
 ) -> tuple[jax.Array, tuple[jax.Array, PPOMetrics]]:
     """(loss sum, (denominator, metrics)) of one micro-batch; differentiate w.r.t. `trainable`.
 
+    `reference`: the reference policy's trainable groups (the frozen ones are shared), whose
+    logprobs the KL term of `loss.kl_coef` > 0 compares against; needed then, else unread.
     Packed rows are split into one loss row per segment, so per-sequence terms (sequence
     aggregation, sequence importance ratios) see each trajectory alone."""
     logprobs, entropy = micro_batch_logprobs(model_config, step_config, {**trainable, **frozen}, micro, features)
+    ref = None
+    if step_config.loss.kl_coef:
+        if reference is None:
+            raise ValueError(
+                f"rl.kl_coef={step_config.loss.kl_coef} needs the reference policy's params (train_step's `reference`)"
+            )
+        ref_params = jax.lax.stop_gradient({**reference, **frozen})
+        ref = micro_batch_logprobs(model_config, step_config, ref_params, micro, features)[0]
     mask = micro.loss_mask & micro.attention_mask
     if micro.proximal_logprobs is not None:
         old = micro.proximal_logprobs
@@ -192,6 +203,7 @@ def micro_batch_loss(
         k = advantages.shape[-1]
         rows = lambda values: segment_rows(values, k)  # noqa: E731
         logprobs, old, behaviour, entropy = map(rows, (logprobs, old, behaviour, entropy))
+        ref = None if ref is None else rows(ref)
         mask = segment_masks(mask, micro.segment_ids, k)
         advantages = advantages.reshape(-1)
         if unit_tokens is not None:
@@ -203,6 +215,7 @@ def micro_batch_loss(
         mask,
         step_config.loss,
         behaviour_logprobs=behaviour,
+        ref_logprobs=ref,
         entropy=entropy,
         unit_tokens=unit_tokens,
         unit_share=unit_share,
@@ -233,23 +246,29 @@ def _empty_metrics() -> PPOMetrics:
         is_ratio_sum=zero,
         is_ratio_min=jnp.array(jnp.inf, jnp.float32),
         is_ratio_max=jnp.array(-jnp.inf, jnp.float32),
+        ref_kl_sum=zero,
     )
 
 
 def loss_and_grads(
-    model_config: ModelConfig, step_config: StepConfig, params: Any, batch: TrainBatch
+    model_config: ModelConfig, step_config: StepConfig, params: Any, batch: TrainBatch, reference: Any = None
 ) -> tuple[jax.Array, Any, jax.Array, PPOMetrics]:
     """(loss, grads of the trainable groups, denominator, metrics) over all micro-batches.
 
     loss = sum of micro-batch loss sums / sum of denominators; the gradient is that of the
-    same quantity (0 when the denominator is 0).
+    same quantity (0 when the denominator is 0). `reference`: see `micro_batch_loss`.
     """
     features = frozen_vision_features(model_config, step_config, params, batch)
-    return _loss_and_grads(model_config, step_config, params, batch, features)
+    return _loss_and_grads(model_config, step_config, params, batch, features, reference)
 
 
 def _loss_and_grads(
-    model_config: ModelConfig, step_config: StepConfig, params: Any, batch: TrainBatch, features: jax.Array | None
+    model_config: ModelConfig,
+    step_config: StepConfig,
+    params: Any,
+    batch: TrainBatch,
+    features: jax.Array | None,
+    reference: Any = None,
 ) -> tuple[jax.Array, Any, jax.Array, PPOMetrics]:
     """`loss_and_grads` given the frozen tower's `frozen_vision_features` (the same for every
     PPO epoch: computed once per step)."""
@@ -259,7 +278,7 @@ def _loss_and_grads(
     def body(carry, inputs):
         micro, micro_features = inputs
         grads, loss_sum, denominator, metrics = carry
-        (mb_loss, (mb_denominator, mb_metrics)), mb_grads = grad_fn(trainable, frozen, micro, micro_features)
+        (mb_loss, (mb_denominator, mb_metrics)), mb_grads = grad_fn(trainable, frozen, micro, micro_features, reference)
         grads = jax.tree.map(jnp.add, grads, mb_grads)
         return (grads, loss_sum + mb_loss, denominator + mb_denominator, combine_metrics(metrics, mb_metrics)), None
 
@@ -275,6 +294,7 @@ def _update(
     model_config: ModelConfig,
     step_config: StepConfig,
     optimizer: optax.GradientTransformation,
+    reference: Any,
     features: jax.Array | None,
     params: Any,
     opt_state: Any,
@@ -282,7 +302,7 @@ def _update(
 ) -> tuple[Any, Any, dict[str, Any]]:
     """One optimizer update from `batch`: (params, optimizer state, what it measured). Skipped
     (both kept) when the loss or gradient is not finite; a no-op when there is no loss token."""
-    loss, grads, denominator, metrics = _loss_and_grads(model_config, step_config, params, batch, features)
+    loss, grads, denominator, metrics = _loss_and_grads(model_config, step_config, params, batch, features, reference)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     apply = finite & (denominator > 0)
@@ -357,18 +377,20 @@ def train_step(
     optimizer: optax.GradientTransformation,
     state: TrainState,
     batch: TrainBatch,
+    reference: Any = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """`step_config.ppo_epochs` epochs of `step_config.mini_batches` optimizer updates each,
     one per disjoint mini-batch of `batch` (see `_update`); the step counter advances once.
     Loss and gradient norm are the mean over the first epoch's updates, its token count and
     entropy those of all its mini-batches (the first update: the policy that generated the
     batch); clip fraction, KL and ratios those of the last epoch (how far the updates moved
-    it)."""
+    it). `reference`: the trainable groups of the policy the KL term of `loss.kl_coef` > 0
+    is measured against (the run's starting model); None without the term."""
     count = step_config.mini_batches
     features = frozen_vision_features(model_config, step_config, state.params, batch)
     if count > 1 and step_config.old_logprobs == "current":
         batch = with_proximal_logprobs(model_config, step_config, state.params, batch, features)
-    update = functools.partial(_update, model_config, step_config, optimizer)
+    update = functools.partial(_update, model_config, step_config, optimizer, reference)
 
     def epoch(params: Any, opt_state: Any) -> tuple[Any, Any, dict[str, Any]]:
         if count == 1:
@@ -419,6 +441,7 @@ def train_step(
         "trained_token_fraction": summary["trained_token_fraction"],
         "clip_fraction": moved["clip_fraction"],
         "approx_kl": moved["approx_kl"],
+        "ref_kl": summary["ref_kl"],
         "is_ratio_max": jnp.where(has_tokens, moved["is_ratio_max"], 1.0),
         "is_ratio_mean": jnp.where(has_tokens, moved["is_ratio_mean"], 1.0),
     }
@@ -465,8 +488,9 @@ def make_train_step(
     mesh: Mesh,
     state_sharding: TrainState,
     donate: bool = True,
-) -> Callable[[TrainState, TrainBatch], tuple[TrainState, dict]]:
-    """The jitted step `(state, batch) -> (state, metrics)`; put batches with `shard_batch`.
+) -> Callable[..., tuple[TrainState, dict]]:
+    """The jitted step `(state, batch, reference=None) -> (state, metrics)`; put batches with
+    `shard_batch`; `reference` (see `train_step`) sharded like the params it copies.
 
     `donate` reuses the state's buffers for the new state; leave it off when something else
     (an engine generating concurrently) still reads the old params.

@@ -47,6 +47,7 @@ from pyvision_jax.train.state import (
     init_train_state,
     make_optimizer,
     path_means,
+    split_trainable,
     state_shardings,
 )
 from pyvision_jax.train.step import StepConfig, make_train_step, shard_batch
@@ -146,6 +147,7 @@ class Trainer:
             return jax.jit(init, out_shardings=self.shardings)(self._load_params(self.shardings.params))
 
         self.state, cursors = self.harness.restore_or_init(abstract, self.shardings, fresh)
+        self.reference = self._reference()
         self.source = self._group_source()
         self.train_step = make_train_step(
             self.model_config,
@@ -158,6 +160,14 @@ class Trainer:
         self.shape_floor = BatchShape()  # the largest batch shape so far: shapes only grow (fewer compiles)
         self.source.start(self.state.params, int(self.state.step), cursors)
         self._source_state = self.source.state()
+
+    def _reference(self) -> Any:
+        """The trainable groups of the starting model (loaded again, so a resumed run measures
+        its KL term against the same policy), when `rl.kl_coef` > 0; else None."""
+        if not self.step_config.loss.kl_coef:
+            return None
+        params = self._load_params(self.shardings.params)
+        return split_trainable(params, self.optimizer_config.frozen_prefixes)[0]
 
     def _group_source(self) -> GroupSource:
         """The source; with several processes, process 0 alone builds and runs it and every
@@ -250,7 +260,7 @@ class Trainer:
         start = time.perf_counter()
         batch, stats = pack_batch(self.model_config, selected.rows, selected.advantages, s.batching, self.shape_floor)
         self.shape_floor = self.shape_floor.cover(stats.shape)
-        self.state, out = self.train_step(self.state, shard_batch(batch, self.mesh))
+        self.state, out = self.train_step(self.state, shard_batch(batch, self.mesh), self.reference)
         out = jax.device_get(out)
         step_time = time.perf_counter() - start
         new_step = int(self.state.step)
@@ -262,6 +272,7 @@ class Trainer:
                 tags.ACTOR_GRAD_NORM: out["grad_norm"],
                 tags.ACTOR_CLIPFRAC: out["clip_fraction"],
                 tags.ACTOR_APPROX_KL: out["approx_kl"],
+                tags.ACTOR_REF_KL: out["ref_kl"],
                 tags.ACTOR_IS_RATIO_MAX: out["is_ratio_max"],
                 tags.ACTOR_IS_RATIO_MEAN: out["is_ratio_mean"],
                 tags.PERF_STEP_TIME: step_time,

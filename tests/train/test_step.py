@@ -397,3 +397,55 @@ def test_updates_per_step_divide_the_batch_into_mini_batches_of_groups(tiny_conf
         updates_per_step(16, 5)
     with pytest.raises(ValueError, match="do not split into 2"):
         pack_batch(tiny_config, [None] * 3, [0.0] * 3, BatchingConfig((64,), 1, mini_batches=2))
+
+
+KL_STEP = dataclasses.replace(STEP, loss=dataclasses.replace(STEP.loss, kl_coef=0.5))
+
+
+def test_kl_term_is_zero_with_its_gradient_at_the_reference_and_pulls_back_towards_it(
+    tiny_config, tiny_params, trajectories
+):
+    batch, _ = packed(tiny_config, trajectories, 2)
+    fn = jax.jit(loss_and_grads, static_argnums=(0, 1))
+    trainable = {k: v for k, v in tiny_params.items() if k != "visual"}
+    plain_loss, plain_grads, _, plain_metrics = fn(tiny_config, STEP, tiny_params, batch)
+    loss, grads, _, metrics = fn(tiny_config, KL_STEP, tiny_params, batch, trainable)
+    # k3 = exp(r) - r - 1 and its derivative vanish at r = 0: at the reference only the PPO term acts
+    np.testing.assert_allclose(loss, plain_loss, rtol=1e-6, atol=1e-7)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(plain_grads)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    assert float(metrics.ref_kl_sum) == pytest.approx(0.0, abs=1e-6) and float(plain_metrics.ref_kl_sum) == 0.0
+
+    moved = jax.tree.map(lambda p, g: p - 0.5 * g / optax_norm(plain_grads), trainable, plain_grads)
+    params = {**tiny_params, **moved}
+    away_loss, away_grads, _, away_metrics = fn(tiny_config, KL_STEP, params, batch, trainable)
+    no_kl_loss, no_kl_grads, _, _ = fn(tiny_config, STEP, params, batch)
+    assert float(away_metrics.ref_kl_sum) > 0 and float(away_loss) > float(no_kl_loss)
+    # the KL part of the gradient points back: a small step along -grad(KL) lowers the KL
+    kl_grads = jax.tree.map(jnp.subtract, away_grads, no_kl_grads)
+    back = {**tiny_params, **jax.tree.map(lambda p, g: p - 0.1 * g / optax_norm(kl_grads), moved, kl_grads)}
+    assert float(fn(tiny_config, KL_STEP, back, batch, trainable)[3].ref_kl_sum) < float(away_metrics.ref_kl_sum)
+
+
+def test_kl_term_without_a_reference_names_the_config_key(tiny_config, tiny_params, trajectories):
+    batch, _ = packed(tiny_config, trajectories, 2)
+    with pytest.raises(ValueError, match="rl.kl_coef=0.5 needs the reference"):
+        loss_and_grads(tiny_config, KL_STEP, tiny_params, batch)
+
+
+def test_train_step_with_a_reference_reports_its_kl(tiny_config, tiny_params, trajectories):
+    optimizer = make_optimizer(OptimizerConfig(lr=1e-2, weight_decay=0.0, grad_clip=1.0))
+    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    state = init_train_state(tiny_params, optimizer, seed=0)
+    shardings = state_shardings(state, param_logical_axes(tiny_config), mesh)
+    step = make_train_step(tiny_config, KL_STEP, optimizer, mesh, shardings, donate=False)
+    state = jax.device_put(state, shardings)
+    reference = jax.device_put(
+        {k: v for k, v in tiny_params.items() if k != "visual"},
+        {k: v for k, v in shardings.params.items() if k != "visual"},
+    )
+    batch = shard_batch(packed(tiny_config, trajectories, 2)[0], mesh)
+    first, out = step(state, batch, reference)
+    assert float(out["ref_kl"]) == pytest.approx(0.0, abs=1e-6) and float(out["updated"]) == 1.0
+    _, out = step(first, batch, reference)
+    assert float(out["ref_kl"]) > 0

@@ -48,6 +48,25 @@ def test_resume_gives_bit_identical_params(tmp_path, tiny_config, tiny_params, t
     assert TrainCheckpoints(tmp_path / "b" / "checkpoints", 3, 2).all_steps() == [3, 6]
 
 
+def test_kl_to_the_starting_model_is_logged_and_a_resumed_run_measures_it_against_the_same_model(
+    tmp_path, tiny_config, tiny_params, tokenizer, tasks
+):
+    def kl_config(steps):
+        config = small_config(steps)
+        config.rl.kl_coef = 0.2
+        return config
+
+    run(kl_config(4), tmp_path / "a", tiny_config, tiny_params, tokenizer, tasks, answers_by_rollout)
+    run(kl_config(2), tmp_path / "b", tiny_config, tiny_params, tokenizer, tasks, answers_by_rollout)
+    _, resumed = run(kl_config(4), tmp_path / "b", tiny_config, tiny_params, tokenizer, tasks, answers_by_rollout)
+    straight = read_scalars(str(tmp_path / "a" / "tb"))[tags.ACTOR_REF_KL]
+    again = read_scalars(str(tmp_path / "b" / "tb"))[tags.ACTOR_REF_KL]
+    assert [s for s, _ in straight] == [1, 2, 3, 4] and straight[0][1] < 1e-6  # step 1 trains the start itself
+    assert all(v > 0 for _, v in straight[1:])
+    np.testing.assert_allclose([v for _, v in again], [v for _, v in straight], rtol=1e-5, atol=1e-9)
+    assert resumed.reference is not None and set(resumed.reference) == {"model", "lm_head"}
+
+
 def test_uniform_updates_parameters_are_logged_as_their_mean_every_step(
     tmp_path, tiny_config, tiny_params, tokenizer, tasks
 ):
