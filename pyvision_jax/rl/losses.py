@@ -244,6 +244,15 @@ def ppo_loss(
     return PPOLossOutput(loss_sum=loss_sum, denominator=denominator.astype(jnp.float32), metrics=metrics)
 
 
+def empty_metrics() -> PPOMetrics:
+    """The metrics of no token: the identity of `combine_metrics`."""
+    zero = jnp.zeros((), jnp.float32)
+    sums = dict.fromkeys(PPOMetrics._fields, zero)
+    return PPOMetrics(
+        **{**sums, "is_ratio_min": jnp.array(jnp.inf, jnp.float32), "is_ratio_max": jnp.array(-jnp.inf, jnp.float32)}
+    )
+
+
 def combine_metrics(first: PPOMetrics, second: PPOMetrics) -> PPOMetrics:
     """Metrics of two micro-batches as if computed on their union."""
     return PPOMetrics(
@@ -257,6 +266,17 @@ def combine_metrics(first: PPOMetrics, second: PPOMetrics) -> PPOMetrics:
         is_ratio_min=jnp.minimum(first.is_ratio_min, second.is_ratio_min),
         is_ratio_max=jnp.maximum(first.is_ratio_max, second.is_ratio_max),
         ref_kl_sum=first.ref_kl_sum + second.ref_kl_sum,
+    )
+
+
+def combine_stacked_metrics(metrics: PPOMetrics) -> PPOMetrics:
+    """Metrics stacked over a leading axis (one set per update) as one set: `combine_metrics`
+    over the axis."""
+    return PPOMetrics(
+        *(
+            x.min(0) if name == "is_ratio_min" else x.max(0) if name == "is_ratio_max" else x.sum(0)
+            for name, x in zip(PPOMetrics._fields, metrics)
+        )
     )
 
 

@@ -43,7 +43,15 @@ from pyvision_jax.models import ModelConfig, graphdef
 from pyvision_jax.models.layer_scan import check_remat
 from pyvision_jax.models.sharding import batch_sharding, shard_activation
 from pyvision_jax.models.vision import VisionLayout
-from pyvision_jax.rl.losses import PPOLossConfig, PPOMetrics, combine_metrics, ppo_loss, summarize_metrics
+from pyvision_jax.rl.losses import (
+    PPOLossConfig,
+    PPOMetrics,
+    combine_metrics,
+    combine_stacked_metrics,
+    empty_metrics,
+    ppo_loss,
+    summarize_metrics,
+)
 from pyvision_jax.train.state import TrainState, split_trainable
 from pyvision_jax.train.token_logprobs import chunked_token_logprobs, segment_masks, segment_rows
 
@@ -234,22 +242,6 @@ def frozen_vision_features(
     return jax.lax.map(lambda args: model.visual(*args), (batch.pixel_values, batch.layout))
 
 
-def _empty_metrics() -> PPOMetrics:
-    zero = jnp.zeros((), jnp.float32)
-    return PPOMetrics(
-        token_count=zero,
-        clipped_tokens=zero,
-        dual_clipped_tokens=zero,
-        approx_kl_sum=zero,
-        entropy_sum=zero,
-        trained_tokens=zero,
-        is_ratio_sum=zero,
-        is_ratio_min=jnp.array(jnp.inf, jnp.float32),
-        is_ratio_max=jnp.array(-jnp.inf, jnp.float32),
-        ref_kl_sum=zero,
-    )
-
-
 def loss_and_grads(
     model_config: ModelConfig, step_config: StepConfig, params: Any, batch: TrainBatch, reference: Any = None
 ) -> tuple[jax.Array, Any, jax.Array, PPOMetrics]:
@@ -283,7 +275,7 @@ def _loss_and_grads(
         return (grads, loss_sum + mb_loss, denominator + mb_denominator, combine_metrics(metrics, mb_metrics)), None
 
     zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), trainable)
-    init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), _empty_metrics())
+    init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), empty_metrics())
     (grads, loss_sum, denominator, metrics), _ = jax.lax.scan(body, init, (batch, features))
     scale = 1.0 / jnp.maximum(denominator, 1.0)
     grads = jax.tree.map(lambda g, p: (g * scale).astype(p.dtype), grads, trainable)
@@ -361,16 +353,6 @@ def mini_batches(tree: Any, count: int) -> Any:
     return jax.tree.map(split, tree)
 
 
-def _summed_metrics(metrics: PPOMetrics) -> PPOMetrics:
-    """Metrics stacked over updates [N] as one set (`combine_metrics` over the axis)."""
-    return PPOMetrics(
-        *(
-            x.min(0) if name == "is_ratio_min" else x.max(0) if name == "is_ratio_max" else x.sum(0)
-            for name, x in zip(PPOMetrics._fields, metrics)
-        )
-    )
-
-
 def train_step(
     model_config: ModelConfig,
     step_config: StepConfig,
@@ -427,8 +409,8 @@ def train_step(
         rng=jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)),
         skipped_updates=state.skipped_updates + non_finite,
     )
-    first_metrics = _summed_metrics(first["metrics"])
-    summary, moved = summarize_metrics(first_metrics), summarize_metrics(_summed_metrics(last["metrics"]))
+    first_metrics = combine_stacked_metrics(first["metrics"])
+    summary, moved = summarize_metrics(first_metrics), summarize_metrics(combine_stacked_metrics(last["metrics"]))
     out = {
         "loss": first["loss"].mean(),
         "grad_norm": first["grad_norm"].mean(),
