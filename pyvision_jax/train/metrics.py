@@ -2,9 +2,9 @@
 
 The tags are named in `metric_names`.
 
-Event files are written with `tensorboard.summary.Writer` (no TensorFlow needed); they read
-back with `tensorboard.backend.event_processing.event_accumulator` as tensors of the
-"scalars" plugin.
+Event files are written with `tensorboard.summary.Writer` (no TensorFlow needed) over
+`event_file.SynchronousEventOutput`; they read back with
+`tensorboard.backend.event_processing.event_accumulator` as tensors of the "scalars" plugin.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from tensorboard.summary import Writer
 
+from pyvision_jax.train.event_file import SynchronousEventOutput
 from pyvision_jax.train.metric_names import (
     ACTOR_CLIPFRAC,
     ACTOR_GRAD_NORM,
@@ -89,8 +90,8 @@ class MetricsWriteError(RuntimeError):
 class MetricsWriter:
     """Writes named scalars per step to TensorBoard event files under `logdir`.
 
-    The event writer is asynchronous, so a failed write (a full disk) surfaces at a later
-    `write`, `flush` or `close`; each raises it as a one-line `MetricsWriteError`. Not
+    Records are written synchronously, so a failed write (a full disk) raises at the `write`
+    that made it, in the caller's thread, as a one-line `MetricsWriteError`. Not
     thread-safe (neither is the underlying `tensorboard.summary.Writer`): call it from the
     trainer's loop only. `close()` flushes and is idempotent; the writer is a context manager.
     """
@@ -98,7 +99,7 @@ class MetricsWriter:
     def __init__(self, logdir: str | os.PathLike[str]) -> None:
         self._logdir = os.fspath(logdir)
         os.makedirs(self._logdir, exist_ok=True)
-        self._writer: Writer | None = Writer(self._logdir)
+        self._writer: Writer | None = Writer(SynchronousEventOutput(self._logdir))
 
     @property
     def logdir(self) -> str:

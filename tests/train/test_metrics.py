@@ -1,5 +1,9 @@
 """MetricsWriter writes TensorBoard scalars that read back with tensorboard's own reader."""
 
+import gc
+import subprocess
+import threading
+
 import numpy as np
 import pytest
 
@@ -68,3 +72,22 @@ def test_console_line_shows_known_fields_in_order_and_skips_missing():
     )
     assert line == "step 3/10 | reward 0.512 | acc 0.438 | gnorm nan | step_s 12.35"
     assert metrics.format_console_line(0, {}) == "step 0"
+
+
+def test_a_full_disk_raises_at_the_write_in_the_callers_thread_and_prints_nothing(tmp_path, capfd):
+    disk = tmp_path / "small_disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], check=True)
+    try:
+        threads_before = threading.active_count()
+        writer = metrics.MetricsWriter(disk / "tb")
+        assert threading.active_count() == threads_before  # no background writer
+        with pytest.raises(metrics.MetricsWriteError, match=r"metrics of step \d+ in .*small_disk/tb.*No space left"):
+            for step in range(100_000):
+                writer.write(step, {f"padding/{index}": 1.0 for index in range(64)})
+        writer.close()
+        del writer
+        gc.collect()
+        assert capfd.readouterr().err == ""
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
