@@ -55,9 +55,10 @@ from pyvision_jax import wiring  # noqa: E402
 from pyvision_jax.models import ModelConfig, param_logical_axes, param_shapes  # noqa: E402
 from pyvision_jax.models.attention import AttentionConfig  # noqa: E402
 from pyvision_jax.models.vision import VisionLayout, window_units  # noqa: E402
+from pyvision_jax.train.batch_placement import batch_shardings  # noqa: E402
 from pyvision_jax.train.mesh import make_mesh  # noqa: E402
 from pyvision_jax.train.state import init_train_state, make_optimizer, state_shardings  # noqa: E402
-from pyvision_jax.train.step import StepConfig, TrainBatch, batch_shardings, make_train_step  # noqa: E402
+from pyvision_jax.train.step import StepConfig, TrainBatch, make_train_step  # noqa: E402
 
 CPU_ATTENTION = {"cudnn": "blockwise", "splash": "blockwise"}
 NO_CPU_HOISTING = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}

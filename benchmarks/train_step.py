@@ -33,10 +33,11 @@ from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration  #
 from pyvision_jax.agent.trajectory import ContextImage, EndReason, Trajectory  # noqa: E402
 from pyvision_jax.convert import load_hf  # noqa: E402
 from pyvision_jax.models import ModelConfig, param_logical_axes  # noqa: E402
+from pyvision_jax.train.batch_placement import shard_batch  # noqa: E402
 from pyvision_jax.train.batching import BatchingConfig, pack_batch  # noqa: E402
 from pyvision_jax.train.mesh import make_mesh  # noqa: E402
 from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings  # noqa: E402
-from pyvision_jax.train.step import StepConfig, make_train_step, shard_batch  # noqa: E402
+from pyvision_jax.train.step import StepConfig, make_train_step  # noqa: E402
 
 TEMPERATURE, LR, WEIGHT_DECAY, CLIP, EPS = 1.0, 1e-5, 0.01, 1.0, 0.2
 

@@ -46,11 +46,12 @@ from configs.kinds_cpu import get_config  # noqa: E402
 from pyvision_jax import wiring  # noqa: E402
 from pyvision_jax.models import param_logical_axes  # noqa: E402
 from pyvision_jax.rl.losses import PPOLossConfig  # noqa: E402
+from pyvision_jax.train.batch_placement import shard_batch  # noqa: E402
 from pyvision_jax.train.batching import BatchingConfig, BatchShape, pack_batch  # noqa: E402
 from pyvision_jax.train.groups import SelectionConfig, pool_arrays, select_rows  # noqa: E402
 from pyvision_jax.train.mesh import make_mesh  # noqa: E402
 from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings  # noqa: E402
-from pyvision_jax.train.step import StepConfig, make_train_step, micro_batch_logprobs, shard_batch  # noqa: E402
+from pyvision_jax.train.step import StepConfig, make_train_step, micro_batch_logprobs  # noqa: E402
 
 KEYS = {
     "lr": 1e-4,

@@ -24,9 +24,10 @@ from benchmarks.accelerator.recipe import step_recipe
 from benchmarks.accelerator.sizes import SuiteSizes, sizes_for
 from benchmarks.accelerator.train_width import width_model
 from pyvision_jax.models import param_logical_axes, param_shapes
+from pyvision_jax.train.batch_placement import batch_shardings
 from pyvision_jax.train.mesh import make_mesh
 from pyvision_jax.train.state import init_train_state, make_optimizer, state_shardings
-from pyvision_jax.train.step import batch_shardings, make_train_step
+from pyvision_jax.train.step import make_train_step
 
 CPU_STAND_INS = {"cudnn": "blockwise", "splash": "blockwise"}
 

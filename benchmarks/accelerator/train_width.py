@@ -27,9 +27,10 @@ from benchmarks.accelerator.records import SectionLog
 from benchmarks.accelerator.sizes import StepSizes, SuiteSizes, sizes_for
 from benchmarks.accelerator.weights import random_params
 from pyvision_jax.models import ModelConfig, param_logical_axes, params_sharding
+from pyvision_jax.train.batch_placement import shard_batch
 from pyvision_jax.train.mesh import make_mesh
 from pyvision_jax.train.state import init_train_state, make_optimizer, state_shardings
-from pyvision_jax.train.step import make_train_step, shard_batch
+from pyvision_jax.train.step import make_train_step
 
 MFU_TARGET = 0.45
 EXTRAPOLATED = ("step_s", "peak_bytes", "predicted_bytes", "state_bytes")

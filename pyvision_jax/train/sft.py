@@ -24,13 +24,14 @@ import numpy as np
 from pyvision_jax.convert import save_hf
 from pyvision_jax.models import ModelConfig, param_logical_axes
 from pyvision_jax.train import metric_names as tags
+from pyvision_jax.train.batch_placement import shard_batch
 from pyvision_jax.train.batching import BatchingConfig, BatchShape, pack_batch
 from pyvision_jax.train.multihost import gather_to_host
 from pyvision_jax.train.run_harness import RunHarness, RunSettings, TrainSummary
 from pyvision_jax.train.sft_data import SftSamples, batch_indices
 from pyvision_jax.train.sft_step import make_sft_step
 from pyvision_jax.train.state import OptimizerConfig, TrainState, init_train_state, make_optimizer, state_shardings
-from pyvision_jax.train.step import StepConfig, shard_batch
+from pyvision_jax.train.step import StepConfig
 
 
 @dataclasses.dataclass(frozen=True)

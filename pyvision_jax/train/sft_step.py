@@ -87,6 +87,7 @@ def make_sft_step(
     mesh: Mesh,
     state_sharding: TrainState,
 ) -> Callable[[TrainState, TrainBatch], tuple[TrainState, dict]]:
-    """The jitted step `(state, batch) -> (state, metrics)`; put batches with `shard_batch`."""
+    """The jitted step `(state, batch) -> (state, metrics)`; put batches with
+    `train.batch_placement.shard_batch`."""
     step = functools.partial(sft_train_step, model_config, step_config, optimizer)
     return jax.jit(step, out_shardings=(state_sharding, NamedSharding(mesh, PartitionSpec())), donate_argnums=(0,))

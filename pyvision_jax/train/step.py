@@ -41,7 +41,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pyvision_jax.models import ModelConfig, graphdef
 from pyvision_jax.models.layer_scan import check_remat
-from pyvision_jax.models.sharding import batch_sharding, shard_activation
+from pyvision_jax.models.sharding import shard_activation
 from pyvision_jax.models.vision import VisionLayout
 from pyvision_jax.rl.losses import (
     PPOLossConfig,
@@ -80,6 +80,9 @@ class TrainBatch:
     proximal_logprobs: jax.Array | None = None
     """[M, n, T] the ratio's denominator when set by the step itself (several mini-batches
     with old_logprobs "current": the params before the step); None on the host."""
+    reference_logprobs: jax.Array | None = None
+    """[M, n, T] the reference policy's logprobs for the KL term of `loss.kl_coef` > 0, set
+    once per step by the step itself (every update compares against the same); None on the host."""
 
     @property
     def num_micro_batches(self) -> int:
@@ -181,23 +184,21 @@ def micro_batch_loss(
     frozen: Any,
     micro: TrainBatch,
     features: jax.Array | None = None,
-    reference: Any = None,
 ) -> tuple[jax.Array, tuple[jax.Array, PPOMetrics]]:
     """(loss sum, (denominator, metrics)) of one micro-batch; differentiate w.r.t. `trainable`.
 
-    `reference`: the reference policy's trainable groups (the frozen ones are shared), whose
-    logprobs the KL term of `loss.kl_coef` > 0 compares against; needed then, else unread.
+    The KL term of `loss.kl_coef` > 0 reads `micro.reference_logprobs` (`with_reference_logprobs`).
     Packed rows are split into one loss row per segment, so per-sequence terms (sequence
     aggregation, sequence importance ratios) see each trajectory alone."""
     logprobs, entropy = micro_batch_logprobs(model_config, step_config, {**trainable, **frozen}, micro, features)
     ref = None
     if step_config.loss.kl_coef:
-        if reference is None:
+        if micro.reference_logprobs is None:
             raise ValueError(
-                f"rl.kl_coef={step_config.loss.kl_coef} needs the reference policy's params (train_step's `reference`)"
+                f"rl.kl_coef={step_config.loss.kl_coef} needs the reference policy's logprobs "
+                "(the `reference` params of loss_and_grads or train_step)"
             )
-        ref_params = jax.lax.stop_gradient({**reference, **frozen})
-        ref = micro_batch_logprobs(model_config, step_config, ref_params, micro, features)[0]
+        ref = micro.reference_logprobs
     mask = micro.loss_mask & micro.attention_mask
     if micro.proximal_logprobs is not None:
         old = micro.proximal_logprobs
@@ -248,10 +249,11 @@ def loss_and_grads(
     """(loss, grads of the trainable groups, denominator, metrics) over all micro-batches.
 
     loss = sum of micro-batch loss sums / sum of denominators; the gradient is that of the
-    same quantity (0 when the denominator is 0). `reference`: see `micro_batch_loss`.
+    same quantity (0 when the denominator is 0). `reference`: see `train_step`.
     """
     features = frozen_vision_features(model_config, step_config, params, batch)
-    return _loss_and_grads(model_config, step_config, params, batch, features, reference)
+    batch = with_reference_logprobs(model_config, step_config, params, reference, batch, features)
+    return _loss_and_grads(model_config, step_config, params, batch, features)
 
 
 def _loss_and_grads(
@@ -260,7 +262,6 @@ def _loss_and_grads(
     params: Any,
     batch: TrainBatch,
     features: jax.Array | None,
-    reference: Any = None,
 ) -> tuple[jax.Array, Any, jax.Array, PPOMetrics]:
     """`loss_and_grads` given the frozen tower's `frozen_vision_features` (the same for every
     PPO epoch: computed once per step)."""
@@ -270,7 +271,7 @@ def _loss_and_grads(
     def body(carry, inputs):
         micro, micro_features = inputs
         grads, loss_sum, denominator, metrics = carry
-        (mb_loss, (mb_denominator, mb_metrics)), mb_grads = grad_fn(trainable, frozen, micro, micro_features, reference)
+        (mb_loss, (mb_denominator, mb_metrics)), mb_grads = grad_fn(trainable, frozen, micro, micro_features)
         grads = jax.tree.map(jnp.add, grads, mb_grads)
         return (grads, loss_sum + mb_loss, denominator + mb_denominator, combine_metrics(metrics, mb_metrics)), None
 
@@ -286,7 +287,6 @@ def _update(
     model_config: ModelConfig,
     step_config: StepConfig,
     optimizer: optax.GradientTransformation,
-    reference: Any,
     features: jax.Array | None,
     params: Any,
     opt_state: Any,
@@ -294,7 +294,7 @@ def _update(
 ) -> tuple[Any, Any, dict[str, Any]]:
     """One optimizer update from `batch`: (params, optimizer state, what it measured). Skipped
     (both kept) when the loss or gradient is not finite; a no-op when there is no loss token."""
-    loss, grads, denominator, metrics = _loss_and_grads(model_config, step_config, params, batch, features, reference)
+    loss, grads, denominator, metrics = _loss_and_grads(model_config, step_config, params, batch, features)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     apply = finite & (denominator > 0)
@@ -339,6 +339,30 @@ def with_proximal_logprobs(
     return batch.replace(proximal_logprobs=logprobs)
 
 
+def with_reference_logprobs(
+    model_config: ModelConfig,
+    step_config: StepConfig,
+    params: Any,
+    reference: Any,
+    batch: TrainBatch,
+    features: jax.Array | None,
+) -> TrainBatch:
+    """`batch` with the reference policy's logprobs for the KL term of `loss.kl_coef` > 0
+    (`reference`: its trainable groups; the frozen ones, and `features`, are `params'`);
+    `batch` itself without the term."""
+    if not step_config.loss.kl_coef:
+        return batch
+    if reference is None:
+        raise ValueError(
+            f"rl.kl_coef={step_config.loss.kl_coef} needs the reference policy's params (train_step's `reference`)"
+        )
+    ref_params = jax.lax.stop_gradient({**params, **reference})
+    logprobs = jax.lax.map(
+        lambda args: micro_batch_logprobs(model_config, step_config, ref_params, *args)[0], (batch, features)
+    )
+    return batch.replace(reference_logprobs=logprobs)
+
+
 def mini_batches(tree: Any, count: int) -> Any:
     """Leading axis M of every leaf as [count, M / count]: the disjoint mini-batches."""
 
@@ -372,7 +396,8 @@ def train_step(
     features = frozen_vision_features(model_config, step_config, state.params, batch)
     if count > 1 and step_config.old_logprobs == "current":
         batch = with_proximal_logprobs(model_config, step_config, state.params, batch, features)
-    update = functools.partial(_update, model_config, step_config, optimizer, reference)
+    batch = with_reference_logprobs(model_config, step_config, state.params, reference, batch, features)
+    update = functools.partial(_update, model_config, step_config, optimizer)
 
     def epoch(params: Any, opt_state: Any) -> tuple[Any, Any, dict[str, Any]]:
         if count == 1:
@@ -430,37 +455,7 @@ def train_step(
     return new_state, out
 
 
-# ---------------------------------------------------------------------- sharding and jit
-
-
-def batch_shardings(batch: TrainBatch, mesh: Mesh) -> TrainBatch:
-    """Rows split over ("data", "fsdp") where they divide; vision arrays replicated (the
-    tower shards its windows itself, see models/vision.py)."""
-    rows = batch.input_ids.shape[1]
-    replicated = NamedSharding(mesh, PartitionSpec())
-
-    def rowwise(x: jax.Array, axis: int) -> NamedSharding:
-        return batch_sharding(mesh, x.ndim, batch_axis=axis, batch_size=rows)
-
-    return TrainBatch(
-        input_ids=rowwise(batch.input_ids, 1),
-        attention_mask=rowwise(batch.attention_mask, 1),
-        positions=rowwise(batch.positions, 2),
-        loss_mask=rowwise(batch.loss_mask, 1),
-        behaviour_logprobs=rowwise(batch.behaviour_logprobs, 1),
-        advantages=rowwise(batch.advantages, 1),
-        pixel_values=None if batch.pixel_values is None else replicated,
-        layout=None if batch.layout is None else jax.tree.map(lambda _: replicated, batch.layout),
-        segment_ids=None if batch.segment_ids is None else rowwise(batch.segment_ids, 1),
-        unit_tokens=None if batch.unit_tokens is None else rowwise(batch.unit_tokens, 1),
-        unit_share=None if batch.unit_share is None else rowwise(batch.unit_share, 1),
-        proximal_logprobs=None if batch.proximal_logprobs is None else rowwise(batch.proximal_logprobs, 1),
-    )
-
-
-def shard_batch(batch: TrainBatch, mesh: Mesh) -> TrainBatch:
-    """Places a host batch on the mesh."""
-    return jax.device_put(batch, batch_shardings(batch, mesh))
+# ---------------------------------------------------------------------- jit
 
 
 def make_train_step(
@@ -472,7 +467,7 @@ def make_train_step(
     donate: bool = True,
 ) -> Callable[..., tuple[TrainState, dict]]:
     """The jitted step `(state, batch, reference=None) -> (state, metrics)`; put batches with
-    `shard_batch`; `reference` (see `train_step`) sharded like the params it copies.
+    `train.batch_placement.shard_batch`; `reference` (see `train_step`) sharded like the params it copies.
 
     `donate` reuses the state's buffers for the new state; leave it off when something else
     (an engine generating concurrently) still reads the old params.

@@ -27,6 +27,7 @@ from tqdm import tqdm
 from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.models import ModelConfig, param_logical_axes
 from pyvision_jax.train import metric_names as tags
+from pyvision_jax.train.batch_placement import shard_batch
 from pyvision_jax.train.batching import BatchingConfig, BatchShape, pack_batch
 from pyvision_jax.train.broadcast_source import BroadcastSource
 from pyvision_jax.train.groups import (
@@ -50,7 +51,7 @@ from pyvision_jax.train.state import (
     split_trainable,
     state_shardings,
 )
-from pyvision_jax.train.step import StepConfig, make_train_step, shard_batch
+from pyvision_jax.train.step import StepConfig, make_train_step
 
 TRAJECTORY_SAMPLE = "trajectories.jsonl"
 

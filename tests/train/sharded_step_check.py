@@ -11,10 +11,11 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from pyvision_jax.models import ModelConfig, init_params, param_logical_axes  # noqa: E402
+from pyvision_jax.train.batch_placement import shard_batch  # noqa: E402
 from pyvision_jax.train.batching import BatchingConfig, pack_batch  # noqa: E402
 from pyvision_jax.train.mesh import make_mesh  # noqa: E402
 from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings  # noqa: E402
-from pyvision_jax.train.step import StepConfig, loss_and_grads, shard_batch  # noqa: E402
+from pyvision_jax.train.step import StepConfig, loss_and_grads  # noqa: E402
 from tests.train.trajectories import make_trajectory  # noqa: E402
 
 

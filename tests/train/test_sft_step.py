@@ -9,11 +9,12 @@ import numpy as np
 
 from pyvision_jax.models import forward, param_logical_axes
 from pyvision_jax.models.qwen2_5_vl import ModelInputs
+from pyvision_jax.train.batch_placement import shard_batch
 from pyvision_jax.train.batching import BatchingConfig, pack_batch
 from pyvision_jax.train.mesh import make_mesh
 from pyvision_jax.train.sft_step import make_sft_step, sft_loss_and_grads
 from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings
-from pyvision_jax.train.step import StepConfig, shard_batch
+from pyvision_jax.train.step import StepConfig
 
 STEP = StepConfig(logprob_chunk=16)
 

@@ -13,6 +13,7 @@ from pyvision_jax import wiring
 from pyvision_jax.models import forward, param_logical_axes
 from pyvision_jax.models.qwen2_5_vl import ModelInputs
 from pyvision_jax.rl.losses import PPOLossConfig, ppo_loss
+from pyvision_jax.train.batch_placement import shard_batch
 from pyvision_jax.train.batching import BatchingConfig, BatchShape, pack_batch
 from pyvision_jax.train.mesh import make_mesh
 from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, path_means, state_shardings
@@ -21,7 +22,6 @@ from pyvision_jax.train.step import (
     loss_and_grads,
     make_train_step,
     micro_batch_logprobs,
-    shard_batch,
     updates_per_step,
 )
 
