@@ -8,6 +8,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import psutil
 
@@ -33,11 +34,31 @@ def sandbox_of_kind(config: SandboxConfig, kind: str) -> Iterator[Sandbox]:
 
 @dataclasses.dataclass
 class Footprint:
-    """The host processes of sandbox runtimes, to prove later that none survived."""
+    """The host processes of sandbox runtimes, to prove later that none survived.
+
+    `pins` holds each PID namespace's file open: a namespace's number is freed for reuse only
+    when nothing refers to it, so while the footprint lives no later namespace (another
+    program's sandbox, say) can take the number of a dead one and look like a survivor."""
 
     processes: list[psutil.Process]
     namespaces: set[str]
     uids: frozenset[int]
+    pins: list[Any] = dataclasses.field(default_factory=list)
+
+
+def _pins(pids: list[int], namespaces: set[str]) -> list[Any]:
+    """An open file of each of `namespaces`, through the first of `pids` in it."""
+    pins, pinned = [], set()
+    for pid in pids:
+        namespace = pid_namespace(pid)
+        if namespace in namespaces and namespace not in pinned:
+            try:
+                pins.append(open(f"/proc/{pid}/ns/pid", "rb"))  # noqa: SIM115 - closed with the footprint
+            except OSError:
+                continue
+            if pid_namespace(pid) == namespace:
+                pinned.add(namespace)
+    return pins
 
 
 def pid_namespace(pid: int) -> str | None:
@@ -54,7 +75,7 @@ def process_footprint(pids: frozenset[int] | list[int]) -> Footprint:
     own = pid_namespace(os.getpid())
     namespaces = {ns for ns in (pid_namespace(p.pid) for p in processes) if ns not in (own, None)}
     uids = frozenset(p.uids().real for p in processes) - {os.getuid()}
-    return Footprint(processes, namespaces, uids)
+    return Footprint(processes, namespaces, uids, _pins([p.pid for p in processes], namespaces))
 
 
 def footprint(sandbox: Sandbox) -> Footprint:
@@ -64,7 +85,8 @@ def footprint(sandbox: Sandbox) -> Footprint:
     own = pid_namespace(os.getpid())
     namespaces = {ns for ns in (pid_namespace(p.pid) for p in processes[1:]) if ns != own}
     assert namespaces or not sandbox.isolated, "an isolated runtime has its own PID namespace"
-    return Footprint(processes, namespaces, frozenset() if sandbox.uid is None else frozenset({sandbox.uid}))
+    uids = frozenset() if sandbox.uid is None else frozenset({sandbox.uid})
+    return Footprint(processes, namespaces, uids, _pins([p.pid for p in processes[1:]], namespaces))
 
 
 def _alive(process: psutil.Process) -> bool:

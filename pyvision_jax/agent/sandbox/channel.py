@@ -64,6 +64,8 @@ class RuntimeChannel:
             except BlockingIOError:
                 wait_readable(self._reply_fd, deadline, self._cancelled)
                 continue
+            except OSError as exc:  # the pipe was closed under the call (the sandbox is closing)
+                raise ChannelClosed() from exc
             if not chunk:
                 raise ChannelClosed()
             buffer += chunk
