@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pyvision_jax.agent.sandbox.cgroups import MemoryCgroup, SandboxMemory
-from pyvision_jax.agent.sandbox.channel import CallTimeout, ChannelClosed, RuntimeChannel, wait_readable
+from pyvision_jax.agent.sandbox.channel import CallTimeout, ChannelClosed, RuntimeChannel, wait_ready
 from pyvision_jax.agent.sandbox.config import SandboxConfig
 from pyvision_jax.agent.sandbox.errors import SandboxStartError
 from pyvision_jax.agent.sandbox.font_cache import matplotlib_font_cache
@@ -135,7 +135,7 @@ class ForkedRuntime:
         init reports it; None if that is not known within `wait_s` seconds."""
         if self._exit_status is None and not self._killed:
             try:
-                wait_readable(self._status_fd, time.monotonic() + wait_s, lambda: False)
+                wait_ready(self._status_fd, time.monotonic() + wait_s, lambda: False)
                 data = os.read(self._status_fd, 4)
             except (CallTimeout, OSError):
                 return None

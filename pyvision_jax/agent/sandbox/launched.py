@@ -12,7 +12,7 @@ from typing import Callable
 
 import psutil
 
-from pyvision_jax.agent.sandbox.channel import wait_readable
+from pyvision_jax.agent.sandbox.channel import wait_ready
 from pyvision_jax.agent.sandbox.launcher import LAUNCHER
 
 
@@ -56,7 +56,7 @@ class LaunchedProcess:
         else:
             data = b""
             while True:
-                wait_readable(self._info_fd, deadline, cancelled)
+                wait_ready(self._info_fd, deadline, cancelled)
                 chunk = os.read(self._info_fd, 65536)
                 if not chunk:
                     break

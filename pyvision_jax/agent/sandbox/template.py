@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from pyvision_jax.agent.sandbox.channel import CallTimeout, wait_readable
+from pyvision_jax.agent.sandbox.channel import CallTimeout, wait_ready
 from pyvision_jax.agent.sandbox.config import SandboxConfig
 from pyvision_jax.agent.sandbox.errors import SandboxStartError
 from pyvision_jax.agent.sandbox.font_cache import matplotlib_font_cache
@@ -121,7 +121,7 @@ class RuntimeTemplate:
     def _receive(self, deadline: float, cancelled: Callable[[], bool]) -> tuple[dict[str, Any], list[int]]:
         """The template's next message and the descriptors that came with it."""
         try:
-            wait_readable(self.control.fileno(), deadline, cancelled)
+            wait_ready(self.control.fileno(), deadline, cancelled)
             message, fds, _, _ = socket.recv_fds(self.control, _MAX_REPLY_BYTES, 1)
         except (CallTimeout, OSError) as exc:
             self._gone = True
