@@ -85,7 +85,12 @@ def run_statistics(
             "train_last": _last_value(calls),
         },
         "plans": {"start": dict(start.plans), "early_stopped": dict(stopped.plans), "last": dict(end.plans)},
+        "plans_by_ability": {"start": _by_ability(start), "last": _by_ability(end)},
     }
+
+
+def _by_ability(summary: EvalSummary) -> dict[str, dict[str, float]]:
+    return {ability: dict(shares) for ability, shares in summary.plans_by_ability.items()}
 
 
 def _ratio(value: float | None, reference: float | None) -> float | None:

@@ -56,6 +56,28 @@ def results_table(records: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines[1:])
 
 
+def _shares(shares: Mapping[str, float] | None) -> str:
+    if not shares:
+        return "-"
+    return " / ".join(f"{shares.get(plan, 0.0):.2f}" for plan in ("quick", "careful", "guess"))
+
+
+def ability_table(records: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown: each run's held-out plan shares (quick / careful / guess) by task ability, at
+    the start and the end; empty when no evaluation recorded abilities."""
+    abilities = sorted({a for r in records for a in r["statistics"].get("plans_by_ability", {}).get("last", {})})
+    if not abilities:
+        return ""
+    header = "| variant | seed | " + " | ".join(f"{a}: start -> end" for a in abilities) + " |"
+    lines = [header, "| " + " | ".join(["---"] * (len(abilities) + 2)) + " |"]
+    for r in records:
+        by = r["statistics"].get("plans_by_ability", {})
+        start, last = by.get("start", {}), by.get("last", {})
+        cells = [f"{_shares(start.get(a))} -> {_shares(last.get(a))}" for a in abilities]
+        lines.append(f"| {r['name']} | {r['seed']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def baseline_line(baselines: Mapping[str, Any], validation_seed: int, heldout_seed: int) -> str:
     """The best fixed-temperature baseline (`eval.baselines.TemperatureBaselines.as_dict`)."""
     low, high = baselines["best_heldout_accuracy_ci95"]
@@ -99,11 +121,17 @@ def results_markdown(
 ) -> str:
     """results.md: the baseline, the tables and the claim checks."""
     checks = claim_lines(claims)
+    by_ability = ability_table(records)
     return "\n".join(
         [
             baseline_line(baselines, validation_seed, heldout_seed),
             "",
             results_table(records),
+            *(
+                ["", "### Held-out plan shares (quick / careful / guess) by task ability", "", by_ability]
+                if by_ability
+                else []
+            ),
             *(["", "### Claims checked", "", *checks] if checks else []),
         ]
     )

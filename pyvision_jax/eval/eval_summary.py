@@ -1,7 +1,7 @@
 """What the learning statistics need of one finished evaluation directory (`eval.evaluate`
 output): the headline figures of results.json, and from trajectories.jsonl the per-task
 accuracies (the unit of the bootstrap, `eval.bootstrap`) and the plan shares
-(`eval.plan_shares`)."""
+(`eval.plan_shares`), over all rollouts and by the tasks' ability (a shapes task's family)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from pyvision_jax.eval.bootstrap import Interval, accuracy_interval, record_task_accuracies
-from pyvision_jax.eval.plan_shares import plan_shares, response_text
+from pyvision_jax.eval.plan_shares import plan_shares, plan_shares_by, response_text
 from pyvision_jax.eval.records import RESULTS_FILE, TRAJECTORIES_FILE
 
 
@@ -20,7 +20,7 @@ from pyvision_jax.eval.records import RESULTS_FILE, TRAJECTORIES_FILE
 class EvalSummary:
     """One evaluation: accuracy (mean over tasks of each task's fraction of correct rollouts),
     mean tool calls per trajectory, per-task accuracies keyed by task id, plan shares over the
-    rollouts, and where it lies."""
+    rollouts and by task ability, and where it lies."""
 
     accuracy: float
     tool_calls: float
@@ -30,6 +30,7 @@ class EvalSummary:
     out_dir: str
     pass_at_k: float = 0.0
     end_reasons: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    plans_by_ability: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_records(
@@ -45,6 +46,7 @@ class EvalSummary:
             out_dir=str(out_dir),
             pass_at_k=float(results.get("pass_at_k", 0.0)),
             end_reasons=dict(results.get("end_reasons", {})),
+            plans_by_ability=plan_shares_by((r.get("ability", ""), response_text(r)) for r in records),
         )
 
     @classmethod
@@ -72,6 +74,7 @@ class EvalSummary:
             "pass_at_k": self.pass_at_k,
             "tool_calls": self.tool_calls,
             "plans": dict(self.plans),
+            "plans_by_ability": {ability: dict(shares) for ability, shares in self.plans_by_ability.items()},
             "end_reasons": dict(self.end_reasons),
             "num_rollouts": self.num_rollouts,
             "out_dir": self.out_dir,
@@ -92,5 +95,6 @@ def slim_records(path: Path) -> Iterator[dict[str, Any]]:
                     "task_id": record["task_id"],
                     "correct": record["correct"],
                     "grading_failed": record.get("grading_failed", False),
+                    "ability": (record.get("task") or {}).get("ability", ""),
                     "turns": [{"text": turn["text"]} for turn in record["turns"]],
                 }

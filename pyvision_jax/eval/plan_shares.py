@@ -24,6 +24,15 @@ def plan_shares(responses: Iterable[str]) -> dict[str, float]:
     return {plan: count / total for plan, count in counts.items()}
 
 
+def plan_shares_by(labelled: Iterable[tuple[str, str]]) -> dict[str, dict[str, float]]:
+    """{label: plan shares of its responses} over (label, response) pairs, e.g. labelled by
+    the task's ability (the family of a shapes task), labels in sorted order."""
+    grouped: dict[str, list[str]] = {}
+    for label, response in labelled:
+        grouped.setdefault(label, []).append(response)
+    return {label: plan_shares(grouped[label]) for label in sorted(grouped)}
+
+
 def mean_shares(shares: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """The plan shares averaged over several evaluations (e.g. one per seed)."""
     if not shares:

@@ -60,7 +60,16 @@ def test_eval_points_include_the_last_step():
 
 def summary(per_task, tool_calls=1.0, careful=0.25):
     plans = {"quick": 0.75 - careful, "careful": careful, "guess": 0.25, "other": 0.0}
-    return EvalSummary(sum(per_task.values()) / len(per_task), tool_calls, per_task, plans, len(per_task), "/x")
+    by_ability = {"shapes_easy": {**plans, "careful": 0.0, "guess": 0.25 + careful}, "shapes_hard": plans}
+    return EvalSummary(
+        sum(per_task.values()) / len(per_task),
+        tool_calls,
+        per_task,
+        plans,
+        len(per_task),
+        "/x",
+        plans_by_ability=by_ability,
+    )
 
 
 def fake_run(name, seed, accuracy_end, calls):
@@ -116,6 +125,10 @@ def test_figures_and_tables(tmp_path):
     markdown = results_markdown(records, baselines_record(), checks, 777, 4242)
     assert markdown.startswith("Best fixed temperature T 0.6 (chosen on validation seed 777): held-out (seed 4242)")
     assert "- seed_0 random_reward: FAIL (last_minus_start 0.250, max_change 0.030)" in markdown
+    assert "| variant | seed | shapes_easy: start -> end | shapes_hard: start -> end |" in markdown
+    assert (
+        "| full | 0 | 0.50 / 0.00 / 0.50 -> 0.25 / 0.00 / 0.75 | 0.50 / 0.25 / 0.25 -> 0.25 / 0.50 / 0.25 |" in markdown
+    )
 
 
 def baselines_record():

@@ -45,13 +45,19 @@ def test_eval_summary_from_an_evaluation_directory(tmp_path):
         {"task_id": "b", "correct": True, "turns": [{"text": t} for t in CAREFUL], "grading_failed": False},
         {"task_id": "b", "correct": True, "turns": [{"text": GUESS}], "grading_failed": True},
     ]
+    records[0]["task"] = records[1]["task"] = {"ability": "shapes_easy"}
+    records[2]["task"] = records[3]["task"] = {"ability": "shapes_hard"}
     (tmp_path / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     results = {"complete": True, "accuracy": 0.75, "tool_calls": {"mean": 1.0}, "num_rollouts": 4, "pass_at_k": 1.0}
     (tmp_path / "results.json").write_text(json.dumps(results))
     got = EvalSummary.from_dir(tmp_path)
     assert got.per_task == {"a": 0.5, "b": 1.0}  # the rollout whose grading failed is left out
     assert got.plans == {"quick": 0.25, "careful": 0.25, "guess": 0.5, "other": 0.0}
+    assert list(got.plans_by_ability) == ["shapes_easy", "shapes_hard"]
+    assert got.plans_by_ability["shapes_easy"] == {"quick": 0.5, "careful": 0.0, "guess": 0.5, "other": 0.0}
+    assert got.plans_by_ability["shapes_hard"] == {"quick": 0.0, "careful": 0.5, "guess": 0.5, "other": 0.0}
     entry = got.as_dict(per_task=True)
+    assert entry["plans_by_ability"]["shapes_hard"]["careful"] == 0.5
     assert entry["accuracy"] == 0.75 and entry["per_task"] == {"a": 0.5, "b": 1.0} and entry["out_dir"] == str(tmp_path)
     assert entry["accuracy_ci95"][0] <= 0.75 <= entry["accuracy_ci95"][1]
     (tmp_path / "results.json").write_text(json.dumps({**results, "complete": False}))
