@@ -16,6 +16,12 @@ tasks); `look()` then `measure()` reads the shape from how much of its bounding 
 fills (right on every easy task, and on hard ones except tilted squares, whose fill reads as a
 triangle's: about 87 %); an untooled guess of "A" is right on every easy task and the hard
 tasks' circles. Every file depends only on (seed, index).
+
+The "shapes_cluttered" kind is the same tasks with a stray speck in the far corner of one easy
+image in ten (`CLUTTER_SHARE`): measuring reads the speck into the object's bounding box and
+answers wrong there, so on the easy family the tools cost accuracy that a guess does not (a
+task family for the tool-reward ablation: with the tool bonus of 0.1 a call, the careful plan
+still out-earns the guess on it, 0.9 x 1.2 against 1; without it, the guess wins, 1 against 0.9).
 """
 
 from __future__ import annotations
@@ -30,6 +36,10 @@ from pyvision_jax.data.drawing import BACKGROUND, COLOURS
 from pyvision_jax.data.tasks import Task, write_tasks_jsonl
 
 KIND = "shapes"
+CLUTTERED_KIND = "shapes_cluttered"
+CLUTTER_SHARE = 0.1
+SPECK_SIZE = 6
+SPECK_COLOUR = (70, 70, 70)
 DATA_SOURCE = "synthetic_shapes"
 HARD_SHAPES = ("circle", "square", "triangle")
 FAMILIES = ("hard", "easy")
@@ -64,9 +74,24 @@ def _pick(rng: np.random.Generator, items: tuple | list, exclude: tuple = ()) ->
     return pool[int(rng.integers(len(pool)))]
 
 
-def shape_task(out_dir: Path, seed: int, index: int, canvas: int = 224) -> Task:
-    """Task `index` of `seed` (its image written under `out_dir`)."""
+def _draw_speck(image: Image.Image, cx: float, cy: float, canvas: int) -> None:
+    """A small grey square in the canvas corner farthest from the object's centre."""
+    far = canvas - 8 - SPECK_SIZE
+    x = 8 if cx > canvas / 2 else far
+    y = 8 if cy > canvas / 2 else far
+    ImageDraw.Draw(image).rectangle([x, y, x + SPECK_SIZE - 1, y + SPECK_SIZE - 1], fill=SPECK_COLOUR)
+
+
+def shape_task(
+    out_dir: Path, seed: int, index: int, canvas: int = 224, *, kind: str = KIND, clutter_share: float = 0.0
+) -> Task:
+    """Task `index` of `seed` (its image written under `out_dir`); an easy task carries a speck
+    with probability `clutter_share`, drawn apart from everything else, so the task is
+    otherwise the same for every share."""
     rng = np.random.default_rng([seed, _KIND_CODE, index])
+    speck = family_of(index) == "easy" and bool(
+        np.random.default_rng([seed, _KIND_CODE, index, 1]).random() < clutter_share
+    )
     family = family_of(index)
     colour = _pick(rng, list(COLOURS))
     shape = _pick(rng, HARD_SHAPES) if family == "hard" else "circle"
@@ -77,6 +102,8 @@ def shape_task(out_dir: Path, seed: int, index: int, canvas: int = 224) -> Task:
     cx, cy = (float(v) for v in rng.uniform(margin, canvas - margin, size=2))
     image = Image.new("RGB", (canvas, canvas), BACKGROUND)
     draw_object(image, shape, colour, cx, cy, size, angle)
+    if speck:
+        _draw_speck(image, cx, cy, canvas)
     right = f"{colour} {shape}"
     if family == "hard":
         other = _pick(rng, list(COLOURS), (colour,))
@@ -84,26 +111,35 @@ def shape_task(out_dir: Path, seed: int, index: int, canvas: int = 224) -> Task:
     else:
         others = [c for c in COLOURS if c != colour]
         options = [right] + [f"{others[int(i)]} circle" for i in rng.permutation(len(others))[:3]]
-    path = out_dir / f"shapes_{index:04d}.png"
+    path = out_dir / f"{kind}_{index:04d}.png"
     image.save(path)
     return Task(
-        id=f"shapes-{seed}-{index:04d}",
+        id=f"{kind}-{seed}-{index:04d}",
         question="Which object is in the image?",
         answer=_LETTERS[options.index(right)],
         answer_type="multiple_choice",
         data_source=DATA_SOURCE,
         image_path=str(path),
         options=tuple(options),
-        ability=f"shapes_{family}" + ("_tilted" if tilted else ""),
+        ability=f"shapes_{family}" + ("_tilted" if tilted else "") + ("_speck" if speck else ""),
     )
+
+
+def _generate(kind: str, out_dir: str | Path, num_tasks: int, seed: int, clutter_share: float) -> Path:
+    out_dir = Path(out_dir)
+    media_dir = out_dir / kind
+    media_dir.mkdir(parents=True, exist_ok=True)
+    tasks = [shape_task(media_dir, seed, i, kind=kind, clutter_share=clutter_share) for i in range(num_tasks)]
+    path = out_dir / f"{kind}.jsonl"
+    write_tasks_jsonl(path, tasks)
+    return path
 
 
 def generate_shapes(out_dir: str | Path, num_tasks: int, seed: int, *, progress: bool = False) -> Path:
     """Writes `num_tasks` shape tasks (half hard, half easy) and ``shapes.jsonl``; returns its path."""
-    out_dir = Path(out_dir)
-    media_dir = out_dir / KIND
-    media_dir.mkdir(parents=True, exist_ok=True)
-    tasks = [shape_task(media_dir, seed, i) for i in range(num_tasks)]
-    path = out_dir / f"{KIND}.jsonl"
-    write_tasks_jsonl(path, tasks)
-    return path
+    return _generate(KIND, out_dir, num_tasks, seed, 0.0)
+
+
+def generate_cluttered_shapes(out_dir: str | Path, num_tasks: int, seed: int, *, progress: bool = False) -> Path:
+    """The same tasks with a speck on one easy image in ten, and ``shapes_cluttered.jsonl``."""
+    return _generate(CLUTTERED_KIND, out_dir, num_tasks, seed, CLUTTER_SHARE)

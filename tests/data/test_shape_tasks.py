@@ -15,7 +15,7 @@ from PIL import Image
 
 from pyvision_jax.data.sft_solutions import RESULT_SLOT
 from pyvision_jax.data.shape_plans import plan_of, shape_plan
-from pyvision_jax.data.shape_tasks import HARD_SHAPES, generate_shapes
+from pyvision_jax.data.shape_tasks import HARD_SHAPES, generate_cluttered_shapes, generate_shapes
 from pyvision_jax.data.tasks import load_tasks
 from pyvision_jax.grading.scoring import parse_choice
 
@@ -71,6 +71,20 @@ def test_plan_accuracy_per_family(tasks):
     for family in ("easy", "hard"):
         assert 0.15 <= right[family, "quick"] / per_family <= 0.55, right
     assert right["hard", "measure"] / per_family >= 0.8
+
+
+def test_cluttered_tasks_are_the_same_tasks_with_specks_that_mislead_measuring(tasks, tmp_path):
+    cluttered = load_tasks(generate_cluttered_shapes(tmp_path, len(tasks), seed=5)).tasks
+    speck = [t for t in cluttered if t.ability.endswith("_speck")]
+    assert 4 <= len(speck) <= 22 and all(t.ability == "shapes_easy_speck" for t in speck)
+    for plain, task in zip(tasks, cluttered):
+        assert task.id == plain.id.replace("shapes-", "shapes_cluttered-", 1)
+        assert (task.question, task.options, task.answer) == (plain.question, plain.options, plain.answer)
+        if task not in speck:
+            assert task.ability == plain.ability
+            assert Image.open(task.image_path).tobytes() == Image.open(plain.image_path).tobytes()
+    for task in speck:
+        assert parse_choice(_printed(task, "measure"), task.options) != task.answer == "A"
 
 
 def test_scripted_plans_follow_their_shares_and_read_back(tasks):
