@@ -144,16 +144,16 @@ def main(argv: list[str]) -> None:
         },
     }
     (workdir / "results.json").write_text(json.dumps(results, indent=1))
-    seeds_text = ",".join(map(str, seeds))
+    seeds_text = ("seed " if len(seeds) == 1 else "seeds ") + ",".join(map(str, seeds))
     plot_dynamics(
         records,
         workdir / "dynamics.png",
-        title=f"GRPO to step {_STEPS.value}, seeds {seeds_text}, held-out seed {heldout.seed}",
+        title=f"GRPO to step {_STEPS.value}, {seeds_text}, held-out seed {heldout.seed}",
         baseline=best.accuracy,
         start=start[HELDOUT].accuracy,
         baseline_label=f"best fixed T {baselines.best_temperature:g}",
     )
-    plot_plans(records, workdir / "plans.png", title=f"held-out plan shares, seeds {seeds_text}")
+    plot_plans(records, workdir / "plans.png", title=f"held-out plan shares, {seeds_text}")
     markdown = results_markdown(records, baselines_record, checks, validation.seed, heldout.seed)
     (workdir / "results.md").write_text(markdown + "\n")
     print(markdown)
