@@ -1,9 +1,10 @@
 """The paper-recipe configs hold the paper's numbers and only differ from the embedded default
-in values, never in schema."""
+in values, never in schema; the cluttered toy's config is the embedded default on other tasks."""
 
 import pytest
 
-from configs import pyvision_image_7b, pyvision_image_7b_v5p8, pyvision_video_7b, tiny_cpu
+from configs import pyvision_image_7b, pyvision_image_7b_v5p8, pyvision_video_7b, shapes_cluttered_cpu, tiny_cpu
+from pyvision_jax.wiring.validation import validate_run
 
 
 def flat_keys(config, prefix=""):
@@ -50,3 +51,11 @@ def test_v5p8_config_is_the_image_recipe_on_four_chips():
     assert flat_keys(c) == flat_keys(image)
     for section in ("rl", "episode", "rollout"):
         assert c[section].to_dict() == image[section].to_dict(), section
+
+
+def test_the_cluttered_config_is_the_embedded_default_on_the_cluttered_toy(tmp_path):
+    c, default = shapes_cluttered_cpu.get_config(), tiny_cpu.get_config()
+    assert tuple(c.data.synthetic_kinds) == ("shapes_cluttered",)
+    validate_run(c, tmp_path / "run")
+    c.data.synthetic_kinds = default.data.synthetic_kinds
+    assert c.to_dict() == default.to_dict()
