@@ -11,8 +11,7 @@ from pyvision_jax.train.step import TrainBatch
 
 
 def batch_shardings(batch: TrainBatch, mesh: Mesh) -> TrainBatch:
-    """Rows split over ("data", "fsdp") where they divide; vision arrays replicated (the
-    tower shards its windows itself, see models/vision.py)."""
+    """The sharding of each of `batch`'s arrays (the module docstring says which)."""
     rows = batch.input_ids.shape[1]
     replicated = NamedSharding(mesh, PartitionSpec())
 
