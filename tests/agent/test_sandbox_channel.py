@@ -69,10 +69,10 @@ def test_close_from_another_thread_wakes_the_call_and_defers_closing_its_descrip
     assert outcome["seconds"] < 5
     if caller_alive:  # while the call could still read, its reply descriptor was not handed out again
         assert reply_read not in {fd for pair in reused for fd in pair}
-    assert not _open(reply_read) and not _open(request_write)
-    for pair in reused:
+    for pair in reused:  # once the call closed them, these pipes may hold the channel's numbers
         for fd in pair:
             os.close(fd)
+    assert not _open(reply_read) and not _open(request_write)
     with pytest.raises(ChannelClosed):
         channel.call({"op": "run", "code": "pass"}, timeout_s=1)
 
