@@ -15,7 +15,12 @@ from PIL import Image
 
 from pyvision_jax.data.sft_solutions import RESULT_SLOT
 from pyvision_jax.data.shape_plans import plan_of, shape_plan
-from pyvision_jax.data.shape_tasks import HARD_SHAPES, generate_cluttered_shapes, generate_shapes
+from pyvision_jax.data.shape_tasks import (
+    HARD_SHAPES,
+    generate_cluttered_shapes,
+    generate_direct_shapes,
+    generate_shapes,
+)
 from pyvision_jax.data.tasks import load_tasks
 from pyvision_jax.grading.scoring import parse_choice
 
@@ -85,6 +90,24 @@ def test_cluttered_tasks_are_the_same_tasks_with_specks_that_mislead_measuring(t
             assert Image.open(task.image_path).tobytes() == Image.open(plain.image_path).tobytes()
     for task in speck:
         assert parse_choice(_printed(task, "measure"), task.options) != task.answer == "A"
+
+
+def test_on_the_direct_toy_the_guess_beats_the_tools_on_average_but_not_on_hard_tasks(tmp_path):
+    tasks = load_tasks(generate_direct_shapes(tmp_path, 160, seed=5)).tasks
+    families = [t.ability.split("_")[1] for t in tasks]
+    assert families[:8] == ["hard", "easy", "easy", "easy"] * 2
+    speck = [t for t in tasks if t.ability.endswith("_speck")]
+    assert 20 <= len(speck) <= 52 and all(t.ability == "shapes_easy_speck" for t in speck)
+    right = Counter()
+    for task in tasks:
+        family = task.ability.split("_")[1]
+        measured = parse_choice(_printed(task, "measure"), task.options) == task.answer
+        right[family, "measure"] += measured
+        right[family, "guess"] += task.answer == "A"
+    assert right["easy", "measure"] == 120 - len(speck) and right["easy", "guess"] == 120
+    assert right["hard", "measure"] / 40 >= 0.8 > 0.5 > right["hard", "guess"] / 40
+    measure, guess = (right["easy", h] + right["hard", h] for h in ("measure", "guess"))
+    assert guess > measure and 1.2 * measure > guess
 
 
 def test_scripted_plans_follow_their_shares_and_read_back(tasks):

@@ -3,7 +3,14 @@ in values, never in schema; the cluttered toy's config is the embedded default o
 
 import pytest
 
-from configs import pyvision_image_7b, pyvision_image_7b_v5p8, pyvision_video_7b, shapes_cluttered_cpu, tiny_cpu
+from configs import (
+    pyvision_image_7b,
+    pyvision_image_7b_v5p8,
+    pyvision_video_7b,
+    shapes_cluttered_cpu,
+    shapes_direct_cpu,
+    tiny_cpu,
+)
 from pyvision_jax.wiring.validation import validate_run
 
 
@@ -53,9 +60,12 @@ def test_v5p8_config_is_the_image_recipe_on_four_chips():
         assert c[section].to_dict() == image[section].to_dict(), section
 
 
-def test_the_cluttered_config_is_the_embedded_default_on_the_cluttered_toy(tmp_path):
-    c, default = shapes_cluttered_cpu.get_config(), tiny_cpu.get_config()
-    assert tuple(c.data.synthetic_kinds) == ("shapes_cluttered",)
+@pytest.mark.parametrize(
+    "module, kind", [(shapes_cluttered_cpu, "shapes_cluttered"), (shapes_direct_cpu, "shapes_direct")]
+)
+def test_the_toy_configs_are_the_embedded_default_on_their_toy(module, kind, tmp_path):
+    c, default = module.get_config(), tiny_cpu.get_config()
+    assert tuple(c.data.synthetic_kinds) == (kind,)
     validate_run(c, tmp_path / "run")
     c.data.synthetic_kinds = default.data.synthetic_kinds
     assert c.to_dict() == default.to_dict()
