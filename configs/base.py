@@ -128,8 +128,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.loss_agg = "token-mean"  # or "token-mean-per-micro-batch" (released), "seq-mean-token-mean", ...
     c.rl.loss_micro_batch = 0  # token-mean-per-micro-batch: trajectories per micro-batch whose token mean is
     # one term (released: 4 per device); 0: the train step's micro-batch
-    c.rl.kl_coef = 0.0  # > 0: a per-token KL term (k3 estimate) to the run's starting model (model.hf_dir),
+    c.rl.kl_coef = 0.0  # > 0: a per-token KL term to the run's starting model (model.hf_dir),
     # reloaded on resume; the recipe has none
+    c.rl.kl_estimator = "k3"  # "k1", "k2" or "k3" (rl.losses.PPOLossConfig.kl_estimator)
     c.rl.entropy_coef = 0.0  # the loss subtracts coef x token entropy: > 0 an entropy bonus, < 0
     # entropy minimisation (sharpens the policy towards its mode)
     c.rl.reward_control = ""  # a control, not the recipe: "random" (each rollout's reward a seeded

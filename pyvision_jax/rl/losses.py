@@ -26,7 +26,7 @@ import jax.numpy as jnp
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean-per-micro-batch"]
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean-per-micro-batch")
 IS_LEVELS = ("none", "token", "sequence")
-KL_ESTIMATORS = ("k1", "k3")
+KL_ESTIMATORS = ("k1", "k2", "k3")
 LOG_RATIO_LIMIT = 20.0
 
 
@@ -49,7 +49,12 @@ class PPOLossConfig:
     at "sequence" level."""
     is_truncation: float = 2.0
     kl_coef: float = 0.0
-    kl_estimator: Literal["k1", "k3"] = "k3"
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token estimate of KL(policy || reference) from d = ref - logprob on sampled tokens:
+    k1 -d, k2 d^2 / 2, k3 exp(d) - d - 1. As losses their gradients per token are grad logprob,
+    -d grad logprob and (1 - exp(d)) grad logprob: k2's is the on-policy gradient of the KL and
+    grows linearly in d; k3's grows as exp(d), so one sampled token that the policy has made far
+    less likely than the reference can dominate a step."""
     entropy_coef: float = 0.0
     min_entropy: float = 0.0
     """Policy-gradient terms only on tokens whose entropy (nats, under the current policy) is at
@@ -191,6 +196,8 @@ def ppo_loss(
         )
         if config.kl_estimator == "k1":
             kl = -ref_log_ratio
+        elif config.kl_estimator == "k2":
+            kl = 0.5 * jnp.square(ref_log_ratio)
         else:
             clamped = jnp.clip(ref_log_ratio, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
             kl = jnp.exp(clamped) - clamped - 1.0

@@ -59,6 +59,7 @@ def loss_config(rl: ml_collections.ConfigDict) -> PPOLossConfig:
         dual_clip=rl.dual_clip or None,
         aggregation=rl.loss_agg,
         kl_coef=rl.kl_coef,
+        kl_estimator=rl.kl_estimator,
         entropy_coef=rl.entropy_coef,
         min_entropy=rl.min_entropy,
         importance_sampling=rl.importance_sampling,

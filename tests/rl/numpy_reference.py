@@ -131,7 +131,11 @@ def ppo_loss(logprobs, old, advantages, mask, config, behaviour=None, ref=None, 
                 loss *= min(math.exp(sequence_is_log), config.is_truncation)
             if config.kl_coef:
                 log_ratio = ref[b, t] - logprobs[b, t]
-                kl = -log_ratio if config.kl_estimator == "k1" else math.exp(log_ratio) - log_ratio - 1
+                kl = {
+                    "k1": -log_ratio,
+                    "k2": 0.5 * log_ratio**2,
+                    "k3": math.exp(log_ratio) - log_ratio - 1,
+                }[config.kl_estimator]
                 loss += config.kl_coef * kl
             if config.entropy_coef:
                 loss -= config.entropy_coef * entropy[b, t]

@@ -23,6 +23,7 @@ CONFIGS = [
         aggregation="seq-mean-token-mean",
     ),
     PPOLossConfig(min_entropy=1.0, kl_coef=0.05, entropy_coef=-0.1),
+    PPOLossConfig(kl_coef=0.3, kl_estimator="k2"),
 ]
 
 
@@ -233,3 +234,29 @@ def test_bad_settings_raise_clear_errors():
         )
     with pytest.raises(ValueError, match="needs ref_logprobs"):
         ppo_loss(data["logprobs"], data["old"], data["advantages"], data["mask"], PPOLossConfig(kl_coef=0.1))
+
+
+@pytest.mark.parametrize(
+    "estimator, per_token",
+    [
+        ("k1", lambda d: np.ones_like(d)),
+        ("k2", lambda d: -d),
+        ("k3", lambda d: 1.0 - np.exp(d)),
+    ],
+)
+def test_the_kl_terms_gradient_per_token_follows_its_estimator(estimator, per_token):
+    logprobs = np.log(np.array([[0.9, 0.5, 0.01, 0.2]], np.float32))
+    reference = np.log(np.array([[0.9, 0.6, 0.5, 0.1]], np.float32))
+    mask = np.array([[True, True, True, False]])
+    config = PPOLossConfig(kl_coef=0.3, kl_estimator=estimator)
+
+    def kl_sum(lp):
+        return ppo_loss(lp, lp, np.zeros(1, np.float32), mask, config, ref_logprobs=reference).loss_sum
+
+    grad = np.asarray(jax.grad(kl_sum)(logprobs))
+    expected = np.where(mask, 0.3 * per_token(reference - logprobs), 0.0)
+    np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-7)
+    if estimator == "k3":  # the token the policy made 50 x less likely than the reference dominates
+        assert abs(grad[0, 2]) > 40 * abs(grad[0, :2]).max()
+    if estimator == "k2":
+        assert abs(grad[0, 2]) < 1.2
