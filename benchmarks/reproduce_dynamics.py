@@ -4,8 +4,8 @@ intervals over held-out tasks.
 
     python benchmarks/reproduce_dynamics.py --workdir /tmp/dynamics [--steps 24] [--eval-every 6] \
         [--variants full,no_tool_reward,std_norm,arrival_order,turns_2,random_reward,entropy_min] \
-        [--seeds 0] [--temperatures 0.1,0.3,0.6,1.0] [--validation-seed 777] [--config configs/tiny_cpu.py] \
-        [--config.x=y ...]
+        [--seeds 0] [--temperatures 0.1,0.3,0.6,1.0] [--validation-seed 777] [--jobs 1] \
+        [--config configs/tiny_cpu.py] [--config.x=y ...]
 
 Two task sets of the config's synthetic kinds (`data.synthetic_kinds`), both of
 `eval.heldout_per_kind` tasks per kind and `eval.heldout_k` rollouts per task: the validation
@@ -20,7 +20,12 @@ may be a training seed, nor the two the same. Nothing is ever chosen on the held
    for --steps steps once per seed of --seeds (`config.seed`), evaluated on both sets at the
    start (step 0: the starting model at eval.temperature) and every --eval-every steps and the
    last. Its reported result is the held-out evaluation at the step of best validation
-   accuracy (ties: the earliest); the last step's is kept beside it.
+   accuracy (ties: the earliest); the last step's is kept beside it. With --jobs N > 1 the runs
+   train N at a time, each in a process of its own (this script with --runs-only, its output in
+   its run directory's reproduce.log, its compiled executables in the run directory's
+   jax_cache); a run that fails leaves the others' results, and this command then names it and
+   exits 1 (a rerun resumes it). SIGTERM or Ctrl-C stops the running ones, each saving its
+   checkpoint.
 3. Statistics per run (`eval.dynamics_stats`): held-out accuracy early-stopped and last with
    95 % bootstrap intervals over tasks, the paired interval of (early-stopped - best
    baseline) and of (last - start), tool calls per trajectory (held-out start and end, the
@@ -43,6 +48,7 @@ resumes the runs and reuses every finished evaluation.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -64,7 +70,9 @@ from pyvision_jax.wiring.baselines import (  # noqa: E402
     temperature_baselines,
     validation_set,
 )
-from pyvision_jax.wiring.dynamics_runs import check_seeds, run_variant  # noqa: E402
+from pyvision_jax.wiring.compilation_cache import COMPILATION_CACHE_DIR  # noqa: E402
+from pyvision_jax.wiring.dynamics_runs import check_seeds, run_dir, run_variant  # noqa: E402
+from pyvision_jax.wiring.run_processes import Command, run_commands  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", str(ROOT / "configs" / "tiny_cpu.py"), "Base config.", lock_config=True
@@ -78,10 +86,41 @@ _TEMPERATURES = flags.DEFINE_list("temperatures", ["0.1", "0.3", "0.6", "1.0"], 
 _VALIDATION_SEED = flags.DEFINE_integer(
     "validation-seed", 777, "Synthetic seed of the validation set (temperature choice, early stopping)."
 )
+_JOBS = flags.DEFINE_integer("jobs", 1, "Runs trained at once, each in a process of its own (1: one after another).")
+_RUNS_ONLY = flags.DEFINE_bool(
+    "runs-only",
+    False,
+    "Train and evaluate the runs, without results, tables or figures (what each --jobs process does).",
+)
+RUN_LOG = "reproduce.log"
 
 
 def log(line: str) -> None:
     print(line, flush=True)
+
+
+def train_in_processes(runs: list[tuple[str, int]], workdir: Path) -> None:
+    """Trains and evaluates each (variant, seed) of `runs` in a process of its own, --jobs at a
+    time; exits 1 naming every run that failed, after the others have finished."""
+    script = str(Path(__file__).resolve())
+    commands = []
+    for name, seed in runs:
+        out_dir = run_dir(workdir, VARIANTS[name], seed)
+        only_this = (f"--variants={name}", f"--seeds={seed}", "--jobs=1", "--runs-only")  # the last value wins
+        argv = (sys.executable, script, *sys.argv[1:], *only_this)
+        # a compilation cache per run: JAX writes its cache entries in place, so no two processes share one
+        env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(out_dir / COMPILATION_CACHE_DIR)}
+        commands.append(Command(f"{name} seed {seed}", argv, out_dir / RUN_LOG, env))
+    failed = [
+        f"{outcome.name} (exit {outcome.returncode}, output: {outcome.log_path})"
+        for outcome in run_commands(commands, _JOBS.value, log)
+        if outcome.returncode != 0
+    ]
+    if failed:
+        sys.exit(
+            f"error: {len(failed)} of {len(runs)} runs failed: {'; '.join(failed)}; "
+            "the other runs' results are kept and a rerun resumes"
+        )
 
 
 def main(argv: list[str]) -> None:
@@ -101,6 +140,8 @@ def main(argv: list[str]) -> None:
         check_seeds(config, seeds)
         if not temperatures or min(temperatures) <= 0:
             raise ValueError(f"--temperatures must be > 0, got {_TEMPERATURES.value}")
+        if _JOBS.value < 1:
+            raise ValueError(f"--jobs must be >= 1, got {_JOBS.value}")
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     workdir.mkdir(parents=True, exist_ok=True)
@@ -112,13 +153,17 @@ def main(argv: list[str]) -> None:
     log(f"best fixed temperature on validation: T {baselines.best_temperature:g}; held-out {best.summary()}")
     start = start_evaluations(config, workdir, (validation, heldout))
     baseline_time = round(time.perf_counter() - begin, 1)
+    pairs = [(name, seed) for name in _VARIANTS.value for seed in seeds]
+    if _JOBS.value > 1 and len(pairs) > 1:
+        train_in_processes(pairs, workdir)  # what follows then reuses every finished step and evaluation
     runs = [
         run_variant(
             config, VARIANTS[name], seed, workdir, _STEPS.value, _EVAL_EVERY.value, validation, heldout, start, log
         )
-        for name in _VARIANTS.value
-        for seed in seeds
+        for name, seed in pairs
     ]
+    if _RUNS_ONLY.value:
+        return
     records = run_records(runs, best)
     checks = claim_checks(statistics_by_run(records))
     baselines_record = baselines.as_dict()

@@ -166,12 +166,24 @@ def tiny_command(workdir, *flags):
 
 
 def test_reproduce_dynamics_end_to_end(tmp_path):
-    command = tiny_command(
-        tmp_path, "--steps=2", "--eval-every=2", "--variants=full,random_reward", "--temperatures=0.5,1.0"
-    )
+    """The two runs trained side by side (--jobs 2), then the same command one run after the
+    other, which reuses every step and evaluation and reports the same results."""
+    flags = ("--steps=2", "--eval-every=2", "--variants=full,random_reward", "--temperatures=0.5,1.0")
+    command = tiny_command(tmp_path, *flags, "--jobs=2")
+    result = subprocess.run(command, cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for name in ("full", "random_reward"):
+        assert f"{name} seed 0: finished in" in result.stdout
+        run_log = (tmp_path / name / "seed_0" / "reproduce.log").read_text()
+        assert f"{name} seed 0: step 2: validation accuracy" in run_log
+        assert (tmp_path / name / "seed_0" / "jax_cache").is_dir()  # a compilation cache of its own
+    side_by_side = json.loads((tmp_path / "results.json").read_text())
+    command = tiny_command(tmp_path, *flags)
     result = subprocess.run(command, cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
+    for key in ("baselines", "start", "runs", "claims"):
+        assert results[key] == side_by_side[key], key
     baselines = results["baselines"]
     assert baselines["temperatures"] == [0.5, 1.0]
     assert {e["seed"] for e in baselines["validation"]} == {777} and {e["seed"] for e in baselines["heldout"]} == {4242}
@@ -219,6 +231,7 @@ def test_reproduce_dynamics_end_to_end(tmp_path):
         (["--validation-seed=4242"], "must differ from the held-out seed 4242"),
         (["--validation-seed=1000"], "must differ from the training seed sft.synthetic_seed=1000"),
         (["--seeds=0,1"], "a random-init start (model.hf_dir empty) depends on the seed"),
+        (["--jobs=0"], "--jobs must be >= 1, got 0"),
     ],
 )
 def test_reproduce_dynamics_refuses_before_any_evaluation(tmp_path, flags, message):
