@@ -20,8 +20,8 @@ import psutil
 import pytest
 from PIL import Image
 
-from pyvision_jax.agent.sandbox import STATE_LOST_NOTICE, SandboxConfig, SandboxPool
-from pyvision_jax.agent.sandbox.host_dirs import HOST_DIR_PREFIX
+from pyvision_jax.agent.sandbox import STATE_LOST_NOTICE, SandboxConfig, SandboxPool, fork_server
+from pyvision_jax.agent.sandbox import sandbox as sandbox_module
 from tests.agent.sandbox_probes import assert_gone, descendants, footprint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -202,9 +202,22 @@ def test_a_dead_template_takes_its_runtimes_along_and_is_restarted():
         assert other.forked and other.run("print(1)").stdout == "1\n"
 
 
-def test_closing_a_pool_while_it_starts_leaves_no_process_and_no_directory():
+def test_closing_a_pool_while_it_starts_leaves_no_process_and_no_directory(monkeypatch):
+    """Only the directories these pools create count: other programs on the machine may have
+    sandboxes of their own in the temp dir."""
     earlier_processes = descendants()
-    earlier_dirs = set(Path(tempfile.gettempdir()).glob(HOST_DIR_PREFIX + "*"))
+    created = []
+
+    def recording(real):
+        def create(*args, **kwargs):
+            host_dir, owner_lock = real(*args, **kwargs)
+            created.append(host_dir)
+            return host_dir, owner_lock
+
+        return create
+
+    for module in (fork_server, sandbox_module):
+        monkeypatch.setattr(module, "create_host_dir", recording(module.create_host_dir))
     for delay_s in (0.0, 0.2, 0.5, 1.0, 2.0):  # the template starting, then forks in flight
         pool = SandboxPool(CONFIG, size=4)
         time.sleep(delay_s)
@@ -213,7 +226,8 @@ def test_closing_a_pool_while_it_starts_leaves_no_process_and_no_directory():
         while descendants() - earlier_processes and time.monotonic() < deadline:
             time.sleep(0.05)
         assert descendants() - earlier_processes == frozenset()
-    assert set(Path(tempfile.gettempdir()).glob(HOST_DIR_PREFIX + "*")) <= earlier_dirs
+    assert created and all(Path(tempfile.gettempdir()) in path.parents for path in created)
+    assert [path for path in created if path.exists()] == []
 
 
 NO_NESTED_NAMESPACES_BWRAP = """#!{python}
