@@ -22,6 +22,7 @@ from PIL import Image
 
 from pyvision_jax.agent.sandbox import STATE_LOST_NOTICE, SandboxConfig, SandboxPool, fork_server
 from pyvision_jax.agent.sandbox import sandbox as sandbox_module
+from pyvision_jax.agent.sandbox.isolation import SANDBOX_WORKDIR, python_roots_in_workdir
 from tests.agent.sandbox_probes import assert_gone, descendants, footprint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -111,11 +112,13 @@ def test_episodes_cannot_see_signal_or_read_each_other_or_the_template(pool):
         """)
     )
     assert probe.error is None, probe.error
+    # a checkout under /tmp keeps its Python installation visible on top of the private /tmp
+    kept = {Path(root).relative_to(SANDBOX_WORKDIR).parts[0] for root in python_roots_in_workdir()}
     assert probe.stdout.splitlines() == [
         "[1, 2]",
         "[]",
         "[]",
-        "['.matplotlib'] [] [] ['ptmx'] [] []",
+        f"{sorted({'.matplotlib'} | kept)} [] [] ['ptmx'] [] []",
         "ConnectionRefusedError",
         "-1 2",
     ]
