@@ -7,6 +7,7 @@ held-out sets are evaluated, and reading a run's TensorBoard curves back.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -115,13 +116,23 @@ def read_curves(tb_dir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]
 
 def log_evaluations(tb_dir: Path, step: int, evaluations: Mapping[str, EvalSummary]) -> None:
     """Writes each evaluation's accuracy and tool calls as TensorBoard scalars of `step`, under
-    its set's name ("heldout/accuracy", "validation/accuracy", ...)."""
+    its set's name ("heldout/accuracy", "validation/accuracy", ...). A scalar the directory
+    already holds at `step` with the same value (a rerun reusing an evaluation) is not written
+    again."""
+    logged = read_curves(tb_dir) if Path(tb_dir).is_dir() else {}
+    scalars = {}
+    for name, result in evaluations.items():
+        scalars[f"{name}/accuracy"] = result.accuracy
+        scalars[f"{name}/tool_calls"] = result.tool_calls
+    scalars = {
+        tag: value
+        for tag, value in scalars.items()
+        if not math.isclose(dict(logged.get(tag, [])).get(step, math.nan), value, abs_tol=1e-6)
+    }
+    if not scalars:
+        return
     writer = MetricsWriter(tb_dir)
     try:
-        scalars = {}
-        for name, result in evaluations.items():
-            scalars[f"{name}/accuracy"] = result.accuracy
-            scalars[f"{name}/tool_calls"] = result.tool_calls
         writer.write(step, scalars)
         writer.flush()
     finally:

@@ -20,6 +20,8 @@ from pyvision_jax.eval.ablations import (
     VARIANTS,
     Variant,
     eval_points,
+    log_evaluations,
+    read_curves,
 )
 from pyvision_jax.eval.baselines import EvalSet, TemperatureBaselines
 from pyvision_jax.eval.dynamics_figures import mean_curve, plot_dynamics, plot_plans
@@ -90,6 +92,22 @@ def fake_run(name, seed, accuracy_end, calls):
         curves=curves,
         wall_time_s=12.0,
     )
+
+
+def test_evaluations_are_logged_once_per_step_unless_they_change(tmp_path):
+    """A rerun that reuses an evaluation writes no second event; a changed one is rewritten."""
+    tb_dir = tmp_path / "tb"
+    first = {"heldout": summary({"a": 0.5}, tool_calls=1.25), "validation": summary({"v": 0.75})}
+    log_evaluations(tb_dir, 12, first)
+    files = sorted(tb_dir.iterdir())
+    log_evaluations(tb_dir, 12, first)
+    assert sorted(tb_dir.iterdir()) == files
+    log_evaluations(tb_dir, 12, {**first, "heldout": summary({"a": 0.25}, tool_calls=1.25)})
+    log_evaluations(tb_dir, 24, first)
+    curves = read_curves(tb_dir)
+    assert curves[HELDOUT_ACCURACY] == [(12, 0.25), (24, 0.5)]
+    assert curves["heldout/tool_calls"] == [(12, 1.25), (24, 1.25)]
+    assert curves[VALIDATION_ACCURACY] == [(12, 0.75), (24, 0.75)]
 
 
 def test_figures_and_tables(tmp_path):
