@@ -31,7 +31,9 @@ may be a training seed, nor the two the same. Nothing is ever chosen on the held
    baseline) and of (last - start), tool calls per trajectory (held-out start and end, the
    training curve's last value) and their ratio to the full recipe's of the same seed, plan
    shares (`data.shape_plans.plan_of`) on held-out at the start, the early-stopped step and
-   the end, wall time; and per seed the checks of the learning claims (`eval.dynamics_stats.claim_checks`).
+   the end, wall time; and per seed the checks of the learning claims, with the tool-call claims
+   checked again on the means over the seeds when there are several
+   (`eval.dynamics_stats.claim_checks`).
 
 Writes WORKDIR/validation/tasks and WORKDIR/heldout/tasks; WORKDIR/baselines/seed_<S>/T_<T>
 (the starting model's evaluations); WORKDIR/<variant>/seed_<S>/ (TensorBoard under tb/ with

@@ -27,6 +27,8 @@ RANDOM_MAX_CHANGE = 0.03
 """The random-reward control's |last - start| held-out accuracy must stay within this."""
 COLLAPSE_RATIO = 0.7
 """Without the tool reward, the end tool calls must fall to at most this share of the full recipe's."""
+OVER_SEEDS = "over_seeds"
+"""The key of `claim_checks` holding the claims checked on the means over seeds."""
 
 
 def early_stop_step(validation_accuracy: Mapping[int, float]) -> int:
@@ -122,7 +124,10 @@ def claim_checks(statistics: Mapping[tuple[str, int], Mapping[str, Any]]) -> dic
       95 % interval above 0 and an estimate >= MIN_GAIN;
     - random_reward: its held-out |last - start| <= RANDOM_MAX_CHANGE;
     - no_tool_reward: its held-out end tool calls <= COLLAPSE_RATIO x the full recipe's;
-    - full_tool_calls: the full recipe's held-out end tool calls >= its start's.
+    - full_tool_calls: the full recipe's held-out end tool calls >= its start's;
+
+    and, under OVER_SEEDS when the recipe ran with two seeds or more, the two tool-call claims
+    on the means over the seeds (the paper's figures are one run each; a toy's seeds vary).
     """
     out: dict[str, dict[str, Any]] = {}
     for seed in sorted({seed for _, seed in statistics}):
@@ -163,7 +168,49 @@ def claim_checks(statistics: Mapping[tuple[str, int], Mapping[str, Any]]) -> dic
             }
         checks["passed"] = all(check["passed"] for check in checks.values()) if checks else None
         out[f"seed_{seed}"] = checks
+    over_seeds = _tool_claims_over_seeds(statistics, out)
+    if over_seeds:
+        out[OVER_SEEDS] = over_seeds
     return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _tool_claims_over_seeds(
+    statistics: Mapping[tuple[str, int], Mapping[str, Any]], per_seed: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The two tool-call claims on the means over the seeds where their runs ran (when there
+    are at least two), with how many seeds pass them one by one."""
+    checks: dict[str, Any] = {}
+    seeds = sorted(seed for name, seed in statistics if name == FULL)
+    if len(seeds) >= 2:
+        start = _mean([statistics[FULL, s]["tool_calls"]["heldout_start"] for s in seeds])
+        end = _mean([statistics[FULL, s]["tool_calls"]["heldout_last"] for s in seeds])
+        checks["full_tool_calls"] = {
+            "seeds": seeds,
+            "start": start,
+            "end": end,
+            "seeds_passed": sum(per_seed[f"seed_{s}"]["full_tool_calls"]["passed"] for s in seeds),
+            "passed": end >= start,
+        }
+    paired = [s for s in seeds if (NO_TOOL_REWARD, s) in statistics]
+    if len(paired) >= 2:
+        end = _mean([statistics[NO_TOOL_REWARD, s]["tool_calls"]["heldout_last"] for s in paired])
+        reference = _mean([statistics[FULL, s]["tool_calls"]["heldout_last"] for s in paired])
+        checks["no_tool_reward"] = {
+            "seeds": paired,
+            "end_tool_calls": end,
+            "full_end_tool_calls": reference,
+            "ratio": end / reference if reference else None,
+            "max_ratio": COLLAPSE_RATIO,
+            "seeds_passed": sum(per_seed[f"seed_{s}"]["no_tool_reward"]["passed"] for s in paired),
+            "passed": end <= COLLAPSE_RATIO * reference,
+        }
+    if checks:
+        checks["passed"] = all(check["passed"] for check in checks.values())
+    return checks
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ import pytest
 
 from pyvision_jax.eval.baselines import EvalSet, TemperatureBaselines, best_temperature, check_validation_seed
 from pyvision_jax.eval.dynamics_stats import (
+    OVER_SEEDS,
     claim_checks,
     early_stop_step,
     run_statistics,
@@ -147,7 +148,16 @@ def test_tool_call_ratios_and_claim_checks_per_seed():
     assert ratios["full", 0] == {"heldout_last": 1.0, "train_last": 1.0}
     assert ratios["no_tool_reward", 1] == {"heldout_last": None, "train_last": None}  # full's are 0
     checks = claim_checks(by_run)
-    assert list(checks) == ["seed_0", "seed_1"]
+    assert list(checks) == ["seed_0", "seed_1", OVER_SEEDS]
+    over = checks[OVER_SEEDS]  # the means over seeds 0 and 1
+    assert over["full_tool_calls"] == {"seeds": [0, 1], "start": 1.0, "end": 1.0, "seeds_passed": 1, "passed": True}
+    assert over["no_tool_reward"]["end_tool_calls"] == pytest.approx(0.6)
+    assert over["no_tool_reward"]["ratio"] == pytest.approx(0.6) and over["no_tool_reward"]["seeds_passed"] == 2
+    assert over["passed"]
+    collapsed = claim_checks({**by_run, ("no_tool_reward", 1): fake_stats(0.0, [-0.1, 0.1], 0.0, 1.0, 0.8)})
+    assert collapsed[OVER_SEEDS]["no_tool_reward"]["ratio"] == pytest.approx(1.0)
+    assert not collapsed[OVER_SEEDS]["no_tool_reward"]["passed"] and not collapsed[OVER_SEEDS]["passed"]
+    assert collapsed[OVER_SEEDS]["no_tool_reward"]["seeds_passed"] == 1
     seed0, seed1 = checks["seed_0"], checks["seed_1"]
     assert seed0["full_gain"]["passed"] and seed0["full_tool_calls"]["passed"]
     assert seed0["random_reward"]["passed"] and seed0["no_tool_reward"]["passed"] and seed0["passed"]
