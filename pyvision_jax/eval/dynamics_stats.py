@@ -11,6 +11,7 @@ held-out set.
 from __future__ import annotations
 
 import dataclasses
+from statistics import fmean
 from typing import Any, Mapping, Sequence
 
 from pyvision_jax.eval.ablations import Variant
@@ -174,10 +175,6 @@ def claim_checks(statistics: Mapping[tuple[str, int], Mapping[str, Any]]) -> dic
     return out
 
 
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
-
-
 def _tool_claims_over_seeds(
     statistics: Mapping[tuple[str, int], Mapping[str, Any]], per_seed: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, Any]:
@@ -186,8 +183,8 @@ def _tool_claims_over_seeds(
     checks: dict[str, Any] = {}
     seeds = sorted(seed for name, seed in statistics if name == FULL)
     if len(seeds) >= 2:
-        start = _mean([statistics[FULL, s]["tool_calls"]["heldout_start"] for s in seeds])
-        end = _mean([statistics[FULL, s]["tool_calls"]["heldout_last"] for s in seeds])
+        start = fmean([statistics[FULL, s]["tool_calls"]["heldout_start"] for s in seeds])
+        end = fmean([statistics[FULL, s]["tool_calls"]["heldout_last"] for s in seeds])
         checks["full_tool_calls"] = {
             "seeds": seeds,
             "start": start,
@@ -197,8 +194,8 @@ def _tool_claims_over_seeds(
         }
     paired = [s for s in seeds if (NO_TOOL_REWARD, s) in statistics]
     if len(paired) >= 2:
-        end = _mean([statistics[NO_TOOL_REWARD, s]["tool_calls"]["heldout_last"] for s in paired])
-        reference = _mean([statistics[FULL, s]["tool_calls"]["heldout_last"] for s in paired])
+        end = fmean([statistics[NO_TOOL_REWARD, s]["tool_calls"]["heldout_last"] for s in paired])
+        reference = fmean([statistics[FULL, s]["tool_calls"]["heldout_last"] for s in paired])
         checks["no_tool_reward"] = {
             "seeds": paired,
             "end_tool_calls": end,
