@@ -67,7 +67,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.engine = "jax"  # "jax" (in process), "vllm" (rollout worker and eval; needs
-    # .venv-vllm, see scripts/install_vllm_cpu.sh) or "scripted"
+    # the fleet environment .venv-vllm, scripts/install_fleet.sh) or "scripted"
     # (rollout worker dry runs: turns from rollout.script_file)
     c.rollout.max_batch = 8  # sequences an engine batches (JAX slots; vLLM's max_num_seqs)
     c.rollout.temperature = 1.0

