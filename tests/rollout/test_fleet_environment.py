@@ -42,3 +42,19 @@ def test_the_worker_command_checks_its_config_in_the_fleet_environment(tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "--config.rollout.engine='nope'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_documented_fleet_environment_commands_run_in_miniature(tmp_path):
+    """The docs' `.venv-vllm/bin/python ...` commands, planned in tests/test_doc_commands.py."""
+    from tests.doc_commands import doc_commands, miniature_argv
+    from tests.test_doc_commands import all_plans
+
+    commands = {c.text for c in doc_commands() if c.text.startswith(".venv-vllm/bin/python ")}
+    assert commands, "the docs name no command of the fleet environment"
+    for command in sorted(commands):
+        plan = all_plans()[command]
+        assert plan.env.get("ENVIRONMENT") == "fleet", command
+        argv = miniature_argv(command, plan, tmp_path, {}, sys.executable)
+        argv[0] = sys.executable
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=plan.timeout_s)
+        assert done.returncode == 0, f"{' '.join(argv)}\n{done.stderr[-4000:]}"
