@@ -51,7 +51,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.episode.image_cap_rule = "exceed"  # end when images would "exceed" max_images, or "reach" it (released)
     c.episode.stdout_strip = "right"  # printed text trimmed "right" or on "both" sides (released)
     c.episode.observation_format = "full"  # tool response: "full" (Text and Image Result sections always) or
-    # "released" (<interpreter>Text Result:..., images only when shown)
+    # "released" (the released tool: Image Result only when shown, docs/recipe.md row 18)
     c.episode.image_prompt_file = ""  # first-prompt template ("": configs/prompts/image.txt)
     c.episode.video_prompt_file = ""  # ("": configs/prompts/video.txt); placeholders: docs/recipe.md
 
