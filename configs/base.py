@@ -237,5 +237,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.before_training = False  # also validate the starting params (step 0)
     c.eval.val_k = 1  # rollouts per validation task (released: verl's val_kwargs n = 1)
     c.eval.val_temperature = 0.0  # 0: greedy (released: verl's val_kwargs temperature 0)
+    c.eval.val_max_tool_calls = 0  # the validation's turn budget (0: eval.max_tool_calls)
     c.eval.val_max_batch = 0  # the validation sampler's slots (0: rollout.max_batch)
     return c

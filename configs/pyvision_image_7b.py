@@ -133,5 +133,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.before_training = True
     c.eval.val_k = 1
     c.eval.val_temperature = 0.0
+    c.eval.val_max_tool_calls = 4  # released: validation runs the training agent (max_turns 5)
     c.eval.val_max_batch = 16  # the in-trainer JAX sampler's slots (KV cache for 16 x 32,768 tokens)
     return c

@@ -1,6 +1,7 @@
 """Validation during training from a config (`eval.training_validation`): the tasks of
 `data.val_files`, evaluated every `eval.every_steps` steps (and at step 0 with
-`eval.before_training`) with `eval.val_k` rollouts at `eval.val_temperature`.
+`eval.before_training`) with `eval.val_k` rollouts at `eval.val_temperature`, with
+`eval.val_max_tool_calls` tool calls (0: `eval.max_tool_calls`).
 
 Each validation runs in the trainer's process on the trainer's current params, whatever
 `rollout.mode` is (sync, async or external: the rollouts of training are not involved),
@@ -61,10 +62,10 @@ def training_validation(
     files = str_tuple(config.data.val_files, "data.val_files")
     if not files:
         return None
-    if int(config.eval.val_k) < 1 or float(config.eval.val_temperature) < 0:
+    if int(config.eval.val_k) < 1 or float(config.eval.val_temperature) < 0 or int(config.eval.val_max_tool_calls) < 0:
         raise ValueError(
-            f"eval.val_k must be >= 1 and eval.val_temperature >= 0, got {config.eval.val_k} and "
-            f"{config.eval.val_temperature}"
+            f"eval.val_k must be >= 1, eval.val_temperature and eval.val_max_tool_calls >= 0, got "
+            f"{config.eval.val_k}, {config.eval.val_temperature} and {config.eval.val_max_tool_calls}"
         )
     if bool(config.train.distributed):
         raise ValueError(
@@ -94,6 +95,7 @@ def training_validation(
             ", ".join(str(Path(path).absolute()) for path in files),
             out_dir,
             k=int(config.eval.val_k),
+            max_tool_calls=int(config.eval.val_max_tool_calls) or None,
             progress=False,
             engine_factory=engine_for,
             sandboxes=sandboxes,

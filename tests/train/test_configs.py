@@ -80,6 +80,7 @@ def test_the_7b_configs_validate_like_the_released_script(module):
     c = module.get_config()
     assert tuple(c.data.val_files) == ()
     assert (c.eval.every_steps, c.eval.before_training, c.eval.val_k, c.eval.val_temperature) == (20, True, 1, 0.0)
+    assert c.eval.val_max_tool_calls == c.episode.max_tool_calls == 4
 
 
 @pytest.mark.parametrize(

@@ -42,6 +42,7 @@ def validated_config(tmp_path, tasks, steps, mode):
     config.eval.every_steps = 2
     config.eval.before_training = True
     config.eval.val_k = 2
+    config.eval.val_max_tool_calls = 3
     config.train.keep_checkpoints = 5
     return config
 
@@ -72,7 +73,7 @@ def assert_validated_once(workdir, steps):
     for step in steps:
         results = json.loads((workdir / "validation" / f"step_{step}" / "results.json").read_text())
         assert results["complete"] and results["policy_version"] == step and results["settings"]["k"] == 2
-        assert results["settings"]["temperature"] == 0.0
+        assert results["settings"]["temperature"] == 0.0 and results["settings"]["max_tool_calls"] == 3
         assert (workdir / "validation" / f"step_{step}" / "report.html").is_file()
     assert tags.VAL_ACCURACY not in read_scalars(str(workdir / "tb")), "validation scalars stay in tb/validation"
 
