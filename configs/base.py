@@ -33,6 +33,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.synthetic_per_kind = 8  # synthetic tasks per kind (visual search, counting, video)
     c.data.synthetic_seed = 0
     c.data.synthetic_kinds = ("visual_search", "counting", "video")
+    c.data.val_files = ()  # task files validated during training (eval.every_steps); empty: none
 
     c.episode = ml_collections.ConfigDict()
     c.episode.max_tool_calls = 4
@@ -51,7 +52,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.episode.image_cap_rule = "exceed"  # end when images would "exceed" max_images, or "reach" it (released)
     c.episode.stdout_strip = "right"  # printed text trimmed "right" or on "both" sides (released)
     c.episode.observation_format = "full"  # tool response: "full" (Text and Image Result sections always) or
-    # "released" (<interpreter>Text Result:..., images only when shown)
+    # "released" (the released tool: Image Result only when shown, docs/recipe.md row 18)
     c.episode.image_prompt_file = ""  # first-prompt template ("": configs/prompts/image.txt)
     c.episode.video_prompt_file = ""  # ("": configs/prompts/video.txt); placeholders: docs/recipe.md
 
@@ -230,4 +231,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.heldout_per_kind = 0  # launch/train.py: held-out accuracy before and after training (0: off)
     c.eval.heldout_seed = 4242  # synthetic seed of the held-out tasks (never a training seed)
     c.eval.heldout_k = 2  # rollouts per held-out task
+    # Validation during GRPO training on data.val_files (WORKDIR/validation/step_N, TensorBoard
+    # WORKDIR/tb/validation), in the trainer's process on its current params (a JAX sampler):
+    c.eval.every_steps = 0  # validate every N steps and at the last one (0: not during training)
+    c.eval.before_training = False  # also validate the starting params (step 0)
+    c.eval.val_k = 1  # rollouts per validation task (released: verl's val_kwargs n = 1)
+    c.eval.val_temperature = 0.0  # 0: greedy (released: verl's val_kwargs temperature 0)
+    c.eval.val_max_tool_calls = 0  # the validation's turn budget (0: eval.max_tool_calls)
+    c.eval.val_max_batch = 0  # the validation sampler's slots (0: rollout.max_batch)
     return c

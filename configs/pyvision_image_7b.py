@@ -3,7 +3,8 @@
     python launch/train.py --config configs/pyvision_image_7b.py \
         --config.model.hf_dir=/models/Qwen2.5-VL-7B-Instruct \
         --config.data.train_files=/data/pyvision_image_train.jsonl \
-        --config.rollout.redis_url=redis://queue-host:6379/0 --workdir /runs/pyvision_image_7b
+        --config.rollout.redis_url=redis://queue-host:6379/0 --workdir /runs/pyvision_image_7b \
+        --config.data.val_files=/data/vstar.jsonl  # validated every 20 steps and before training
     # and on the GPU rollout nodes, one per worker:
     python launch/rollout_worker.py --config configs/pyvision_image_7b.py ... --worker-index I --num-workers N
 
@@ -125,4 +126,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.max_tool_calls = 30
     c.eval.max_new_tokens_per_turn = 10_240
     c.eval.max_total_tokens = 32_768
+    # Validation during training as the released script: trainer.test_freq=20, val_before_train,
+    # greedy, one rollout per task, on the file named here (e.g. V*: --config.data.val_files=/data/vstar.jsonl)
+    c.data.val_files = ()
+    c.eval.every_steps = 20
+    c.eval.before_training = True
+    c.eval.val_k = 1
+    c.eval.val_temperature = 0.0
+    c.eval.val_max_tool_calls = 4  # released: validation runs the training agent (max_turns 5)
+    c.eval.val_max_batch = 16  # the in-trainer JAX sampler's slots (KV cache for 16 x 32,768 tokens)
     return c

@@ -81,8 +81,8 @@ class EpisodeConfig:
     stdout_strip: "right" (ours: trailing whitespace of the printed text trimmed) or "both"
       (released).
     observation_format: "full" (ours: ``Text Result:`` and ``Image Result:`` sections always)
-      or "released" (``<interpreter>Text Result:``, an image section only with images;
-      ``prompts.observation_content``).
+      or "released" (an image section only with images; a newline after ``<interpreter>``
+      only without; ``prompts.observation_content``).
     prompts: the first-prompt templates (default: ``configs/prompts/``).
     max_concurrent: trajectories in flight (and pool threads).
     gather_s: after a pool job finishes, how long the driver waits at most for others to

@@ -105,15 +105,20 @@ def observation_content(
     """The user-turn content of one runtime result inside ``<tool_response>\\n`` ...
     ``\\n</tool_response>``. "full" (ours, DESIGN.md's format) always has both sections:
     ``<interpreter>\\nText Result:\\n{text}\\nImage Result:\\n<image_clue_k>{image}</image_clue_k>...``
-    ``</interpreter>\\n``. "released" (the released tool): ``<interpreter>Text Result:\\n{text}``,
-    then ``\\nImage Result:\\n`` and the images only when there are images, then
-    ``</interpreter>\\n``."""
+    ``</interpreter>\\n``. "released" (the released tool's default branch): a text-only result
+    is ``<interpreter>\\nText Result:\\n{text}</interpreter>\\n``; a result with images is
+    ``<interpreter>Text Result:\\n{text}\\nImage Result:\\n`` (no newline after the tag), the
+    images, then ``</interpreter>\\n``."""
     if observation_format not in OBSERVATION_FORMATS:
         raise ValueError(f"observation format must be one of {OBSERVATION_FORMATS}, got {observation_format!r}")
     if observation_format == "full":
         head = f"<interpreter>\nText Result:\n{text_result}\nImage Result:\n"
     else:
-        head = f"<interpreter>Text Result:\n{text_result}" + ("\nImage Result:\n" if image_labels else "")
+        head = (
+            f"<interpreter>Text Result:\n{text_result}\nImage Result:\n"
+            if image_labels
+            else f"<interpreter>\nText Result:\n{text_result}"
+        )
     content: list[dict[str, Any]] = [{"type": "text", "text": "<tool_response>\n" + head}]
     for label in image_labels:
         content += [

@@ -64,6 +64,8 @@ def main(argv: list[str]) -> None:
     print(f"training {state} step {summary.last_step} (started at step {summary.first_step})")
     print(f"TensorBoard logs: {summary.tensorboard_dir}  (tensorboard --logdir {summary.tensorboard_dir})")
     print(f"checkpoints:      {summary.checkpoint_dir}")
+    if config.algorithm == "grpo" and config.data.val_files:
+        print(f"validation:       {summary.workdir}/validation (TensorBoard: {summary.tensorboard_dir}/validation)")
     print(f"trajectory sample and resolved config: {summary.workdir}")
 
 

@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 INTERPRETER_CLOSE = "</interpreter>"
 ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 ANSWER_OPEN = "<answer>"
+ANSWER_CLOSE = "</answer>"
 BOXED_COMMAND = "\\boxed"
 
 MRA_TOLERANCES_IN_TWENTIETHS = tuple(range(10, 0, -1))
@@ -118,9 +119,14 @@ def _strict_boxed(block: str) -> str | None:
 
 def _released_gate(response: str) -> str | None:
     """The released gate: the FIRST `<answer>\\n\\boxed{X}\\n</answer>` anywhere in the
-    response (a tool output the model's code printed included); X is void when it holds
-    `<interpreter>`, `<answer>` or `\\boxed` (`<answer>\\n\\boxed{A} or \\boxed{B}\\n</answer>`
+    response (a tool output the model's code printed included); nothing when, after the last
+    `</interpreter>`, `<answer>` and `</answer>` occur a different number of times (its format
+    error: `<answer>\\n\\boxed{A}\\n</answer>\\n<answer>` reads nothing); X is void when it
+    holds `<interpreter>`, `<answer>` or `\\boxed` (`<answer>\\n\\boxed{A} or \\boxed{B}\\n</answer>`
     reads "A} or \\boxed{B") or has 1000 characters or more."""
+    final = _final_turn(response)
+    if final.count(ANSWER_OPEN) != final.count(ANSWER_CLOSE):
+        return None
     match = RELEASED_ANSWER.search(response)
     if match is None:
         return None
@@ -140,7 +146,8 @@ def extract_answer(response: str, *, strict: bool = True, gate: str = "last") ->
     last `\\boxed{X}` of the final turn, else the stripped text of the answer block.
     Gate "first_exact" (the released code; `strict` does not apply): the first
     `<answer>\\n\\boxed{X}\\n</answer>` of the whole response, void when X holds another box,
-    answer tag or tool output (`_released_gate`).
+    answer tag or tool output, or when the final turn's answer tags are unbalanced
+    (`_released_gate`).
     """
     if gate not in ANSWER_GATES:
         raise ValueError(f"answer gate {gate!r} must be one of {ANSWER_GATES}")
@@ -153,7 +160,7 @@ def extract_answer(response: str, *, strict: bool = True, gate: str = "last") ->
     if strict:
         return _strict_boxed(blocks[-1]) if blocks else None
     last_open = final.rfind(ANSWER_OPEN)
-    if last_open >= 0 and (not blocks or final.rfind("</answer>") < last_open):
+    if last_open >= 0 and (not blocks or final.rfind(ANSWER_CLOSE) < last_open):
         blocks.append(final[last_open + len(ANSWER_OPEN) :])
     if blocks:
         groups = _boxed_groups(blocks[-1])

@@ -120,3 +120,26 @@ def end_reason_tag(name: str) -> str:
 def param_mean_tag(path: str) -> str:
     """The tag of the mean of the parameter at `path` (as `train.uniform_updates` sees it)."""
     return f"{PARAMS_PREFIX}{path}/mean"
+
+
+VALIDATION_TB_DIR = "validation"
+"""Validation scalars go to WORKDIR/tb/validation (a TensorBoard run of its own beside the
+training run's events), so a rerun rewrites them without touching the trainer's open file."""
+VAL_ACCURACY = "val/accuracy"
+VAL_AVG_AT_K = "val/avg_at_k"
+VAL_PASS_AT_K = "val/pass_at_k"
+VAL_TOOL_CALLS = "val/tool_calls"
+VAL_RESPONSE_LENGTH = "val/response_length"
+VAL_GRADING_FAILURES = "val/grading_failures"
+VAL_ACCURACY_PREFIX = "val/accuracy/"
+VAL_END_REASON_PREFIX = "val/end_reason/"
+
+
+def val_accuracy_tag(data_source: str) -> str:
+    """The validation accuracy of one data source (`val/accuracy/<data_source>`)."""
+    return VAL_ACCURACY_PREFIX + data_source
+
+
+def val_end_reason_tag(name: str) -> str:
+    """The share of validation rollouts that ended for reason `name` (`val/end_reason/<NAME>`)."""
+    return "val/" + end_reason_tag(name)

@@ -29,6 +29,9 @@ from pyvision_jax.train.metric_names import (
     REWARD_ACCURACY,
     REWARD_TOTAL,
     TOOLS_CALLS_PER_TRAJ,
+    VAL_ACCURACY,
+    VAL_RESPONSE_LENGTH,
+    VAL_TOOL_CALLS,
     VERSION_STALENESS_MEAN,
 )
 
@@ -45,6 +48,13 @@ CONSOLE_FIELDS: tuple[tuple[str, str, str], ...] = (
     (PERF_STEP_TIME, "step_s", ".2f"),
     (PERF_ROLLOUT_WAIT, "wait_s", ".2f"),
     (PERF_TOKENS_PER_SEC, "tok/s", ".4g"),
+)
+
+
+VALIDATION_FIELDS: tuple[tuple[str, str, str], ...] = (
+    (VAL_ACCURACY, "acc", ".3f"),
+    (VAL_TOOL_CALLS, "tools", ".2f"),
+    (VAL_RESPONSE_LENGTH, "len", ".0f"),
 )
 
 
@@ -79,6 +89,15 @@ def format_console_line(step: int, scalars: Mapping[str, Any], total_steps: int 
             value = _scalar_value(tag, step, scalars[tag])
             text = format(value, fmt) if math.isfinite(value) else str(value)
             parts.append(f"{label} {text}")
+    return " | ".join(parts)
+
+
+def format_validation_line(step: int, scalars: Mapping[str, Any]) -> str:
+    """One line for a validation, e.g. `validation at step 20 | acc 0.412 | tools 1.84 | len 611`."""
+    parts = [f"validation at step {_checked_step(step)}"]
+    for tag, label, fmt in VALIDATION_FIELDS:
+        if tag in scalars:
+            parts.append(f"{label} {format(_scalar_value(tag, step, scalars[tag]), fmt)}")
     return " | ".join(parts)
 
 

@@ -38,7 +38,7 @@ from pyvision_jax.train.groups import (
     rollout_scalars,
     select_rows,
 )
-from pyvision_jax.train.metrics import format_console_line
+from pyvision_jax.train.metrics import format_console_line, format_validation_line
 from pyvision_jax.train.run_harness import RunHarness, RunSettings, TrainSummary
 from pyvision_jax.train.run_outputs import append_jsonl
 from pyvision_jax.train.source import GroupSource
@@ -52,6 +52,7 @@ from pyvision_jax.train.state import (
     state_shardings,
 )
 from pyvision_jax.train.step import StepConfig, make_train_step
+from pyvision_jax.train.validator import Validator
 
 TRAJECTORY_SAMPLE = "trajectories.jsonl"
 
@@ -90,7 +91,8 @@ class Trainer:
     `model` is the architecture, `param_shapes` its params as ShapeDtypeStructs,
     `load_params(shardings)` the initial params placed as given (called only when no
     checkpoint exists), and `build_source(params)` the `GroupSource` (called once, on process
-    0 alone when there are several processes).
+    0 alone when there are several processes). `validator` (optional, single-process runs)
+    evaluates the params at its steps (`train.validator`).
     """
 
     def __init__(
@@ -105,8 +107,10 @@ class Trainer:
         build_source: Callable[[Any], GroupSource],
         progress: bool = True,
         log: Callable[[str], None] | None = None,
+        validator: Validator | None = None,
     ):
         self.settings = settings
+        self.validator = validator
         self.model_config = model
         self.tokenizer = tokenizer
         self._param_shapes, self._load_params, self._build_source = param_shapes, load_params, build_source
@@ -148,6 +152,8 @@ class Trainer:
             return jax.jit(init, out_shardings=self.shardings)(self._load_params(self.shardings.params))
 
         self.state, cursors = self.harness.restore_or_init(abstract, self.shardings, fresh)
+        if self.validator is not None:
+            self.validator.forget_after(int(self.state.step))
         self.reference = self._reference()
         self.source = self._group_source()
         self.train_step = make_train_step(
@@ -201,6 +207,7 @@ class Trainer:
             try:
                 self._setup()
                 first = int(self.state.step)
+                self._validate(first)  # before training, or what a killed run left unfinished
                 bar = self.harness.progress_bar(first, "train")
                 try:
                     while int(self.state.step) < self.settings.run.steps and not self._stopping():
@@ -314,6 +321,19 @@ class Trainer:
         self._receipts.append(self.source.receipt())
         self._checkpoint(new_step)
         self.source.publish(self.state.params, new_step, final=new_step >= s.run.steps)
+        self._validate(new_step)
+
+    def _validate(self, step: int) -> None:
+        """Validates the params of `step` when the validator has it pending, after a
+        checkpoint of that step is on disk (a run killed meanwhile resumes here and finishes
+        this validation instead of training the step again)."""
+        if self.validator is None or not self.validator.pending(step) or self._stopping():
+            return
+        if step:
+            self._checkpoint(step, force=True)
+            self.checkpoints.wait()
+        scalars = self.validator.validate(self.state.params, step)
+        self.log(format_validation_line(step, scalars))
 
     def _sample_trajectories(self, step: int, pool: Sequence[TrajectoryGroup]) -> None:
         count = self.settings.sample_groups_per_step

@@ -15,12 +15,13 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import ml_collections
 
 from pyvision_jax.agent.engine import Engine
 from pyvision_jax.convert import save_hf
+from pyvision_jax.data.tasks import Task
 from pyvision_jax.eval import policy as policies
 from pyvision_jax.eval.evaluate import EvalSettings, Evaluator
 from pyvision_jax.eval.policy import LoadedPolicy
@@ -136,7 +137,37 @@ def evaluate_checkpoint(
     policy = (
         config_policy(config, progress) if checkpoint is None else load_policy(checkpoint, config, progress=progress)
     )
-    tokenizer = load_tokenizer(config, policy.tokenizer_dir)
+    return evaluate_policy(
+        config,
+        policy,
+        tasks,
+        str(Path(data).absolute()),
+        out_dir,
+        k=k,
+        max_tool_calls=max_tool_calls,
+        progress=progress,
+        engine_factory=engine_factory,
+        sandboxes=sandboxes,
+    )
+
+
+def evaluate_policy(
+    config: ml_collections.ConfigDict,
+    policy: LoadedPolicy,
+    tasks: Sequence[Task],
+    data: str,
+    out_dir: str | os.PathLike,
+    *,
+    k: int | None = None,
+    max_tool_calls: int | None = None,
+    progress: bool = True,
+    engine_factory: EngineFactory | None = None,
+    sandboxes: Any = None,
+    tokenizer: Any = None,
+) -> dict[str, Any]:
+    """Evaluates ``policy`` on ``tasks`` (``data`` names where they came from in
+    results.json) into ``out_dir``; `evaluate_checkpoint` after loading."""
+    tokenizer = tokenizer or load_tokenizer(config, policy.tokenizer_dir)
     engine = (
         engine_factory(config, policy, tokenizer)
         if engine_factory
@@ -151,7 +182,7 @@ def evaluate_checkpoint(
         "checkpoint_kind": policy.kind,
         "skipped_checkpoints": list(policy.skipped),
         "policy_version": policy.version,
-        "data": str(Path(data).absolute()),
+        "data": data,
         "engine_kind": config.rollout.engine,
     }
     own_pool = sandboxes is None
@@ -180,6 +211,7 @@ __all__ = [
     "config_policy",
     "eval_settings",
     "evaluate_checkpoint",
+    "evaluate_policy",
     "jax_engine",
     "load_policy",
     "vllm_eval_engine",

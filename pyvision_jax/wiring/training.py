@@ -26,6 +26,7 @@ from pyvision_jax.wiring.episodes import episode_config, sandbox_pool
 from pyvision_jax.wiring.model import load_model, load_tokenizer, model_config, param_shapes
 from pyvision_jax.wiring.rollouts import group_source
 from pyvision_jax.wiring.settings import grpo_settings, sft_settings, synthetic_sft_settings
+from pyvision_jax.wiring.training_validation import training_validation
 
 
 def build_trainer(
@@ -40,11 +41,14 @@ def build_trainer(
     source: GroupSource | None = None,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
+    validation_engine: Engine | None = None,
 ) -> Trainer:
     """The GRPO `Trainer` of `config` in `workdir`. `model` ((ModelConfig, initial params))
     and `tokenizer` replace what the config would build; `engine`, `sandboxes` and `tasks` go
     to `group_source` (tests pass a scripted engine or a fake sandbox pool); `source`
-    replaces the config's source whole."""
+    replaces the config's source whole. With `data.val_files` the trainer validates during
+    training (`wiring.training_validation`; `validation_engine` and `sandboxes` replace its
+    sampler and pool)."""
     settings = grpo_settings(config)
     settings.run.distributed.initialize()  # before any other JAX call of this process
     workdir = Path(workdir).absolute()
@@ -77,6 +81,9 @@ def build_trainer(
         build_source=build_source,
         progress=progress,
         log=log,
+        validator=training_validation(
+            config, workdir, architecture, tokenizer, engine=validation_engine, sandboxes=sandboxes
+        ),
     )
 
 

@@ -32,6 +32,7 @@ from pyvision_jax.wiring.model import load_tokenizer, model_config
 from pyvision_jax.wiring.rollouts import MODES, queue_config
 from pyvision_jax.wiring.settings import grpo_settings, heldout_config, sft_settings
 from pyvision_jax.wiring.tasks import task_file
+from pyvision_jax.wiring.training_validation import validation_schedule
 
 ALGORITHMS = ("grpo", "sft")
 ARCHITECTURE_KEYS = ("model.preset", "model.hf_dir", "model.param_dtype", "train.freeze_vision")
@@ -154,6 +155,8 @@ def validate_run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) 
             sampling_params(config.rollout)
             scorer_routes(config)
             queue_config(config, max_staleness=config.rollout.max_staleness)
+            if str_tuple(config.data.val_files, "data.val_files"):
+                validation_schedule(config)
     except ConfigError:
         raise
     except (ValueError, TypeError) as error:
@@ -173,6 +176,12 @@ def _check_inputs(
     ]
     if tasks and config.rollout.mode != "external":
         check_prompt_fits(tasks, episode, load_tokenizer(config), "--config.episode.max_total_tokens")
+    validation = [
+        task for path in str_tuple(config.data.val_files, "data.val_files") for task in task_file(config, path)
+    ]
+    if validation:
+        budget = episode_config(config, model, evaluation=True)
+        check_prompt_fits(validation, budget, load_tokenizer(config), "--config.eval.max_total_tokens")
 
 
 def validate_evaluation(

@@ -120,7 +120,7 @@ def test_the_released_positions_together(tokenizer, image_task):
     t, _, _ = run_one(tokenizer, image_task, [BARE, answer_turn()], **RELEASED)
     assert t.end_reason is EndReason.DONE
     assert observation_text(tokenizer, t).startswith(
-        "\n<|im_start|>user\n<tool_response>\n<interpreter>Text Result:\nbare</interpreter>\n\n</tool_response>"
+        "\n<|im_start|>user\n<tool_response>\n<interpreter>\nText Result:\nbare</interpreter>\n\n</tool_response>"
     )
 
 
@@ -134,7 +134,7 @@ def test_the_released_positions_together(tokenizer, image_task):
         ),
         (
             "released",
-            "<interpreter>Text Result:\n7</interpreter>\n\n</tool_response>",
+            "<interpreter>\nText Result:\n7</interpreter>\n\n</tool_response>",
             "<interpreter>Text Result:\ndrawn\nImage Result:\n<image_clue_1><|vision_start|>",
         ),
     ],

@@ -132,6 +132,29 @@ def test_observation_renders_as_a_user_turn_with_the_next_assistant_header(token
     assert renderer.turn_closing_ids == enc(tokenizer, "<|im_end|>\n")
 
 
+def released_observation(text: str, labels: list[int]) -> str:
+    """The released tool's default branch, from its description: a text-only result is
+    `<interpreter>\\nText Result:\\n{out}</interpreter>`; a result with images opens
+    `<interpreter>Text Result:\\n{out}\\nImage Result:\\n`, then each image in its
+    `<image_clue_k>` tags; both inside `<tool_response>\\n` ... `\\n\\n</tool_response>`."""
+    if not labels:
+        return f"<tool_response>\n<interpreter>\nText Result:\n{text}</interpreter>\n\n</tool_response>"
+    images = "".join(f"<image_clue_{k}><image></image_clue_{k}>" for k in labels)
+    return (
+        f"<tool_response>\n<interpreter>Text Result:\n{text}\nImage Result:\n{images}</interpreter>\n\n</tool_response>"
+    )
+
+
+def content_text(content) -> str:
+    return "".join(part["text"] if part["type"] == "text" else "<image>" for part in content)
+
+
+@pytest.mark.parametrize("text", ["", "7", "a\nb", "  padded", "x\n", "<answer>\n\\boxed{A}\n</answer>"])
+@pytest.mark.parametrize("labels", [[], [1], [1, 2], [3, 4, 5], [0]])
+def test_the_released_observation_format_writes_the_released_text(text, labels):
+    assert content_text(observation_content(text, labels, "released")) == released_observation(text, labels)
+
+
 def test_image_count_must_match_the_grids(tokenizer):
     renderer = ChatRenderer(tokenizer)
     with pytest.raises(ValueError, match="2 grids given for <\\|image_pad\\|> but the text has 1"):

@@ -102,7 +102,7 @@ PRINTED = "<interpreter>\nText Result:\n<answer>\n\\boxed{Z}\n</answer>\n</inter
         (TWO_BLOCKS, "B", "A"),
         (TWO_BOXES, None, None),  # released: the shortest match reads "A} or \boxed{B": void
         (RUN_TOGETHER, "B", None),  # released: "A}</answer><answer>\n\boxed{B": void
-        ("<answer>\n\\boxed{A}\n</answer> and <answer>", "A", "A"),
+        ("<answer>\n\\boxed{A}\n</answer> and <answer>", "A", None),  # released: unbalanced tags read nothing
         ("<answer>\\boxed{A}</answer>", "A", None),
         ("<answer>\n\\boxed{ A }\n</answer>", "A", "A"),
         (PRINTED + "<answer>\n\\boxed{A}\n</answer>", "A", "Z"),  # released: the first block, a printed one too

@@ -11,7 +11,9 @@ from configs import (
     shapes_direct_cpu,
     tiny_cpu,
 )
-from pyvision_jax.wiring.validation import validate_run
+from pyvision_jax.data.tasks import write_tasks_jsonl
+from pyvision_jax.wiring.validation import ConfigError, validate_run
+from tests.train.scripted_runs import colour_tasks
 
 
 def flat_keys(config, prefix=""):
@@ -69,3 +71,35 @@ def test_the_toy_configs_are_the_embedded_default_on_their_toy(module, kind, tmp
     validate_run(c, tmp_path / "run")
     c.data.synthetic_kinds = default.data.synthetic_kinds
     assert c.to_dict() == default.to_dict()
+
+
+@pytest.mark.parametrize("module", [pyvision_image_7b, pyvision_video_7b, pyvision_image_7b_v5p8])
+def test_the_7b_configs_validate_like_the_released_script(module):
+    """trainer.test_freq=20 and trainer.val_before_train on data.val_files, greedy, one rollout
+    per task (verl's val_kwargs), as soon as the user names the file."""
+    c = module.get_config()
+    assert tuple(c.data.val_files) == ()
+    assert (c.eval.every_steps, c.eval.before_training, c.eval.val_k, c.eval.val_temperature) == (20, True, 1, 0.0)
+    assert c.eval.val_max_tool_calls == c.episode.max_tool_calls == 4
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("eval.every_steps", -1, "eval.every_steps must be >= 0"),
+        ("eval.before_training", False, "eval.every_steps is 0 and eval.before_training is False"),
+    ],
+)
+def test_a_bad_validation_setting_is_one_line_naming_the_key(tmp_path, key, value, message):
+    write_tasks_jsonl(tmp_path / "val.jsonl", colour_tasks(tmp_path))
+    c = tiny_cpu.get_config()
+    c.data.val_files = (str(tmp_path / "val.jsonl"),)
+    section, name = key.split(".")
+    c[section][name] = value
+    with pytest.raises(ConfigError, match=message):
+        validate_run(c, tmp_path / "run")
+    c.eval.every_steps, c.eval.before_training = 2, True
+    validate_run(c, tmp_path / "run")
+    c.data.val_files = (str(tmp_path / "missing.jsonl"),)
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        validate_run(c, tmp_path / "run")

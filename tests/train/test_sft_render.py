@@ -72,8 +72,8 @@ def test_sft_rendering_matches_the_episode_tokens_of_released_observations(relea
     for trajectory in trajectories:
         text = tokenizer.decode(trajectory.token_ids.tolist())
         shows = sum(turn.num_new_images > 0 for turn in trajectory.turns)
-        assert text.count("Image Result:") == shows and "<interpreter>\n" not in text
-        assert text.count("<interpreter>Text Result:\n") == trajectory.num_tool_calls
+        assert text.count("Image Result:") == shows == text.count("<interpreter>Text Result:\n")
+        assert text.count("<interpreter>\nText Result:\n") == trajectory.num_tool_calls - shows
 
 
 def assert_renders_the_episode_tokens(episodes):
