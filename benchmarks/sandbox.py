@@ -35,6 +35,7 @@ import psutil
 from tqdm import tqdm
 
 from pyvision_jax.agent.sandbox import Sandbox, SandboxConfig, SandboxPool
+from pyvision_jax.agent.sandbox.cgroups import SandboxMemory
 from pyvision_jax.agent.sandbox.fork_server import ForkServer
 from pyvision_jax.agent.sandbox.host_dirs import create_host_dir, remove_host_dir
 from pyvision_jax.agent.sandbox.isolation import isolation_mode
@@ -231,18 +232,19 @@ def bench_start_cpu(config: SandboxConfig, server: ForkServer | None, starts: in
     """(sandbox-side CPU, host-side CPU) of each of `starts` runtime starts, one at a time:
     forked from `server`'s template, or each in a fresh bubblewrap without one."""
     mode, bwrap = isolation_mode(config)
+    memory = SandboxMemory.for_pool(config.memory_bytes)
     sandbox_cpu, host_cpu = [], []
     for _ in tqdm(range(starts), desc="forked starts" if server else "bubblewrap starts"):
         host_dir, owner_lock = server.create_host_dir() if server else create_host_dir()
         (host_dir / "media").mkdir(mode=0o755)
         start = time.process_time()
         if server is not None:
-            runtime = server.start_runtime(host_dir, lambda: False)
+            runtime = server.start_runtime(host_dir, lambda: False, memory)
             assert runtime is not None, "forks are unavailable on this host"
             host_cpu.append(time.process_time() - start)
             sandbox_cpu.append(runtime.fork_cpu_s + tree_cpu_s(runtime.pid))
         else:
-            runtime = RuntimeProcess(config, mode, bwrap, host_dir, lambda: False)
+            runtime = RuntimeProcess(config, mode, bwrap, host_dir, lambda: False, memory)
             host_cpu.append(time.process_time() - start)
             sandbox_cpu.append(tree_cpu_s(runtime.pid))
         runtime.kill()
@@ -273,7 +275,9 @@ def bench_starts(config: SandboxConfig, starts: int, refill_size: int, refill_ro
     try:
         warm_dir, warm_lock = server.create_host_dir()
         (warm_dir / "media").mkdir(mode=0o755)
-        warm = server.start_runtime(warm_dir, lambda: False)  # the template starts here
+        warm = server.start_runtime(
+            warm_dir, lambda: False, SandboxMemory.for_pool(config.memory_bytes)
+        )  # the template starts here
         assert warm is not None, "forks are unavailable on this host"
         warm.kill()
         remove_host_dir(warm_dir, warm_lock)

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import redis
 from PIL import Image
 
 from tests.doc_commands import ROOT, CannotRun, Miniature, doc_commands, miniature_argv
@@ -53,6 +54,7 @@ DYNAMICS = {
     **SHORT,
     "--steps": "1",
     "--eval-every": "1",
+    "--seeds": "0",  # a random-init start allows only config.seed
     "--temperatures": "1.0",
     "--config.eval.heldout_per_kind": "1",
     "--config.eval.heldout_k": "1",
@@ -98,6 +100,11 @@ PLANS: dict[str, Miniature | CannotRun] = {
     "python launch/train.py --config configs/pyvision_image_7b.py --config.model.hf_dir=/models/Qwen2.5-VL-7B-Instruct "
     "--config.grading.judge_url=http://JUDGE_HOST:8000 --config.data.train_files=/data/pyvision_image_rl.jsonl "
     "--workdir /runs/image7b": Miniature(set={**CPU_7B, "--config.train.steps": "1"}, env={"FLEET": "trainer"}),
+    "python launch/train.py --config configs/pyvision_image_7b.py --config.model.hf_dir=/models/Qwen2.5-VL-7B-Instruct "
+    "--config.grading.judge_url=http://JUDGE_HOST:8000 --config.data.train_files=/data/pyvision_image_rl.jsonl "
+    "--config.data.val_files=/data/vstar.jsonl --workdir /runs/image7b": Miniature(
+        set={**CPU_7B, "--config.train.steps": "1", "--config.eval.val_max_batch": "2"}, env={"FLEET": "trainer"}
+    ),
     "python launch/rollout_worker.py --config configs/pyvision_image_7b.py "
     "--config.model.hf_dir=/models/Qwen2.5-VL-7B-Instruct --config.grading.judge_url=http://JUDGE_HOST:8000 "
     "--config.rollout.redis_url=redis://TRAINER_HOST:6379/0 --worker-index 0 --num-workers 4 "
@@ -144,62 +151,62 @@ PLANS: dict[str, Miniature | CannotRun] = {
         }
     ),
     **{
-        command: Miniature(set={**DYNAMICS, "--seeds": seed})
-        for command, seed in (
+        command: Miniature(set={**DYNAMICS, "--variants": variants})
+        for command, variants in (
             (
                 "python benchmarks/reproduce_dynamics.py --workdir /tmp/learning --steps 12 --eval-every 12 --seeds 0 "
                 "--variants full,no_tool_reward,std_norm,arrival_order,turns_2,random_reward,entropy_min "
                 "--config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
-                "0",
+                "full,no_tool_reward",
             ),
             (
                 "python benchmarks/reproduce_dynamics.py --workdir /tmp/learning_seed1 --steps 12 --eval-every 12 "
                 "--seeds 1 --temperatures 1.0 --variants full,no_tool_reward,std_norm,arrival_order,turns_2,"
                 "random_reward,entropy_min --config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
-                "1",
+                "full",
             ),
             (
                 "python benchmarks/reproduce_dynamics.py --workdir /tmp/learning_seed2 --steps 12 --eval-every 12 "
                 "--seeds 2 --temperatures 1.0 --variants full,no_tool_reward --config.eval.heldout_per_kind=48 "
                 "--config.eval.heldout_k=4",
-                "2",
+                "full",
             ),
             (
                 "python benchmarks/reproduce_dynamics.py --workdir /tmp/learning_clip --steps 12 --eval-every 12 "
                 "--seeds 1 --temperatures 1.0 --variants full --config.eval.heldout_per_kind=48 "
                 "--config.eval.heldout_k=4 --config.train.grad_clip=0.3",
-                "1",
+                "full",
             ),
             (
                 "python benchmarks/reproduce_dynamics.py --config configs/shapes_cluttered_cpu.py "
                 "--workdir /tmp/cluttered --steps 12 --eval-every 12 --seeds 0,1 --variants full,no_tool_reward "
                 "--config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
-                "0,1",
+                "full",
             ),
             (
                 "python benchmarks/reproduce_dynamics.py --config configs/shapes_direct_cpu.py --workdir /tmp/direct "
                 "--steps 24 --eval-every 12 --seeds 0 --variants full,no_tool_reward "
                 "--config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
-                "0",
+                "full",
             ),
             (
                 "python benchmarks/reproduce_dynamics.py --config configs/shapes_direct_cpu.py "
                 "--workdir /tmp/direct_k2 --steps 24 --eval-every 12 --seeds 0 --variants full,no_tool_reward "
                 "--config.rl.kl_estimator=k2 --config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
-                "0",
+                "full",
             ),
             (
                 "python benchmarks/reproduce_dynamics.py --config configs/shapes_direct_cpu.py "
                 "--workdir /tmp/direct_s1 --steps 24 --eval-every 12 --seeds 1 --temperatures 1.0 "
                 "--variants full,no_tool_reward --config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
-                "1",
+                "full",
             ),
             (
                 "python benchmarks/reproduce_dynamics.py --config configs/shapes_direct_cpu.py "
                 "--workdir /tmp/direct_lr5 --steps 36 --eval-every 12 --seeds 0,1,2,3,4 --temperatures 1.0 "
                 "--variants full,no_tool_reward --config.train.lr=5e-4 --config.eval.heldout_per_kind=48 "
                 "--config.eval.heldout_k=4",
-                "0,1",
+                "full",
             ),
         )
     },
@@ -231,7 +238,7 @@ PLANS: dict[str, Miniature | CannotRun] = {
             "python benchmarks/train_step.py --rows 2 --length 4096 --steps 3",
             "python benchmarks/train_step.py --rows 8 --length 512",
         ),
-        Miniature(set={"--rows": "1", "--length": "64", "--steps": "1", "--warmup": "1"}),
+        Miniature(set={"--rows": "1", "--length": "256", "--steps": "1", "--warmup": "1"}),
     ),
     **dict.fromkeys(
         (
@@ -405,16 +412,19 @@ def test_the_documented_command_runs_in_miniature(command, world):
 
 @pytest.mark.slow
 def test_the_fleet_commands_train_together(world):
-    """The trainer (external rollouts from Redis) and a rollout worker, as documented, side by side."""
-    fleet = {c.text: all_plans()[c.text] for c in doc_commands() if "FLEET" in getattr(all_plans()[c.text], "env", {})}
+    """Each documented trainer (external rollouts from Redis) beside the documented rollout worker."""
+    plans = all_plans()
+    fleet = {c.text: plans[c.text] for c in doc_commands() if "FLEET" in getattr(plans[c.text], "env", {})}
     trainers = [text for text, plan in fleet.items() if plan.env["FLEET"] == "trainer"]
     workers = [text for text, plan in fleet.items() if plan.env["FLEET"] == "worker"]
-    assert trainers and workers
-    for trainer, worker in zip(trainers, workers):
-        url = f"redis://{world['hosts']['TRAINER_HOST:6379']}/0"
-        trainer_argv = argv_for(trainer, all_plans()[trainer], world) + [f"--config.rollout.redis_url={url}"]
-        worker_argv = argv_for(worker, all_plans()[worker], world)
-        shutil.rmtree(world["scratch"] / "runs" / "image7b", ignore_errors=True)
+    assert len(trainers) >= 2 and workers
+    url = f"redis://{world['hosts']['TRAINER_HOST:6379']}/0"
+    for trainer in trainers:
+        redis.Redis.from_url(url).flushall()
+        for stale in ("runs/image7b", "shared/rollout"):
+            shutil.rmtree(world["scratch"] / stale, ignore_errors=True)
+        trainer_argv = argv_for(trainer, plans[trainer], world) + [f"--config.rollout.redis_url={url}"]
+        worker_argv = argv_for(workers[0], plans[workers[0]], world)
         background = subprocess.Popen(
             worker_argv, cwd=ROOT, env=world["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
         )
