@@ -60,15 +60,14 @@ class MediaFiles:
         digest = hashlib.sha256(png).hexdigest()[:32]
         if digest in self._stored:
             return self._stored[digest]
-        with Image.open(io.BytesIO(png)) as image:
+        with Image.open(io.BytesIO(png)) as image:  # reads the size only, unless a preview is made
             fits = max(image.size) <= self.preview_side
-            data = png if fits else _jpeg_preview(image, self.preview_side)
-        name = f"{digest}.{'png' if fits else 'jpg'}"
-        path = self.directory / name
-        if not path.is_file():
-            self.directory.mkdir(parents=True, exist_ok=True)
-            with _atomic_file(path, "wb") as f:
-                f.write(data)
+            name = f"{digest}.{'png' if fits else 'jpg'}"
+            path = self.directory / name
+            if not path.is_file():
+                self.directory.mkdir(parents=True, exist_ok=True)
+                with _atomic_file(path, "wb") as f:
+                    f.write(png if fits else _jpeg_preview(image, self.preview_side))
         self._stored[digest] = f"{MEDIA_DIR}/{name}"
         return self._stored[digest]
 
