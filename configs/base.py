@@ -227,7 +227,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.max_new_tokens_per_turn = 32
     c.eval.max_total_tokens = 1024
     c.eval.tasks_per_batch = 0  # tasks run together (0: enough to fill episode.max_concurrent)
-    c.eval.report_rollouts_per_task = 0  # trajectories per task in report.html (0: all)
+    c.eval.report_rollouts_per_task = 4  # trajectories per task in report.html (0: all; pyvision-eval --report-all)
     c.eval.heldout_per_kind = 0  # launch/train.py: held-out accuracy before and after training (0: off)
     c.eval.heldout_seed = 4242  # synthetic seed of the held-out tasks (never a training seed)
     c.eval.heldout_k = 2  # rollouts per held-out task

@@ -14,7 +14,8 @@ bash scripts/install_fleet.sh cpu || exit 1
 .venv/bin/ruff format --check . || exit 1
 .venv/bin/python scripts/check_install_matrix.py || exit 1
 
-VLLM_TESTS=(tests/rollout/test_vllm_engine.py tests/rollout/test_fleet_environment.py tests/grading/test_judge_vllm.py)
+VLLM_TESTS=(tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_export.py tests/rollout/test_fleet_environment.py
+  tests/grading/test_judge_vllm.py)
 ignores=()
 for file in "${VLLM_TESTS[@]}"; do ignores+=("--ignore=$file"); done
 status=0

@@ -2,9 +2,13 @@
 
   pyvision-convert hf2flax --src HF_DIR --dst DIR   # orbax params + config.json
   pyvision-convert flax2hf --src DIR --dst HF_DIR   # safetensors shards + index + config.json
+  pyvision-convert flax2hf --src WORKDIR --dst HF_DIR --dtype bfloat16   # a training run
 
 Tokenizer and other side files of the HF directory travel along (DIR/hf_files/) so that the
-exported directory is complete for transformers and vLLM.
+exported directory is complete for transformers and vLLM. A training checkpoint (a GRPO or
+SFT workdir, its checkpoints/ directory or one step directory) exports the params of its
+newest readable step, with config.json, tokenizer, chat template, generation and processor
+configs of the model the run started from (model.hf_dir in WORKDIR/config.json).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from pyvision_jax.convert import (
     save_params,
     side_files,
 )
+from pyvision_jax.eval.policy import detect_checkpoint_kind
+from pyvision_jax.wiring.export import export_training_checkpoint
 
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -54,7 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     to_flax.add_argument("--dst", required=True, help="output directory: params/ (orbax) + config.json")
 
     to_hf = commands.add_parser("flax2hf", parents=[common], help="Flax params checkpoint -> HF safetensors directory")
-    to_hf.add_argument("--src", required=True, help="directory written by hf2flax or the trainer's params export")
+    to_hf.add_argument(
+        "--src",
+        required=True,
+        help="params checkpoint (written by hf2flax) or training checkpoint (a workdir, its checkpoints/ or one step)",
+    )
     to_hf.add_argument("--dst", required=True, help="output HF directory")
     to_hf.add_argument(
         "--max-shard-size",
@@ -81,6 +91,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "hf2flax":
             config, params = load_hf(args.src, dtype=args.dtype, progress=not args.quiet)
             out = save_params(config, params, args.dst, extra_files=side_files(args.src), overwrite=args.overwrite)
+        elif detect_checkpoint_kind(args.src) == "train":
+            export = export_training_checkpoint(
+                args.src,
+                args.dst,
+                dtype=args.dtype,
+                max_shard_bytes=args.max_shard_size,
+                overwrite=args.overwrite,
+                progress=not args.quiet,
+            )
+            print(f"wrote {export.out_dir} (step {export.step} of {export.step_dir.parent})")
+            return 0
         else:
             config, params = load_params(args.src, dtype=args.dtype)
             out = save_hf(

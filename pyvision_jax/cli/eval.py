@@ -12,9 +12,10 @@
         --data /tmp/pyvision_tiny/tasks/counting.jsonl --k 4 --out /tmp/pyvision_tiny_eval
 
 A params checkpoint written by ``pyvision-convert hf2flax`` works the same way. The output
-directory gets results.json, trajectories.jsonl and report.html; rerunning the same command
-skips the tasks already finished there. Override any config field with --config.x=y, e.g.
---config.rollout.max_batch=16 --config.eval.temperature=0.6.
+directory gets results.json, trajectories.jsonl, media/ (each distinct image once) and
+report.html (up to eval.report_rollouts_per_task rollouts of each task; --report-all shows every
+one); rerunning the same command skips the tasks already finished there. Override any config
+field with --config.x=y, e.g. --config.rollout.max_batch=16 --config.eval.temperature=0.6.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ _K = flags.DEFINE_integer("k", None, "Rollouts per task (default: config eval.k)
 _MAX_TOOL_CALLS = flags.DEFINE_integer(
     "max-tool-calls", None, "Tool-call budget per episode (default: config eval.max_tool_calls)."
 )
+_REPORT_ALL = flags.DEFINE_bool(
+    "report-all",
+    False,
+    "Show every rollout of each task in report.html (default: config eval.report_rollouts_per_task).",
+)
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show progress bars.")
 
 PROGRAM = "pyvision-eval"
@@ -69,6 +75,8 @@ def main(argv: list[str]) -> None:
             raise app.UsageError(f"{name} is required")
     with bad_input_exits(PROGRAM):
         validation.validate_evaluation(_CONFIG.value, _DATA.value, _CHECKPOINT.value)
+    if _REPORT_ALL.value:
+        _CONFIG.value.eval.report_rollouts_per_task = 0
     with failed_writes_exit(PROGRAM):
         results = evaluation.evaluate_checkpoint(
             _CONFIG.value,

@@ -9,6 +9,7 @@ is read; on export each layer of a leaf is fetched on its own and written in row
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -308,6 +309,31 @@ def check_destination(
     return out_dir, extra
 
 
+def exported_config(config: ModelConfig, source_dir: str | os.PathLike) -> dict[str, Any]:
+    """The config.json of ``source_dir`` (the model a run started from) as an export's
+    config.json: every key kept, after checking that it describes ``config``'s architecture."""
+    source_config = read_hf_config(Path(source_dir))
+    source = str(Path(source_dir) / CONFIG_FILE)
+    described = ModelConfig.from_hf_dict(source_config, source=source).replace(attention=config.attention)
+    if described != config:
+        differing = [
+            f.name for f in dataclasses.fields(config) if getattr(described, f.name) != getattr(config, f.name)
+        ]
+        raise ValueError(f"{source} describes another architecture than the params (differing: {', '.join(differing)})")
+    return source_config
+
+
+def _set_dtype(hf_config: dict[str, Any], dtype_name: str) -> None:
+    """Records the stored dtype under ``torch_dtype`` and under every dtype key already there
+    (transformers v5 writes ``dtype``, nested configs their own)."""
+    hf_config["torch_dtype"] = dtype_name
+    for holder in (hf_config, hf_config.get("text_config"), hf_config.get("vision_config")):
+        if isinstance(holder, dict):
+            for key in ("dtype", "torch_dtype"):
+                if key in holder:
+                    holder[key] = dtype_name
+
+
 def save_hf(
     config: ModelConfig,
     params: Mapping,
@@ -317,19 +343,24 @@ def save_hf(
     overwrite: bool = False,
     extra_files: Iterable[str | os.PathLike] = (),
     progress: bool = True,
+    config_from: str | os.PathLike | None = None,
 ) -> Path:
     """Writes ``params`` as a Hub-layout HF checkpoint directory and returns its path.
 
     Shards named like transformers' (``model-00001-of-00003.safetensors`` + index, or a single
-    ``model.safetensors``), ``config.json`` from ``config.to_hf_dict()`` with the stored dtype,
-    and ``extra_files`` (tokenizer, chat template, ...) copied beside them. Everything is
+    ``model.safetensors``), ``config.json`` with the stored dtype, and ``extra_files``
+    (tokenizer, chat template, ...) copied beside them. config.json is that of the HF directory
+    ``config_from`` with all its keys when given (the model the params were trained from; it
+    must describe ``config``'s architecture), else ``config.to_hf_dict()``. Everything is
     written into a temporary sibling directory that is renamed into place at the end, so a
     crash never leaves a half-written ``out_dir``. ``dtype`` casts on export.
     """
     out_dir, extra = check_destination(out_dir, extra_files, overwrite)
     target = None if dtype is None else np.dtype(jnp.dtype(dtype))
     hf_config, specs = _export_specs(config, params, target)
-    hf_config["torch_dtype"] = _config_dtype(specs)
+    if config_from is not None:
+        hf_config = exported_config(config, config_from)
+    _set_dtype(hf_config, _config_dtype(specs))
     shards = _plan_shards(specs, max_shard_bytes)
     file_names = (
         [SINGLE_FILE]

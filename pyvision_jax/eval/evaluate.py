@@ -6,9 +6,10 @@ what it measures is exactly the episode the trainer runs, with the evaluation bu
 Outputs in ``out_dir``:
 - ``trajectories.jsonl``: one line per rollout (``records.trajectory_record``), the k lines
   of a task appended together with one write as soon as the task is done;
+- ``media/``: the records' images, one file per distinct image (a task's image once);
 - ``results.json``: settings (seeds included), metrics (``metrics.summarize``), progress and
   wall time; rewritten atomically after every task;
-- ``report.html``: the self-contained trajectory viewer (``report.write_report``);
+- ``report.html``: the trajectory viewer (``report.write_report``), its images in ``media/``;
 - ``settings.json``: what a resumed run must agree with.
 
 Resuming: a rerun with the same out_dir reads trajectories.jsonl, keeps the tasks whose k
@@ -42,8 +43,10 @@ from pyvision_jax.eval.records import (
     RESULTS_FILE,
     SETTINGS_FILE,
     TRAJECTORIES_FILE,
+    MediaFiles,
     append_jsonl,
-    read_finished,
+    finished_tasks,
+    iter_finished,
     rewrite_jsonl,
     trajectory_record,
     write_json_atomic,
@@ -199,19 +202,19 @@ class Evaluator:
         self._check_settings(out_dir)
         jsonl = out_dir / TRAJECTORIES_FILE
         k = self.settings.k
-        finished, dirty = read_finished(jsonl, k)
+        _, dirty = finished_tasks(jsonl, k)
         if dirty:
-            rewrite_jsonl(jsonl, [r for records in finished.values() for r in records])
+            rewrite_jsonl(jsonl, (r for records in iter_finished(jsonl, k) for r in records))
         previous_wall = 0.0
         if (out_dir / RESULTS_FILE).is_file():
             previous_wall = float(json.loads((out_dir / RESULTS_FILE).read_text()).get("wall_time_s_all_runs", 0.0))
         known = set(ids)
         outcomes = {
-            task_id: [metrics.RolloutOutcome.from_record(r) for r in task_records]
-            for task_id, task_records in finished.items()
-            if task_id in known
+            records[0]["task_id"]: [metrics.RolloutOutcome.from_record(r) for r in records]
+            for records in iter_finished(jsonl, k)
+            if records[0]["task_id"] in known
         }
-        del finished  # records carry images; only the outcomes stay in memory
+        media = MediaFiles(out_dir)
         todo = [t for t in tasks if t.id not in outcomes]
         skipped = len(tasks) - len(todo)
 
@@ -240,7 +243,7 @@ class Evaluator:
                 chunk = todo[first : first + step]
                 trajectories = self.runner.run_trajectories([(task, i) for task in chunk for i in range(k)])
                 for n, task in enumerate(chunk):
-                    task_records = self._score_task(task, trajectories[n * k : (n + 1) * k])
+                    task_records = self._score_task(task, trajectories[n * k : (n + 1) * k], media)
                     append_jsonl(jsonl, task_records)
                     outcomes[task.id] = [metrics.RolloutOutcome.from_record(r) for r in task_records]
                     bar.update(1)
@@ -255,12 +258,12 @@ class Evaluator:
             write_report(out_dir, self.settings.report_rollouts_per_task or None)
         return final
 
-    def _score_task(self, task: Task, trajectories: Sequence[Trajectory]) -> list[dict[str, Any]]:
+    def _score_task(self, task: Task, trajectories: Sequence[Trajectory], media: MediaFiles) -> list[dict[str, Any]]:
         if [t.task_id for t in trajectories] != [task.id] * self.settings.k:
             raise RuntimeError(f"task {task.id}: the episode runner returned {[t.task_id for t in trajectories]}")
         uniform = uniform_video_tokens(task, self.episode.patch_size, self.episode.merge_size, self.temporal_patch_size)
         graded = grade_trajectories([(t, task) for t in trajectories], self.tokenizer, self.routes)
         return [
-            trajectory_record(task, t, g.score, self.tokenizer, uniform, grading_failed=g.broken)
+            trajectory_record(task, t, g.score, self.tokenizer, uniform, grading_failed=g.broken, media=media)
             for t, g in zip(trajectories, graded)
         ]

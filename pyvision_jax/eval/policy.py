@@ -100,15 +100,21 @@ ModelFor = Callable[[dict[str, Any] | None], ModelConfig]
 from the evaluation's own config when there is none (None)."""
 
 
-def _train_model_config(step_dir: Path, model_for: ModelFor) -> ModelConfig:
-    """The trainer's resolved config beside its checkpoints wins over the evaluation config."""
-    for parent in step_dir.parents:
+def run_config(step_dir: str | Path) -> dict[str, Any] | None:
+    """The resolved config.json of the run whose checkpoint ``step_dir`` is (a dict with a
+    ``model`` section), or None when no run config lies above it."""
+    for parent in Path(step_dir).absolute().parents:
         resolved = parent / _RESOLVED_TRAIN_CONFIG
         if resolved.is_file() and (parent / _TRAIN_SUBDIR).is_dir():
             data = json.loads(resolved.read_text())
             if isinstance(data, dict) and isinstance(data.get("model"), dict):
-                return model_for(data)
-    return model_for(None)
+                return data
+    return None
+
+
+def _train_model_config(step_dir: Path, model_for: ModelFor) -> ModelConfig:
+    """The trainer's resolved config beside its checkpoints wins over the evaluation config."""
+    return model_for(run_config(step_dir))
 
 
 def _restore_train_params(step_dir: Path, model_config: ModelConfig, dtype: Any = None) -> Any:

@@ -1,5 +1,9 @@
-"""The evaluation report: one self-contained HTML file (inline CSS and JS, images as data:
-URIs) built from results.json and trajectories.jsonl.
+"""The evaluation report: one HTML file (inline CSS and JS) built from results.json and
+trajectories.jsonl, its images the files of ``media/`` beside it (records of older
+evaluations embed theirs, shown as data: URIs). It is written trajectory by trajectory as the
+records are read, so neither the page nor the records are ever whole in memory; at most
+``max_rollouts_per_task`` rollouts of each task are shown (a correct and a wrong one among
+them when the task has both), every one when it is None.
 
 Summary tables first (scores, per data source, tool calls, end reasons, video token
 efficiency), the first three with an inline SVG bar chart beside them (``report_charts``),
@@ -10,22 +14,32 @@ fragment like ``#correct=1&source=vstar`` presets them (shareable links).
 
 Model-written text is hostile: every piece of it is HTML-escaped and placed in element
 content or quoted attributes only; the script never reads or evaluates it. The script
-records its own errors (``window.onerror``) in ``#js-errors`` and writes the number of
-trajectories it indexed in ``#js-status``, so a headless browser can check the page.
+records its own errors (``window.onerror``) in ``#js-errors``, writes the number of
+trajectories it indexed in ``#js-status`` and, once the page has loaded, the number of images
+and of those that failed to load in ``#js-images``, so a headless browser can check the page.
 """
 
 from __future__ import annotations
 
 import html
+import io
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, TextIO
 
-from pyvision_jax.eval.records import REPORT_FILE, RESULTS_FILE, TRAJECTORIES_FILE, read_finished, write_text_atomic
+from pyvision_jax.eval.records import (
+    MEDIA_DIR,
+    REPORT_FILE,
+    RESULTS_FILE,
+    TRAJECTORIES_FILE,
+    atomic_text_file,
+    iter_finished,
+)
 from pyvision_jax.eval.report_charts import accuracy_chart, end_reasons_chart, tool_calls_chart
 
 _BASE64 = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
+_MEDIA_FILE = re.compile(rf"^{MEDIA_DIR}/[0-9a-f]{{32}}\.(png|jpg)$")
 _CODE_BLOCK = re.compile(r"<code>.*?</code>", re.DOTALL)
 
 _CSS = """
@@ -74,6 +88,7 @@ _JS = """
       if (ok) { shown += 1; }
     }
     document.getElementById('shown-count').textContent = String(shown);
+    document.getElementById('total-count').textContent = String(items.length);
     return items.length;
   }
   function fromHash() {
@@ -88,6 +103,14 @@ _JS = """
       if (select) { select.value = value; }
     }
   }
+  window.addEventListener('load', function () {
+    var broken = 0;
+    for (var i = 0; i < document.images.length; i++) {
+      if (!document.images[i].complete || document.images[i].naturalWidth === 0) { broken += 1; }
+    }
+    document.getElementById('js-images').textContent =
+      'images ' + document.images.length + ' broken ' + broken;
+  });
   document.getElementById('filter-correct').addEventListener('change', apply);
   document.getElementById('filter-source').addEventListener('change', apply);
   window.addEventListener('hashchange', function () { fromHash(); apply(); });
@@ -115,11 +138,17 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 
 def _image(image: Mapping[str, Any]) -> str:
-    data = str(image.get("png_base64", ""))
-    if not _BASE64.match(data):
-        return '<span class="error">[image data not valid base64]</span>'
     title = f"image_clue_{image.get('label')} ({image.get('num_tokens')} tokens)"
-    return f'<img alt="{_e(title)}" title="{_e(title)}" src="data:image/png;base64,{data}">'
+    if "file" in image:
+        source = str(image["file"])
+        if not _MEDIA_FILE.match(source):
+            return '<span class="error">[image file not in media/]</span>'
+    else:
+        data = str(image.get("png_base64", ""))
+        if not _BASE64.match(data):
+            return '<span class="error">[image data not valid base64]</span>'
+        source = f"data:image/png;base64,{data}"
+    return f'<img alt="{_e(title)}" title="{_e(title)}" src="{source}">'
 
 
 def _with_chart(table: str, chart: str) -> str:
@@ -279,48 +308,87 @@ def _trajectory(record: Mapping[str, Any], number: int) -> str:
     return "\n".join(parts)
 
 
-def render_report(
-    results: Mapping[str, Any], records: Sequence[Mapping[str, Any]], title: str = "pyvision_jax evaluation"
-) -> str:
-    """The report page for ``results`` (results.json) and trajectory ``records``."""
-    sources = sorted({str(r.get("data_source")) for r in records})
-    source_options = "".join(f'<option value="{_e(s)}">{_e(s)}</option>' for s in sources)
-    body = "\n".join(_trajectory(r, i) for i, r in enumerate(records))
+def shown_rollouts(records: Sequence[Mapping[str, Any]], cap: int | None) -> list[Mapping[str, Any]]:
+    """The first ``cap`` records of a task (all when None); when two or more are shown, all
+    correct or all wrong, and the task has both, the last is swapped for the first of the other."""
+    shown = list(records[:cap])
+    if len(records) > len(shown) >= 2:
+        kinds = {bool(r.get("correct")) for r in shown}
+        other = next((r for r in records[len(shown) :] if bool(r.get("correct")) not in kinds), None)
+        if len(kinds) == 1 and other is not None:
+            shown[-1] = other
+    return shown
+
+
+def _head(results: Mapping[str, Any], sources: Iterable[str], cap: int | None, title: str) -> str:
+    source_options = "".join(f'<option value="{_e(s)}">{_e(s)}</option>' for s in sorted(sources))
+    k = results.get("settings", {}).get("k")
+    capped = (
+        f"<p>Showing up to {_e(cap)} of the {_e(k)} rollouts of each task, a correct and a wrong one among "
+        f"them where the task has both (<code>pyvision-eval --report-all</code> shows every one).</p>"
+        if cap is not None and isinstance(k, int) and k > cap
+        else ""
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy"
-      content="default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
+      content="default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
 <title>{_e(title)}</title><style>{_CSS}</style></head>
 <body>
 <h1>{_e(title)}</h1>
 <div id="js-errors" class="error"></div>
 {_summary(results)}
 <h2>Trajectories</h2>
+{capped}
 <div id="filters">
  <label>correctness <select id="filter-correct"><option value="all">all</option>
  <option value="1">correct</option><option value="0">wrong</option></select></label>
  <label>data source <select id="filter-source"><option value="">all</option>{source_options}</select></label>
- <span>shown: <span id="shown-count">{len(records)}</span> / {len(records)}</span>
- <span id="js-status"></span>
+ <span>shown: <span id="shown-count"></span> / <span id="total-count"></span></span>
+ <span id="js-status"></span> <span id="js-images"></span>
 </div>
-{body}
-<script>{_JS}</script>
-</body></html>
 """
 
 
+def write_page(
+    stream: TextIO,
+    results: Mapping[str, Any],
+    tasks: Iterable[Sequence[Mapping[str, Any]]],
+    sources: Iterable[str],
+    max_rollouts_per_task: int | None = None,
+    title: str = "pyvision_jax evaluation",
+) -> int:
+    """Writes the report page to ``stream``: the summary of ``results``, then the shown
+    rollouts of each task's records as they come, offering ``sources`` in the source filter;
+    returns the number of trajectories written."""
+    stream.write(_head(results, sources, max_rollouts_per_task, title))
+    number = 0
+    for records in tasks:
+        for record in shown_rollouts(records, max_rollouts_per_task):
+            stream.write(_trajectory(record, number) + "\n")
+            number += 1
+    stream.write(f"<script>{_JS}</script>\n</body></html>\n")
+    return number
+
+
+def render_report(
+    results: Mapping[str, Any], records: Sequence[Mapping[str, Any]], title: str = "pyvision_jax evaluation"
+) -> str:
+    """The report page for ``results`` (results.json) and every one of the trajectory ``records``."""
+    page = io.StringIO()
+    write_page(page, results, [[r] for r in records], {str(r.get("data_source")) for r in records}, title=title)
+    return page.getvalue()
+
+
 def write_report(out_dir: str | Path, max_rollouts_per_task: int | None = None) -> Path:
-    """Writes ``out_dir/report.html`` from the results and trajectories there (atomically);
-    ``max_rollouts_per_task`` keeps the page small for large k."""
+    """Writes ``out_dir/report.html`` from the results and trajectories there (atomically,
+    streaming the records); ``max_rollouts_per_task`` keeps the page small for large k."""
     out_dir = Path(out_dir)
     results = json.loads((out_dir / RESULTS_FILE).read_text())
     k = int(results.get("settings", {}).get("k", 1))
-    records = []
     jsonl = out_dir / TRAJECTORIES_FILE
-    if jsonl.is_file():
-        finished, _ = read_finished(jsonl, k)
-        for task_records in finished.values():
-            records.extend(task_records[:max_rollouts_per_task])
+    tasks = iter_finished(jsonl, k) if jsonl.is_file() else iter(())
     path = out_dir / REPORT_FILE
-    write_text_atomic(path, render_report(results, records))
+    with atomic_text_file(path) as stream:
+        write_page(stream, results, tasks, results.get("per_data_source", {}), max_rollouts_per_task)
     return path

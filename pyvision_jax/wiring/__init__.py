@@ -11,6 +11,7 @@ rollout workers). Each module owns one concern:
 - `settings`: the typed settings of the training loops and of held-out evaluation.
 - `training`: GRPO and SFT runs.
 - `evaluation`: evaluating a checkpoint on a task file.
+- `export`: a training checkpoint as a Hugging Face directory (`pyvision-convert flax2hf`).
 - `heldout`: held-out accuracy before and after training.
 - `dynamics_runs`: the ablation variants' runs, each evaluated on the validation and held-out sets.
 - `baselines`: the validation and held-out sets and the fixed-temperature baselines of the start.

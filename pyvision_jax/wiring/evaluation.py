@@ -5,8 +5,8 @@ architecture of training checkpoints), ``episode.*`` (image budgets, error handl
 concurrency), ``sandbox.*``, ``rollout.*`` (engine kind, JAX engine shapes) and ``eval.*``:
 ``k``, ``max_tool_calls``, ``max_new_tokens_per_turn``, ``max_total_tokens`` (they replace
 the episode budgets), ``seed``, ``temperature``, ``top_p``, ``top_k``, ``tasks_per_batch``
-(0: fill ``episode.max_concurrent``), ``report_rollouts_per_task`` (0: every rollout in
-report.html).
+(0: fill ``episode.max_concurrent``), ``report_rollouts_per_task`` (rollouts of each task
+in report.html; 0: every one).
 """
 
 from __future__ import annotations

@@ -260,3 +260,20 @@ def test_tensor_the_index_promises_but_the_shard_lacks_is_named(hf_dir, tmp_path
         f"{lost} (model.safetensors.index.json places it in model-00001-of-00001.safetensors)"
     ]
     assert not info.value.unexpected and not info.value.mis_shaped
+
+
+def test_config_from_keeps_the_source_keys_and_refuses_another_architecture(hf_dir, tmp_path):
+    config, params = _load(hf_dir)
+    out = save_hf(config, params, tmp_path / "export", dtype="bfloat16", config_from=hf_dir, progress=False)
+    source = json.loads((hf_dir / "config.json").read_text())
+    written = json.loads((out / "config.json").read_text())
+    assert written["transformers_version"] == source["transformers_version"]
+    assert written["torch_dtype"] == "bfloat16" and written["text_config"] == source["text_config"] | {
+        k: "bfloat16" for k in ("dtype", "torch_dtype") if k in source["text_config"]
+    }
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps(config.replace(vocab_size=4096).to_hf_dict()))
+    with pytest.raises(ValueError, match=r"other/config.json describes another architecture .*vocab_size"):
+        save_hf(config, params, tmp_path / "refused", config_from=other, progress=False)
+    assert not (tmp_path / "refused").exists()

@@ -91,3 +91,13 @@ def test_missing_required_flags_are_named(tmp_path):
     done, call = launch(tmp_path, "--checkpoint", "/ckpt", "--out", "/out")
     assert done.returncode != 0 and call is None
     assert "--data is required" in done.stderr
+
+
+def test_report_all_shows_every_rollout_whatever_the_config_says(tmp_path):
+    common = ["--config", str(ROOT / "configs" / "tiny_cpu.py"), "--data", "/d.jsonl", "--out", "/o", "--noprogress"]
+    done, call = launch(tmp_path, *common, "--config.eval.report_rollouts_per_task=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert call["settings"]["report_rollouts_per_task"] == 2
+    done, call = launch(tmp_path, *common, "--config.eval.report_rollouts_per_task=2", "--report-all")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert call["settings"]["report_rollouts_per_task"] == 0

@@ -2,6 +2,7 @@
 hostile model text inert, filters working, the summary charts drawn with the results' values."""
 
 import html
+import io
 import json
 import re
 import shutil
@@ -12,8 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pyvision_jax.eval.records import REPORT_FILE, RESULTS_FILE, TRAJECTORIES_FILE
-from pyvision_jax.eval.report import render_report, write_report
+from pyvision_jax.eval.records import MEDIA_DIR, REPORT_FILE, RESULTS_FILE, TRAJECTORIES_FILE
+from pyvision_jax.eval.report import render_report, shown_rollouts, write_page, write_report
 from pyvision_jax.eval.report_charts import ACCURACY_COLOUR, DONE_COLOUR, OTHER_END_COLOUR, TOOL_CALLS_COLOUR
 from tests.eval.scripted_benchmark import HOSTILE, run_scripted_evaluation
 
@@ -102,9 +103,21 @@ def test_report_loads_in_chromium_and_shows_every_trajectory(dom):
     assert sections.count("correct") == 4 and sections.count("wrong") == 4
     for task_id in ("mc-1", "num-1", "vid-1", "mc-2"):
         assert len(re.findall(rf"<b>{task_id}</b> rollout [01]<", dom)) == 2
-    # task images (3 image tasks x 2) + code images (1 + 2): all inline, nothing fetched
-    assert dom.count('src="data:image/png;base64,') == 6 + 3
-    assert not re.search(r'(src|href)="(?!data:)', dom)
+    # task images (3 image tasks x 2) + code images (1 + 2), all files of media/ that load
+    assert len(re.findall(r'src="media/[0-9a-f]{32}\.png"', dom)) == 6 + 3
+    assert not re.search(r'(src|href)="(?!media/)', dom)
+    assert element_text(dom, "js-images") == "images 9 broken 0"
+
+
+def test_each_image_is_stored_once_beside_the_report(report):
+    records = [json.loads(line) for line in (report.parent / TRAJECTORIES_FILE).read_text().splitlines()]
+    task_files = {r["task_id"]: {im["file"] for im in r["images"] if im["source"] == "task"} for r in records}
+    assert all("png_base64" not in im for r in records for im in r["images"])
+    assert len(task_files) == 4 and sum(len(files) for files in task_files.values()) == 3  # one per image task
+    referenced = {im["file"] for r in records for im in r["images"]}
+    assert sorted(f"media/{p.name}" for p in (report.parent / MEDIA_DIR).iterdir()) == sorted(referenced)
+    for file in referenced:
+        assert Image.open(report.parent / file).format == "PNG"
 
 
 def test_hostile_model_text_is_shown_but_never_runs(dom):
@@ -184,6 +197,33 @@ def test_report_can_show_fewer_rollouts_per_task(report, tmp_path):
         ("vid-1", "0"),
         ("mc-2", "0"),
     ]
+
+
+def test_a_capped_task_shows_a_correct_and_a_wrong_rollout_when_it_has_both():
+    def task(*correct):
+        return [{"rollout_index": i, "correct": c} for i, c in enumerate(correct)]
+
+    def shown(records, cap):
+        return [r["rollout_index"] for r in shown_rollouts(records, cap)]
+
+    assert shown(task(True, True, True, False, True), 3) == [0, 1, 3]
+    assert shown(task(False, False, True, True), 2) == [0, 2]
+    assert shown(task(True, False, True, True), 2) == [0, 1]
+    assert shown(task(True, True, True), 2) == [0, 1]
+    assert shown(task(True, True, False), 1) == [0]
+    assert shown(task(True, True, False), None) == [0, 1, 2]
+
+
+def test_a_capped_page_says_so_and_an_old_record_with_embedded_images_still_shows(report, tmp_path):
+    results = json.loads((report.parent / RESULTS_FILE).read_text())
+    old = {"task_id": "t", "correct": True, "images": [{"label": 0, "source": "task", "png_base64": "iVBORw0KGgo="}]}
+    page = io.StringIO()
+    assert write_page(page, results, [[old, old, old]], ["src_a"], max_rollouts_per_task=1) == 1
+    assert "Showing up to 1 of the 2 rollouts of each task" in page.getvalue()
+    assert 'src="data:image/png;base64,iVBORw0KGgo="' in page.getvalue()
+    assert "Showing up to" not in render_report(results, [old])
+    forged = {"images": [{"label": 0, "source": "task", "file": "../../etc/passwd"}]}
+    assert "[image file not in media/]" in render_report(results, [forged])
 
 
 def test_charts_draw_the_results_on_their_axes(report):

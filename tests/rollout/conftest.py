@@ -10,7 +10,7 @@ from tests.rollout.redis_server import RedisServer
 # The vLLM engine tests belong to the fleet environment (.venv-vllm), where scripts/test.sh
 # runs them (and fails if none is collected); an environment without vllm leaves them out.
 if importlib.util.find_spec("vllm") is None:
-    collect_ignore = ["test_vllm_engine.py", "test_fleet_environment.py"]
+    collect_ignore = ["test_vllm_engine.py", "test_vllm_export.py", "test_fleet_environment.py"]
 
 
 @pytest.fixture(scope="session")

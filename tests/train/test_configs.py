@@ -43,7 +43,7 @@ def test_eval_and_worker_keys_have_the_documented_defaults(module):
         c.episode.max_total_tokens,
     )
     assert (c.eval.seed, c.eval.top_p, c.eval.top_k) == (c.seed, c.rollout.top_p, c.rollout.top_k)
-    assert (c.eval.tasks_per_batch, c.eval.report_rollouts_per_task) == (0, 0)
+    assert (c.eval.tasks_per_batch, c.eval.report_rollouts_per_task) == (0, 4)
     assert (c.rollout.script_file, c.rollout.max_epochs, c.rollout.poll_s, c.rollout.queue_namespace) == (
         "",
         0,
