@@ -40,6 +40,7 @@ CPU_7B = {
     "--config.train.length_buckets": "(256,512)",
     "--config.rollout.length_buckets": "(256,512)",
     "--config.episode.max_total_tokens": "1024",
+    "--config.eval.max_total_tokens": "1024",
     "--config.episode.max_response_tokens": "512",
     "--config.episode.max_concurrent": "4",
     "--config.episode.image_max_pixels": "50176",
@@ -68,8 +69,9 @@ PLANS: dict[str, Miniature | CannotRun] = {
     "bash scripts/install.sh": CannotRun(
         "builds the environment this test runs in: CI's command (scripts/test.sh) runs it first"
     ),
+    # the packaged checkpoint it starts from is small; the export below copies its files
     ".venv/bin/python launch/train.py --config configs/tiny_cpu.py --workdir workdir/tiny_cpu": Miniature(
-        set={**TRAIN, "--config.eval.heldout_per_kind": "2"}
+        set={**SHORT, **SMALL_STEP, "--config.train.steps": "1", **HELDOUT}
     ),
     "bash scripts/test.sh": CannotRun("the test run itself: CI's .ci/run runs exactly this command"),
     "python3 -m venv .venv": CannotRun(
@@ -129,9 +131,10 @@ PLANS: dict[str, Miniature | CannotRun] = {
     "--config.grading.judge_url=http://JUDGE_HOST:8000 --checkpoint /models/PyVision-Image-7B "
     "--data /data/vstar.jsonl --k 32 --out /runs/eval_vstar": Miniature(set={**CPU_7B, **EVAL}),
     "python launch/eval.py --config configs/tiny_cpu.py --checkpoint workdir/tiny_cpu "
-    "--data workdir/tiny_cpu/heldout/tasks/tasks.jsonl --k 4 --out workdir/tiny_cpu_eval": Miniature(
-        set={**EVAL, **TINY_MODEL}
-    ),
+    "--data workdir/tiny_cpu/heldout/tasks/tasks.jsonl --k 4 --out workdir/tiny_cpu_eval": Miniature(set=EVAL),
+    "python launch/convert.py flax2hf --src workdir/tiny_cpu --dst workdir/tiny_cpu_hf --dtype bfloat16": Miniature(),
+    "python launch/eval.py --config configs/tiny_cpu.py --checkpoint workdir/tiny_cpu_hf "
+    "--data workdir/tiny_cpu/heldout/tasks/tasks.jsonl --k 4 --out workdir/tiny_cpu_hf_eval": Miniature(set=EVAL),
     "python launch/convert.py hf2flax --src HF_DIR --dst DIR": Miniature(
         replace={"HF_DIR": "{scratch}/models/PyVision-Image-7B", "DIR": "{scratch}/flax_params"}
     ),
@@ -252,7 +255,7 @@ PLANS: dict[str, Miniature | CannotRun] = {
         ),
     ),
     ".venv/bin/python benchmarks/rollout_throughput.py --rounds 2 --out results.json": Miniature(
-        set={"--rounds": "1", "--tasks": "1", "--out": "{scratch}/throughput.json"}
+        set={"--rounds": "1", "--tasks": "1", "--out": "{scratch}/throughput.json", "--variants": "baseline,all"}
     ),
     ".venv/bin/python benchmarks/sandbox.py --calls 100 --pool-size 8 --rounds 1 --naive-trajectories 3 "
     "--concurrent 32 --starts 60 --refill-size 16 --refill-rounds 3": Miniature(
@@ -261,6 +264,9 @@ PLANS: dict[str, Miniature | CannotRun] = {
     ),
     ".venv/bin/python benchmarks/sigterm_latency.py --after-s 8": Miniature(
         set={"--after-s": "1", "--workdir": "{scratch}/sigterm"}
+    ),
+    ".venv/bin/python benchmarks/eval_output_size.py": Miniature(
+        set={"--tasks": "2", "--k": "2", "--megapixels": "0.05"}
     ),
     ".venv/bin/python benchmarks/convert_memory.py": Miniature(
         set={"--size-gb": "1", "--workdir": "{scratch}/convert"}
@@ -272,7 +278,9 @@ PLANS: dict[str, Miniature | CannotRun] = {
         set={"--tasks": "1", "--pool": "2", "--rounds": "1", "--group-size": "2", "--in-flight": "2"},
         env={"ENVIRONMENT": "fleet"},
     ),
-    "python benchmarks/memory_7b.py --devices 8 --tokens 32768": Miniature(set={"--preset": "tiny", "--tokens": "256"}),
+    "python benchmarks/memory_7b.py --devices 8 --tokens 32768": Miniature(
+        set={"--preset": "tiny", "--tokens": "256", "--devices": "2"}
+    ),
     ".venv/bin/python benchmarks/model_forward.py [--repeats 5]": Miniature(set={"--repeats": "1"}),
     # docs/scaling.md
     "python launch/train.py --config configs/pyvision_image_7b.py --workdir /shared/runs/image7b "
@@ -401,8 +409,12 @@ def solo_commands() -> list[str]:
     return list(seen)
 
 
+def where(command: str) -> str:
+    return next(c.where for c in doc_commands() if c.text == command)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("command", solo_commands())
+@pytest.mark.parametrize("command", solo_commands(), ids=where)
 def test_the_documented_command_runs_in_miniature(command, world):
     plan = all_plans()[command]
     argv = argv_for(command, plan, world)
