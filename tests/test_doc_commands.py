@@ -279,9 +279,7 @@ PLANS: dict[str, Miniature | CannotRun] = {
         set={"--tasks": "1", "--pool": "2", "--rounds": "1", "--group-size": "2", "--in-flight": "2"},
         env={"ENVIRONMENT": "fleet"},
     ),
-    "python benchmarks/memory_7b.py --devices 8 --tokens 32768": Miniature(
-        set={"--preset": "tiny", "--tokens": "256", "--devices": "2"}
-    ),
+    "python benchmarks/memory_7b.py --devices 8 --tokens 32768": Miniature(set={"--preset": "tiny", "--tokens": "256"}),
     ".venv/bin/python benchmarks/model_forward.py [--repeats 5]": Miniature(set={"--repeats": "1"}),
     # docs/scaling.md
     "python launch/train.py --config configs/pyvision_image_7b.py --workdir /shared/runs/image7b "
