@@ -62,7 +62,7 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, on_sigterm)  # before the sandbox pool installs its own
     config = _CONFIG.value
     with bad_input_exits(PROGRAM):
-        validate_worker(config)
+        validate_worker(config, _INDEX.value)
     for notice in startup_notices(config):
         logging.warning("%s", notice)
     workdir = Path(_WORKDIR.value).absolute()

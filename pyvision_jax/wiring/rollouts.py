@@ -197,6 +197,11 @@ def _fleet_vllm_engine(
     return model, vllm_engine(config, model_dir, version=version, max_total_tokens=e.max_total_tokens)
 
 
+def worker_tasks(config: ml_collections.ConfigDict, workdir: str | os.PathLike, worker_index: int) -> list[Task]:
+    """A fleet worker's tasks (synthetic ones under WORKDIR/worker-I)."""
+    return training_tasks(config, Path(workdir) / f"worker-{worker_index}")
+
+
 def fleet_worker(
     config: ml_collections.ConfigDict,
     workdir: str | os.PathLike,
@@ -242,7 +247,7 @@ def fleet_worker(
     )
     return RolloutWorker(
         worker_config,
-        tasks=training_tasks(config, workdir / f"worker-{worker_index}"),
+        tasks=worker_tasks(config, workdir, worker_index),
         producer=producer(config, engine, tokenizer, sandboxes, episode_config(config, model)),
         queue=queue,
         weights=watcher(queue, engine, dtype=config.model.param_dtype),
