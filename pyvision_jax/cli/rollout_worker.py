@@ -67,7 +67,8 @@ def main(argv: list[str]) -> None:
         logging.warning("%s", notice)
     workdir = Path(_WORKDIR.value).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
-    queue = wiring.trajectory_queue(config, max_staleness=None)
+    with bad_input_exits(PROGRAM):  # an unreachable server or refused credentials: one line
+        queue = wiring.trajectory_queue(config, max_staleness=None)
     sandboxes = wiring.sandbox_pool(config)
     try:
         with bad_input_exits(PROGRAM):  # building reads the model, the script and the task files

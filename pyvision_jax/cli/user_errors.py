@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Iterator
 
 from pyvision_jax.rollout.intake import SpoolWriteError
+from pyvision_jax.rollout.queue import QueueAccessError
 from pyvision_jax.train.checkpoint import CheckpointWriteError, NoIntactCheckpointError, drop_stray_orbax_reports
 from pyvision_jax.train.metrics import MetricsWriteError
 from pyvision_jax.train.run_outputs import OutputWriteError
@@ -100,7 +101,7 @@ def failed_writes_exit(program: str) -> Iterator[None]:
     (status 1) ends the command with one line."""
     try:
         yield
-    except WorkdirLockedError as error:
+    except (WorkdirLockedError, QueueAccessError) as error:
         _exit(program, error, BAD_INPUT_STATUS)
     except RUN_ERRORS as error:
         _exit(program, error, FAILED_WRITE_STATUS)

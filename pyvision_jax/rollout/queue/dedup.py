@@ -11,10 +11,9 @@ for a group and its regeneration), so the consumer drops repeats by key.
 
 from __future__ import annotations
 
-import redis
-
 from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.rollout.queue.base import QueueConfig
+from pyvision_jax.rollout.queue.redis_streams import redis_client
 
 DEFAULT_TTL_S = 7 * 24 * 3600
 
@@ -30,7 +29,15 @@ class DeliveredGroups:
     `ttl_s` after the last commit (a run of another namespace never sees them).
     """
 
-    def __init__(self, redis_url: str | None, namespace: str, ttl_s: int = DEFAULT_TTL_S) -> None:
+    def __init__(
+        self,
+        redis_url: str | None,
+        namespace: str,
+        ttl_s: int = DEFAULT_TTL_S,
+        *,
+        password: str | None = None,
+        ca_file: str = "",
+    ) -> None:
         if not isinstance(namespace, str) or not namespace:
             raise ValueError(f"the dedup namespace must be a non-empty string, got {namespace!r}")
         if ttl_s < 1:
@@ -40,13 +47,15 @@ class DeliveredGroups:
         self.ttl_s = int(ttl_s)
         self._committed: set[str] = set()
         self._in_flight: set[str] = set()
-        self._client = redis.Redis.from_url(redis_url) if redis_url else None
+        self._client = redis_client(redis_url, password, ca_file) if redis_url else None
 
     @classmethod
     def for_queue(cls, config: QueueConfig, ttl_s: int = DEFAULT_TTL_S) -> DeliveredGroups:
         """The dedup of a consumer of the queue `config`: in Redis, under the queue's namespace,
         for the redis backend; in memory for the local one."""
-        return cls(config.redis_url if config.backend == "redis" else None, config.namespace, ttl_s)
+        if config.backend != "redis":
+            return cls(None, config.namespace, ttl_s)
+        return cls(config.redis_url, config.namespace, ttl_s, password=config.password, ca_file=config.ca_file)
 
     def _is_committed(self, key: str) -> bool:
         if self._client is not None:

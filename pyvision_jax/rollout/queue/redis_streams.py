@@ -2,6 +2,12 @@
 
 The queue's semantics are those of `base.py`; this module maps them onto Redis.
 
+Access: the URL names the user (redis://USER@HOST:PORT/DB, rediss:// for TLS) and the password
+comes separately. A producer needs only to add entries, read the stream's length, count its
+puts and read the trainer's version and weights; the consumer group is created by the first
+consumer operation, so a producer's user needs no rights on the group (docs/fleet.md has
+the ACL of each role).
+
 Keys, all under `namespace`:
   `<ns>:groups`          the Stream; each entry has fields `v` (version) and `p` (payload)
   `<ns>:stats`           a hash of counters shared by every client (put, delivered, ...)
@@ -46,6 +52,7 @@ import redis
 
 from pyvision_jax.rollout.queue.base import (
     PublishedWeights,
+    QueueAccessError,
     QueueStats,
     RawEntry,
     TrajectoryQueue,
@@ -100,6 +107,14 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def redis_client(url: str, password: str | None = None, ca_file: str = "", **options: Any) -> redis.Redis:
+    """A client of `url` (redis:// or rediss://) with the user's `password` and, for TLS, the
+    certificate authority `ca_file` ("": the system's)."""
+    if ca_file and url.startswith("rediss://"):
+        options["ssl_ca_certs"] = ca_file
+    return redis.Redis.from_url(url, password=password, **options)
+
+
 def default_consumer_name() -> str:
     """A name unique to this process: host, pid and a random suffix."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -124,6 +139,8 @@ class RedisTrajectoryQueue(TrajectoryQueue):
         put_timeout_s: float = 600.0,
         claim_idle_ms: int = 600_000,
         outage_s: float = 600.0,
+        password: str | None = None,
+        ca_file: str = "",
         decode: Callable[[bytes], Any] | None = None,
     ) -> None:
         super().__init__(
@@ -143,14 +160,15 @@ class RedisTrajectoryQueue(TrajectoryQueue):
         self._claim_cursor: bytes | str = "0-0"
         # Where to continue reading this consumer's earlier pending entries; None once done.
         self._own_cursor: bytes | str | None = "0"
-        self._client = redis.Redis.from_url(url, socket_connect_timeout=10)
+        self._client = redis_client(url, password, ca_file, socket_connect_timeout=10)
         try:
             self._client.ping()
+        except redis.AuthenticationError as error:
+            raise QueueAccessError(f"the Redis queue at {url} refused the credentials: {error}") from None
         except redis.RedisError as error:
             raise ConnectionError(f"cannot reach the Redis queue at {url}: {error}") from error
         self._put_script = self._client.register_script(_PUT_SCRIPT)
         self._ack_script = self._client.register_script(_ACK_SCRIPT)
-        self._ensure_group()
 
     def _ensure_group(self) -> None:
         """Creates the consumer group (and the stream) unless it exists."""
@@ -169,6 +187,12 @@ class RedisTrajectoryQueue(TrajectoryQueue):
         while True:
             try:
                 return operation()
+            except redis.AuthenticationError as error:
+                raise QueueAccessError(f"the Redis queue at {self.url} refused the credentials: {error}") from None
+            except redis.exceptions.NoPermissionError as error:
+                raise QueueAccessError(
+                    f"the Redis queue at {self.url}: {error} (docs/fleet.md lists what each role needs)"
+                ) from None
             except _TRANSIENT as error:
                 now = time.monotonic()
                 first_failure = now if first_failure is None else first_failure
