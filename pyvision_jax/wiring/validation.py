@@ -39,6 +39,8 @@ from pyvision_jax.wiring.settings import grpo_settings, heldout_config, sft_sett
 from pyvision_jax.wiring.tasks import task_file, training_tasks
 
 ALGORITHMS = ("grpo", "sft")
+WORKER_ENGINES = ("jax", "vllm", "scripted")
+EVAL_ENGINES = ("jax", "vllm")
 ARCHITECTURE_KEYS = ("model.preset", "model.hf_dir", "model.param_dtype", "train.freeze_vision")
 """Config keys whose change makes a workdir's checkpoints another model's."""
 
@@ -222,6 +224,10 @@ def validate_evaluation(
 ) -> None:
     """Checks an evaluation's config, checkpoint layout and task file before any model loads."""
     check_finite(config)
+    if config.rollout.engine not in EVAL_ENGINES:
+        raise ConfigError(
+            f"--config.rollout.engine={config.rollout.engine!r}: an evaluation runs one of {EVAL_ENGINES}"
+        )
     try:
         if checkpoint is not None:
             detect_checkpoint_kind(checkpoint)
@@ -235,9 +241,6 @@ def validate_evaluation(
         raise ConfigError(str(error).splitlines()[0]) from error
     tasks = list(task_file(config, data))
     check_prompt_fits(tasks, episode, load_tokenizer(config), "--config.eval.max_total_tokens")
-
-
-WORKER_ENGINES = ("jax", "vllm", "scripted")
 
 
 def validate_worker(config: ml_collections.ConfigDict, worker_index: int) -> None:
