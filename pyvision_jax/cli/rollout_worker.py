@@ -33,7 +33,7 @@ from ml_collections import config_flags
 from pyvision_jax import wiring
 from pyvision_jax.cli.default_config import DEFAULT_CONFIG
 from pyvision_jax.cli.help_flags import show_flags_in_help
-from pyvision_jax.cli.user_errors import bad_input_exits, exits_at_once
+from pyvision_jax.cli.user_errors import bad_input_exits, exits_at_once, failed_writes_exit
 from pyvision_jax.wiring.validation import startup_notices, validate_worker
 
 PROGRAM = "pyvision-rollout-worker"
@@ -84,7 +84,8 @@ def main(argv: list[str]) -> None:
         worker_holder["worker"] = worker
         if terms:
             worker.request_stop()
-        summary = worker.run()
+        with failed_writes_exit(PROGRAM):  # a cursor that cannot be written (a full disk): one line
+            summary = worker.run()
     finally:
         sandboxes.close()
         queue.close()

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 from pyvision_jax.rollout.intake import SpoolWriteError
 from pyvision_jax.rollout.queue import QueueAccessError
+from pyvision_jax.rollout.worker import CursorWriteError
 from pyvision_jax.train.checkpoint import CheckpointWriteError, NoIntactCheckpointError, drop_stray_orbax_reports
 from pyvision_jax.train.metrics import MetricsWriteError
 from pyvision_jax.train.run_outputs import OutputWriteError
@@ -31,6 +32,7 @@ RUN_ERRORS: tuple[type[BaseException], ...] = (
     MetricsWriteError,
     OutputWriteError,
     SpoolWriteError,
+    CursorWriteError,
     NoIntactCheckpointError,
 )
 """Writes that failed (disk full, read-only) and a workdir with no readable checkpoint."""
