@@ -115,6 +115,33 @@ def redis_client(url: str, password: str | None = None, ca_file: str = "", **opt
     return redis.Redis.from_url(url, password=password, **options)
 
 
+def call_through_outage(operation: Callable[[], Any], url: str, outage_s: float) -> Any:
+    """Runs `operation`, retrying with backoff while the server at `url` is unreachable, for up
+    to `outage_s`; then a `ConnectionError` naming the server and the wait. Refused credentials
+    or rights raise `QueueAccessError` at once."""
+    first_failure = None
+    pause = 0.05
+    while True:
+        try:
+            return operation()
+        except redis.AuthenticationError as error:
+            raise QueueAccessError(f"the Redis queue at {url} refused the credentials: {error}") from None
+        except redis.exceptions.NoPermissionError as error:
+            raise QueueAccessError(
+                f"the Redis queue at {url}: {error} (docs/fleet.md lists what each role needs)"
+            ) from None
+        except _TRANSIENT as error:
+            now = time.monotonic()
+            first_failure = now if first_failure is None else first_failure
+            if now - first_failure >= outage_s:
+                raise ConnectionError(
+                    f"the Redis queue at {url} has been unreachable for {now - first_failure:.0f} s "
+                    f"(outage_s={outage_s:.0f}): {error}"
+                ) from error
+            time.sleep(pause)
+            pause = min(pause * 2, _MAX_BACKOFF_S)
+
+
 def default_consumer_name() -> str:
     """A name unique to this process: host, pid and a random suffix."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -180,30 +207,11 @@ class RedisTrajectoryQueue(TrajectoryQueue):
         self._claim_cursor = "0-0"
 
     def _resilient(self, operation: Callable[[], Any]) -> Any:
-        """Runs `operation`, retrying through an outage of up to `outage_s` and recreating the
-        consumer group when a restarted server lost it."""
-        first_failure = None
-        pause = 0.05
+        """Runs `operation` through an outage of up to `outage_s` (`call_through_outage`),
+        recreating the consumer group when a restarted server lost it."""
         while True:
             try:
-                return operation()
-            except redis.AuthenticationError as error:
-                raise QueueAccessError(f"the Redis queue at {self.url} refused the credentials: {error}") from None
-            except redis.exceptions.NoPermissionError as error:
-                raise QueueAccessError(
-                    f"the Redis queue at {self.url}: {error} (docs/fleet.md lists what each role needs)"
-                ) from None
-            except _TRANSIENT as error:
-                now = time.monotonic()
-                first_failure = now if first_failure is None else first_failure
-                if now - first_failure >= self.outage_s:
-                    raise ConnectionError(
-                        f"the Redis queue at {self.url} has been unreachable for "
-                        f"{now - first_failure:.0f} s (outage_s={self.outage_s:.0f}): "
-                        f"{error}"
-                    ) from error
-                time.sleep(pause)
-                pause = min(pause * 2, _MAX_BACKOFF_S)
+                return call_through_outage(operation, self.url, self.outage_s)
             except redis.ResponseError as error:
                 if "NOGROUP" not in str(error):
                     raise
