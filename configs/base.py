@@ -75,7 +75,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.top_p = 1.0
     c.rollout.top_k = 0
     c.rollout.queue = "local"  # "local" or "redis"
-    c.rollout.redis_url = "redis://127.0.0.1:6379/0"
+    c.rollout.redis_url = "redis://127.0.0.1:6379/0"  # redis://USER@HOST:PORT/DB; rediss:// for TLS; never a password
+    c.rollout.redis_password_env = ""  # the Redis user's password: the name of an environment variable holding it,
+    c.rollout.redis_password_file = ""  # or a file whose first line it is (docs/fleet.md "Credentials")
+    c.rollout.redis_ca_file = ""  # rediss://: the CA certificate that signed the server's ("": the system's)
     c.rollout.max_backlog = 64
     c.rollout.max_staleness = 0  # async/external: admit groups at most this many versions older than
     # the newest weights delivered to the generators (announced complete
@@ -151,6 +154,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.grading.mra_thresholds = "exact"  # "exact" or "float" (released: 10 vs 7 scores 0.5)
     c.grading.judge_url = ""  # OpenAI-compatible server root (`vllm serve`), needed by judge routes
     c.grading.judge_model = "judge"  # the served model name
+    c.grading.judge_api_key_env = ""  # the judge's API key (a gateway's bearer token): an environment variable
+    c.grading.judge_api_key_file = ""  # naming it, or a file whose first line it is ("" both: no key sent)
     c.grading.judge_prompt_file = ""  # judge prompt template ("": configs/prompts/judge.txt)
     c.grading.judge_timeout_s = 60.0
     c.grading.judge_max_retries = 3

@@ -33,7 +33,7 @@ from ml_collections import config_flags
 from pyvision_jax import wiring
 from pyvision_jax.cli.default_config import DEFAULT_CONFIG
 from pyvision_jax.cli.help_flags import show_flags_in_help
-from pyvision_jax.cli.user_errors import bad_input_exits, exits_at_once
+from pyvision_jax.cli.user_errors import bad_input_exits, exits_at_once, failed_writes_exit
 from pyvision_jax.wiring.validation import startup_notices, validate_worker
 
 PROGRAM = "pyvision-rollout-worker"
@@ -62,12 +62,13 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, on_sigterm)  # before the sandbox pool installs its own
     config = _CONFIG.value
     with bad_input_exits(PROGRAM):
-        validate_worker(config)
+        validate_worker(config, _INDEX.value)
     for notice in startup_notices(config):
         logging.warning("%s", notice)
     workdir = Path(_WORKDIR.value).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
-    queue = wiring.trajectory_queue(config, max_staleness=None)
+    with bad_input_exits(PROGRAM):  # an unreachable server or refused credentials: one line
+        queue = wiring.trajectory_queue(config, max_staleness=None)
     sandboxes = wiring.sandbox_pool(config)
     try:
         with bad_input_exits(PROGRAM):  # building reads the model, the script and the task files
@@ -83,7 +84,8 @@ def main(argv: list[str]) -> None:
         worker_holder["worker"] = worker
         if terms:
             worker.request_stop()
-        summary = worker.run()
+        with failed_writes_exit(PROGRAM):  # a cursor that cannot be written (a full disk): one line
+            summary = worker.run()
     finally:
         sandboxes.close()
         queue.close()

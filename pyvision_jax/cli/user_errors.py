@@ -17,7 +17,9 @@ import warnings
 from collections.abc import Iterator
 
 from pyvision_jax.rollout.intake import SpoolWriteError
-from pyvision_jax.train.checkpoint import CheckpointWriteError, NoIntactCheckpointError
+from pyvision_jax.rollout.queue import QueueAccessError
+from pyvision_jax.rollout.worker import CursorWriteError
+from pyvision_jax.train.checkpoint import CheckpointWriteError, NoIntactCheckpointError, drop_stray_orbax_reports
 from pyvision_jax.train.metrics import MetricsWriteError
 from pyvision_jax.train.run_outputs import OutputWriteError
 from pyvision_jax.train.workdir_lock import WorkdirLockedError
@@ -30,6 +32,7 @@ RUN_ERRORS: tuple[type[BaseException], ...] = (
     MetricsWriteError,
     OutputWriteError,
     SpoolWriteError,
+    CursorWriteError,
     NoIntactCheckpointError,
 )
 """Writes that failed (disk full, read-only) and a workdir with no readable checkpoint."""
@@ -47,21 +50,14 @@ def _not_orbax(record: logging.LogRecord) -> bool:
     return f"{os.sep}orbax{os.sep}" not in record.pathname
 
 
-def _unraisable_unless_closed_loop(unraisable: sys.UnraisableHookArgs) -> None:
-    error = unraisable.exc_value
-    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
-        return
-    sys.__unraisablehook__(unraisable)
-
-
 def quiet_background_reports() -> None:
     """Orbax logs each failed background save or restore with its traceback, and every
     failure it logs also reaches the run as an exception (`CheckpointWriteError` on the next
     wait, a fallback in `restore_intact`), reported there in one line: its logs are dropped.
     Python's warning that JAX is multithreaded when the sandbox starts a subprocess
-    (fork + exec, which is safe) is dropped too, and so are the callbacks that orbax's
-    writer threads still schedule on its event loop after a failed save closed it."""
-    sys.unraisablehook = _unraisable_unless_closed_loop
+    (fork + exec, which is safe) is dropped too, and so are the reports of orbax's other reads
+    and writes after one failed (`drop_stray_orbax_reports`)."""
+    drop_stray_orbax_reports()
     logging.getLogger("absl").addFilter(_not_orbax)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_not_orbax)
@@ -107,7 +103,7 @@ def failed_writes_exit(program: str) -> Iterator[None]:
     (status 1) ends the command with one line."""
     try:
         yield
-    except WorkdirLockedError as error:
+    except (WorkdirLockedError, QueueAccessError) as error:
         _exit(program, error, BAD_INPUT_STATUS)
     except RUN_ERRORS as error:
         _exit(program, error, FAILED_WRITE_STATUS)

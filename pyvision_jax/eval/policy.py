@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 from pyvision_jax.convert import load_hf, load_params
 from pyvision_jax.convert.orbax_io import HF_FILES_DIR
 from pyvision_jax.models import ModelConfig, init_params
+from pyvision_jax.train.checkpoint import first_line, quiet_orbax
 
 CheckpointKind = Literal["hf", "params", "train"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -200,16 +201,14 @@ def load_policy(
     skipped: list[str] = []
     for step_dir in candidates:
         try:
-            params = _restore_train_params(step_dir, model_config, dtype)
+            with quiet_orbax():
+                params = _restore_train_params(step_dir, model_config, dtype)
         except ParamsMismatchError:
             raise  # another model's checkpoint, not a damaged one
         except Exception as error:  # noqa: BLE001 - a damaged checkpoint fails in many ways
             if len(candidates) == 1:
                 raise
-            text = str(error).strip().splitlines()
-            skipped.append(
-                f"checkpoint step {step_dir.name} is unreadable ({type(error).__name__}: {text[0] if text else ''})"
-            )
+            skipped.append(f"checkpoint step {step_dir.name} is unreadable ({first_line(error)})")
             continue
         return LoadedPolicy(kind, str(step_dir), model_config, params, int(step_dir.name), None, tuple(skipped))
     raise ValueError(f"{path}: no readable training checkpoint ({'; '.join(skipped)})")

@@ -62,7 +62,8 @@ class JudgeConfig:
     base_url: str
     """Server root, e.g. "http://127.0.0.1:8000" (the path /v1/chat/completions is appended)."""
     model: str = "judge"
-    api_key: str | None = None
+    api_key: str | None = dataclasses.field(default=None, repr=False)
+    """Sent as a bearer token (an OpenAI-compatible gateway's key); never shown by repr."""
     timeout_s: float = 30.0
     max_retries: int = 3
     retry_backoff_s: float = 0.5

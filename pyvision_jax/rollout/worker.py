@@ -87,6 +87,10 @@ class WorkerConfig:
             raise ValueError(f"poll_s must be > 0, got {self.poll_s}")
 
 
+class CursorWriteError(OSError):
+    """A worker's cursor could not be written (a full disk, say); its message names the file and the cause."""
+
+
 class CursorFile:
     """A worker's cursor on disk, rewritten atomically (temp file + rename)."""
 
@@ -105,13 +109,19 @@ class CursorFile:
         return value
 
     def save(self, cursor: int) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Writes `cursor`; raises `CursorWriteError` when it cannot (the previous one stays)."""
         temporary = self.path.with_name(f".{self.path.name}.tmp")
-        with open(temporary, "w") as handle:
-            json.dump({"cursor": cursor}, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.rename(temporary, self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(temporary, "w") as handle:
+                json.dump({"cursor": cursor}, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.rename(temporary, self.path)
+        except OSError as error:
+            raise CursorWriteError(
+                f"worker cursor {self.path} not written (cursor {cursor}): {error.strerror or error}"
+            ) from None
 
 
 def cursor_path(state_dir: str | os.PathLike, worker_index: int, num_workers: int) -> Path:

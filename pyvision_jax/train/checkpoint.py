@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,9 +33,43 @@ QUARANTINE_DIR = "checkpoints_damaged"
 """Beside the checkpoint directory: unreadable checkpoints moved aside, as STEP-TIMESTAMP."""
 
 
+def _is_closed_loop_report(unraisable: sys.UnraisableHookArgs) -> bool:
+    error = unraisable.exc_value
+    return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+
+
+def _not_an_orbax_task_report(record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not (message.startswith("Task exception was never retrieved") and f"{os.sep}orbax{os.sep}" in message)
+
+
+def drop_stray_orbax_reports() -> None:
+    """Orbax reads and writes a checkpoint's arrays in asyncio tasks on tensorstore threads.
+    When one of them fails, orbax raises at once and closes its event loop, and the others
+    report later, by thread timing (none to a few dozen per failure): a read still in flight
+    calls back into the closed loop (an unraisable "Event loop is closed"), and a task that
+    failed too is logged by asyncio as "Task exception was never retrieved"; each prints a
+    traceback. They say nothing the raised error does not, so both are dropped (every other
+    unraisable and asyncio record passes). Installing this twice is harmless."""
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_stray_orbax_reports", False):
+        return
+
+    def hook(unraisable: sys.UnraisableHookArgs) -> None:
+        if not _is_closed_loop_report(unraisable):
+            previous(unraisable)
+
+    hook.drops_stray_orbax_reports = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+    logging.getLogger("asyncio").addFilter(_not_an_orbax_task_report)
+
+
 @contextlib.contextmanager
-def _quiet_orbax() -> Iterator[None]:
-    """Orbax logs a failed restore with its whole traceback; the caller reports it in one line."""
+def quiet_orbax() -> Iterator[None]:
+    """Around a restore that may fail: orbax logs a failed restore with its whole traceback,
+    and its other reads report later (`drop_stray_orbax_reports`); the caller reports the
+    failure in one line."""
+    drop_stray_orbax_reports()
     loggers = [logging.getLogger(name) for name in ("absl", "orbax", "orbax.checkpoint")]
     levels = [log.level for log in loggers]
     for log in loggers:
@@ -54,9 +89,11 @@ class NoIntactCheckpointError(RuntimeError):
     """Every checkpoint in the directory is unreadable."""
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """The error's type and first line, without the tensorstore specs orbax's errors append."""
     text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"
+    line = text[0].split(" [tensorstore_spec", 1)[0] if text else ""
+    return f"{type(error).__name__}: {line}"
 
 
 class TrainCheckpoints:
@@ -67,6 +104,7 @@ class TrainCheckpoints:
             raise ValueError(f"train.checkpoint_every ({every}) and train.keep_checkpoints ({keep}) must be >= 1")
         self.directory = os.path.abspath(os.fspath(directory))
         self.every = every
+        drop_stray_orbax_reports()  # a failed asynchronous save leaves such reports too
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=async_saves)
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "cursors"))
 
@@ -94,7 +132,7 @@ class TrainCheckpoints:
             )
         except Exception as error:  # noqa: BLE001 - orbax raises many types; all mean "not saved"
             raise CheckpointWriteError(
-                f"checkpoint step {step} in {self.directory} not written: {_first_line(error)}"
+                f"checkpoint step {step} in {self.directory} not written: {first_line(error)}"
             ) from error
 
     def restore(
@@ -123,12 +161,12 @@ class TrainCheckpoints:
         steps = sorted(self.all_steps(), reverse=True)
         for step in steps:
             try:
-                with _quiet_orbax():
+                with quiet_orbax():
                     state, cursors = self.restore(template, shardings, step)
             except Exception as error:  # noqa: BLE001 - a damaged checkpoint fails in many ways
                 moved = self.quarantine(step)
                 warn(
-                    f"checkpoint step {step} in {self.directory} is unreadable ({_first_line(error)}); moved to "
+                    f"checkpoint step {step} in {self.directory} is unreadable ({first_line(error)}); moved to "
                     f"{moved}; trying an older one"
                 )
                 continue
@@ -152,7 +190,7 @@ class TrainCheckpoints:
             self._manager.wait_until_finished()
         except Exception as error:  # noqa: BLE001
             raise CheckpointWriteError(
-                f"a checkpoint in {self.directory} was not written: {_first_line(error)}"
+                f"a checkpoint in {self.directory} was not written: {first_line(error)}"
             ) from error
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ from pyvision_jax.grading.routes import ScorerRoutes
 from pyvision_jax.grading.trajectory import ScoringRules
 from pyvision_jax.models import ModelConfig
 from pyvision_jax.wiring.config_values import str_tuple
+from pyvision_jax.wiring.credentials import judge_api_key
 
 
 def episode_config(
@@ -91,6 +92,7 @@ def scorer_routes(config: ml_collections.ConfigDict) -> ScorerRoutes:
             JudgeConfig(
                 base_url=g.judge_url,
                 model=g.judge_model,
+                api_key=judge_api_key(config),
                 timeout_s=g.judge_timeout_s,
                 max_retries=g.judge_max_retries,
                 max_concurrency=g.judge_max_concurrency,

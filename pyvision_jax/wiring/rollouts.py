@@ -33,6 +33,7 @@ from pyvision_jax.rollout.weights import (
     published_files,
 )
 from pyvision_jax.rollout.worker import CursorFile, RolloutWorker, WorkerConfig, cursor_path
+from pyvision_jax.wiring.credentials import queue_password
 from pyvision_jax.wiring.engines import jax_engine, require_vllm, vllm_engine, vllm_model_dir
 from pyvision_jax.wiring.episodes import episode_config, sampling_params, sandbox_pool, scorer_routes
 from pyvision_jax.wiring.model import hf_dir, load_model, load_tokenizer, model_config, tokenizer_dir
@@ -48,6 +49,7 @@ def queue_config(
     config: ml_collections.ConfigDict, *, max_staleness: int | None, consumer: str | None = None
 ) -> QueueConfig:
     r = config.rollout
+    redis = r.queue == "redis"
     return QueueConfig(
         backend=r.queue,
         max_backlog=r.max_backlog,
@@ -56,6 +58,8 @@ def queue_config(
         namespace=r.queue_namespace,
         consumer=consumer,
         outage_s=r.wait_timeout_s,
+        password=queue_password(config) if redis else None,
+        ca_file=r.redis_ca_file,
     )
 
 
@@ -197,6 +201,11 @@ def _fleet_vllm_engine(
     return model, vllm_engine(config, model_dir, version=version, max_total_tokens=e.max_total_tokens)
 
 
+def worker_tasks(config: ml_collections.ConfigDict, workdir: str | os.PathLike, worker_index: int) -> list[Task]:
+    """A fleet worker's tasks (synthetic ones under WORKDIR/worker-I)."""
+    return training_tasks(config, Path(workdir) / f"worker-{worker_index}")
+
+
 def fleet_worker(
     config: ml_collections.ConfigDict,
     workdir: str | os.PathLike,
@@ -242,7 +251,7 @@ def fleet_worker(
     )
     return RolloutWorker(
         worker_config,
-        tasks=training_tasks(config, workdir / f"worker-{worker_index}"),
+        tasks=worker_tasks(config, workdir, worker_index),
         producer=producer(config, engine, tokenizer, sandboxes, episode_config(config, model)),
         queue=queue,
         weights=watcher(queue, engine, dtype=config.model.param_dtype),

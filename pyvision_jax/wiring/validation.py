@@ -11,30 +11,37 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import ml_collections
+from PIL import Image
 
 from pyvision_jax.agent.episode import EpisodeConfig, EpisodeMachine
-from pyvision_jax.agent.prompts import ChatRenderer
+from pyvision_jax.agent.prompts import ChatRenderer, format_question
 from pyvision_jax.agent.sandbox import SandboxConfig
 from pyvision_jax.data.sft_rows import load_sft_rows
 from pyvision_jax.data.tasks import Task
 from pyvision_jax.eval.policy import checkpoint_tokenizer_dir
 from pyvision_jax.models import ModelConfig
+from pyvision_jax.processing.image import smart_resize
+from pyvision_jax.processing.tokens import num_visual_tokens
 from pyvision_jax.train.run_harness import CHECKPOINT_DIR, RESOLVED_CONFIG
 from pyvision_jax.wiring.config_values import str_tuple
 from pyvision_jax.wiring.engines import require_vllm
 from pyvision_jax.wiring.episodes import episode_config, own_judge_prompt, sampling_params, scorer_routes
+from pyvision_jax.wiring.heldout import heldout_tasks
 from pyvision_jax.wiring.model import load_tokenizer, model_config
-from pyvision_jax.wiring.rollouts import MODES, queue_config
+from pyvision_jax.wiring.rollouts import MODES, queue_config, worker_tasks
 from pyvision_jax.wiring.settings import grpo_settings, heldout_config, sft_settings
-from pyvision_jax.wiring.tasks import task_file
+from pyvision_jax.wiring.tasks import task_file, training_tasks
 from pyvision_jax.wiring.training_validation import validation_schedule
 
 ALGORITHMS = ("grpo", "sft")
+WORKER_ENGINES = ("jax", "vllm", "scripted")
+EVAL_ENGINES = ("jax", "vllm")
 ARCHITECTURE_KEYS = ("model.preset", "model.hf_dir", "model.param_dtype", "train.freeze_vision")
 """Config keys whose change makes a workdir's checkpoints another model's."""
 
@@ -96,20 +103,50 @@ def _architecture(config: ml_collections.ConfigDict) -> tuple[Any, ...] | None:
     return model, config.model.get("param_dtype"), bool(config.train.get("freeze_vision", True))
 
 
-def check_prompt_fits(tasks: list[Task], episode: EpisodeConfig, tokenizer: Any, budget_key: str) -> None:
-    """The first prompt of the task with the longest question (and of the first task) leaves
-    room to generate within the episode's total-token budget."""
+PROMPTS_RENDERED = 4
+"""Tasks whose first prompt `check_prompt_fits` renders: those estimated longest."""
+
+
+def _estimated_prompt_size(task: Task, episode: EpisodeConfig) -> int:
+    """The task's visual tokens (from its image's header: no pixels are read; a video's first
+    prompt holds no frames) plus its question's bytes (at least its tokens)."""
+    size = len(format_question(task).encode())
+    if task.is_video:
+        return size
+    with Image.open(task.image_path) as image:
+        width, height = image.size
+    height, width = smart_resize(
+        height,
+        width,
+        factor=episode.patch_size * episode.merge_size,
+        min_pixels=episode.image_min_pixels,
+        max_pixels=episode.image_max_pixels,
+    )
+    grid = (1, height // episode.patch_size, width // episode.patch_size)
+    return size + num_visual_tokens(grid, episode.merge_size)
+
+
+def _first(pair: tuple[int, Task]) -> int:
+    return pair[0]
+
+
+def check_prompt_fits(
+    tasks: Sequence[Task], episode: EpisodeConfig, tokenizer: Any, budget_key: str, kind: str = "task"
+) -> None:
+    """The longest first prompt leaves room to generate within the episode's total-token
+    budget: the prompts of the `PROMPTS_RENDERED` tasks estimated longest (and of the first
+    task) are rendered, and the longest of them is checked."""
     if not tasks:
         return
     machine = EpisodeMachine(episode, ChatRenderer(tokenizer, merge_size=episode.merge_size))
-    longest = max(tasks, key=lambda task: len(task.question))
-    for task in {task.id: task for task in (tasks[0], longest)}.values():
-        length = len(machine.render_prompt(task).token_ids)
-        if length >= episode.max_total_tokens:
-            raise ConfigError(
-                f"{budget_key}={episode.max_total_tokens} cannot hold the prompt of task {task.id!r} "
-                f"({length} tokens): raise it above {length}"
-            )
+    ranked = sorted(tasks, key=lambda task: _estimated_prompt_size(task, episode), reverse=True)
+    candidates = {task.id: task for task in (tasks[0], *ranked[:PROMPTS_RENDERED])}.values()
+    length, task = max(((len(machine.render_prompt(task).token_ids), task) for task in candidates), key=_first)
+    if length >= episode.max_total_tokens:
+        raise ConfigError(
+            f"{budget_key}={episode.max_total_tokens} cannot hold the prompt of {kind} {task.id!r} "
+            f"({length} tokens): raise it above {length}"
+        )
 
 
 def startup_notices(config: ml_collections.ConfigDict) -> list[str]:
@@ -161,27 +198,34 @@ def validate_run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) 
         raise
     except (ValueError, TypeError) as error:
         raise ConfigError(str(error).splitlines()[0]) from error
-    _check_inputs(config, workdir, model, episode)
+    _check_inputs(config, model, episode)
 
 
-def _check_inputs(
-    config: ml_collections.ConfigDict, workdir: str | os.PathLike, model: ModelConfig, episode: EpisodeConfig
-) -> None:
+def _check_inputs(config: ml_collections.ConfigDict, model: ModelConfig, episode: EpisodeConfig) -> None:
     if config.algorithm == "sft":
         for path in str_tuple(config.sft.train_files, "sft.train_files"):
             load_sft_rows(path)
         return
-    tasks = [
-        task for path in str_tuple(config.data.train_files, "data.train_files") for task in task_file(config, path)
-    ]
-    if tasks and config.rollout.mode != "external":
-        check_prompt_fits(tasks, episode, load_tokenizer(config), "--config.episode.max_total_tokens")
+    tokenizer = load_tokenizer(config)
+    with tempfile.TemporaryDirectory(prefix="pyvision-validation-") as scratch:
+        # synthetic tasks are made as the run will make them, here in a scratch directory
+        if config.rollout.mode == "external":
+            # the workers generate (and check their prompts); the trainer may not see the images
+            for path in str_tuple(config.data.train_files, "data.train_files"):
+                task_file(config, path)
+        else:
+            tasks = training_tasks(config, scratch)
+            check_prompt_fits(tasks, episode, tokenizer, "--config.episode.max_total_tokens")
+        if heldout_config(config).per_kind:
+            heldout = task_file(config, heldout_tasks(config, scratch))
+            evaluation = episode_config(config, model, evaluation=True)
+            check_prompt_fits(heldout, evaluation, tokenizer, "--config.eval.max_total_tokens", "held-out task")
     validation = [
         task for path in str_tuple(config.data.val_files, "data.val_files") for task in task_file(config, path)
     ]
     if validation:
         budget = episode_config(config, model, evaluation=True)
-        check_prompt_fits(validation, budget, load_tokenizer(config), "--config.eval.max_total_tokens")
+        check_prompt_fits(validation, budget, tokenizer, "--config.eval.max_total_tokens", "validation task")
 
 
 def validate_evaluation(
@@ -189,6 +233,10 @@ def validate_evaluation(
 ) -> None:
     """Checks an evaluation's config, checkpoint layout and task file before any model loads."""
     check_finite(config)
+    if config.rollout.engine not in EVAL_ENGINES:
+        raise ConfigError(
+            f"--config.rollout.engine={config.rollout.engine!r}: an evaluation runs one of {EVAL_ENGINES}"
+        )
     carried = None
     try:
         if checkpoint is not None:
@@ -205,11 +253,8 @@ def validate_evaluation(
     check_prompt_fits(tasks, episode, load_tokenizer(config, carried), "--config.eval.max_total_tokens")
 
 
-WORKER_ENGINES = ("jax", "vllm", "scripted")
-
-
-def validate_worker(config: ml_collections.ConfigDict) -> None:
-    """Checks a rollout worker's config before it connects to anything."""
+def validate_worker(config: ml_collections.ConfigDict, worker_index: int) -> None:
+    """Checks a rollout worker's config and its tasks' prompts before it connects to anything."""
     check_finite(config)
     r = config.rollout
     if r.engine not in WORKER_ENGINES:
@@ -222,7 +267,7 @@ def validate_worker(config: ml_collections.ConfigDict) -> None:
         except RuntimeError as error:
             raise ConfigError(str(error).splitlines()[0]) from error
     try:
-        episode_config(config, ModelConfig.preset(config.model.preset))
+        episode = episode_config(config, ModelConfig.preset(config.model.preset))
         sampling_params(r)
         scorer_routes(config)
         queue_config(config, max_staleness=r.max_staleness)
@@ -230,3 +275,6 @@ def validate_worker(config: ml_collections.ConfigDict) -> None:
             raise ConfigError(f"--config.rl.group_size={config.rl.group_size} must be >= 1")
     except (ValueError, TypeError) as error:
         raise ConfigError(str(error).splitlines()[0]) from error
+    with tempfile.TemporaryDirectory(prefix="pyvision-validation-") as scratch:
+        tasks = worker_tasks(config, scratch, worker_index)  # synthetic ones as the worker will make them
+        check_prompt_fits(tasks, episode, load_tokenizer(config), "--config.episode.max_total_tokens")

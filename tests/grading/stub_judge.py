@@ -1,7 +1,8 @@
 """A stub OpenAI-compatible chat server on 127.0.0.1 that judges like a lenient grader:
 YES when the reference appears in the candidate (case-insensitive), or in the released
 reply format `Judgement: 1` / `Judgement: 0` (`reply_format`). Scripted failures ("error":
-HTTP 500, "garbage": bad JSON, "slow") come first."""
+HTTP 500, "garbage": bad JSON, "slow") come first. With `api_key` set, a request without that
+bearer token gets HTTP 401."""
 
 import contextlib
 import http.server
@@ -24,6 +25,7 @@ class StubChatServer(http.server.ThreadingHTTPServer):
         self.slow_seconds = 2.0
         self.in_flight = 0
         self.max_in_flight = 0
+        self.api_key: str | None = None
 
     @property
     def url(self) -> str:
@@ -38,7 +40,7 @@ class StubChatHandler(http.server.BaseHTTPRequestHandler):
         server: StubChatServer = self.server
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         with server.lock:
-            server.requests.append({"path": self.path, "body": body})
+            server.requests.append({"path": self.path, "body": body, "authorization": self.headers["Authorization"]})
             failure = server.failures.pop(0) if server.failures else None
             server.in_flight += 1
             server.max_in_flight = max(server.max_in_flight, server.in_flight)
@@ -46,6 +48,10 @@ class StubChatHandler(http.server.BaseHTTPRequestHandler):
             time.sleep(0.05)
             if failure == "slow":
                 time.sleep(server.slow_seconds)
+            if server.api_key is not None and self.headers["Authorization"] != f"Bearer {server.api_key}":
+                self.send_response(401)
+                self.end_headers()
+                return
             if failure == "error":
                 self.send_response(500)
                 self.end_headers()

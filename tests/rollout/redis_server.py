@@ -1,5 +1,7 @@
 """A throwaway `redis-server` for tests: free loopback port, private directory, no persistence
-unless asked (AOF with fsync always), and kill/restart on the same port for outage tests."""
+unless asked (AOF with fsync always), and kill/restart on the same port for outage tests.
+`conf_lines` go into a redis.conf the server reads first (ACL users, TLS); `auth` is the
+(user, password) the readiness check logs in with when the default user is off."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 
 import redis
 
@@ -21,12 +24,23 @@ def free_loopback_port() -> int:
 class RedisServer:
     """Runs `redis-server` in `workdir` until `stop()`; `url` points at database 0."""
 
-    def __init__(self, workdir: str | os.PathLike[str], attempts: int = 3, persistent: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: str | os.PathLike[str],
+        attempts: int = 3,
+        persistent: bool = False,
+        conf_lines: Sequence[str] = (),
+        auth: tuple[str, str] | None = None,
+    ) -> None:
         self.binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         if not os.path.exists(self.binary):
             raise RuntimeError("redis-server is not installed (Debian package redis-server)")
         self.workdir = os.fspath(workdir)
         self.persistent = persistent
+        self.auth = auth
+        self._conf = os.path.join(self.workdir, "redis.conf")
+        with open(self._conf, "w") as conf:
+            conf.write("".join(f"{line}\n" for line in conf_lines))
         last_log = ""
         for _ in range(attempts):  # another process may take the port between probe and bind
             self.port = free_loopback_port()
@@ -45,6 +59,7 @@ class RedisServer:
         self._process = subprocess.Popen(
             [
                 self.binary,
+                self._conf,
                 "--port",
                 str(self.port),
                 "--bind",
@@ -79,7 +94,10 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def _wait_ready(self, limit_s: float = 20.0) -> bool:
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=1)
+        username, password = self.auth or (None, None)
+        client = redis.Redis(
+            host="127.0.0.1", port=self.port, socket_connect_timeout=1, username=username, password=password
+        )
         deadline = time.monotonic() + limit_s
         try:
             while time.monotonic() < deadline and self._process.poll() is None:

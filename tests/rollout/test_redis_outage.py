@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from pyvision_jax.rollout.queue import QueueConfig, make_queue
+from pyvision_jax.rollout.queue import DeliveredGroups, QueueConfig, make_queue
+from tests.rollout.minimal_groups import scored_group
 from tests.rollout.redis_server import RedisServer
 
 
@@ -47,6 +48,26 @@ def test_operations_wait_through_a_restart(tmp_path, persistent):
         assert worker.trainer_version() == 3
         trainer.close()
         worker.close()
+    finally:
+        server.stop()
+
+
+def test_the_trainers_dedup_waits_through_a_restart(tmp_path):
+    server = RedisServer(tmp_path, persistent=True)
+    try:
+        dedup = DeliveredGroups.for_queue(QueueConfig(backend="redis", redis_url=server.url, outage_s=30.0))
+        assert dedup.admit(scored_group("t0", 0))
+        server.kill()
+        restarting = restart_after(server, 1.0)
+        dedup.commit(["t0#0"])  # the checkpoint's commit waits for the server
+        restarting.join()
+        server.kill()
+        restarting = restart_after(server, 1.0)
+        assert not DeliveredGroups.for_queue(QueueConfig(backend="redis", redis_url=server.url)).admit(
+            scored_group("t0", 0)
+        )  # asked during the outage, answered after it: committed, kept by the AOF
+        restarting.join()
+        dedup.close()
     finally:
         server.stop()
 

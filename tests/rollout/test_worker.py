@@ -15,7 +15,7 @@ from pyvision_jax.data.tasks import Task
 from pyvision_jax.rollout.producer import GroupProducer, ProducerConfig
 from pyvision_jax.rollout.queue import DeliveredGroups, LocalTrajectoryQueue
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine, StreamingScriptedEngine
-from pyvision_jax.rollout.worker import CursorFile, RolloutWorker, WorkerConfig
+from pyvision_jax.rollout.worker import CursorFile, CursorWriteError, RolloutWorker, WorkerConfig
 from pyvision_jax.train.groups import pool_arrays
 from tests.agent.fake_sandbox import FakePool
 from tests.agent.turns import answer_turn, code_turn
@@ -309,3 +309,12 @@ def test_streaming_worker_pauses_admission_while_ahead_of_the_trainer(tokenizer,
     thread.join(timeout=60)
     assert not thread.is_alive() and result["summary"].pauses == 1
     assert [g.policy_version for g in drain(queue)] == [5, 5]
+
+
+def test_a_cursor_that_cannot_be_written_names_its_file_and_cause_and_keeps_the_last(tmp_path):
+    cursor = CursorFile(tmp_path / "worker-0-of-1.json")
+    cursor.save(3)
+    blocked = CursorFile(tmp_path / "worker-0-of-1.json" / "nested.json")  # its directory is a file
+    with pytest.raises(CursorWriteError, match=r"worker cursor .*nested\.json not written \(cursor 4\): "):
+        blocked.save(4)
+    assert cursor.load() == 3

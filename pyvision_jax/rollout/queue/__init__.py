@@ -13,6 +13,7 @@ from typing import Any
 from pyvision_jax.rollout.queue.base import (
     BACKENDS,
     PublishedWeights,
+    QueueAccessError,
     QueueConfig,
     QueueFullError,
     QueueItem,
@@ -29,6 +30,7 @@ __all__ = [
     "DeliveredGroups",
     "LocalTrajectoryQueue",
     "PublishedWeights",
+    "QueueAccessError",
     "QueueConfig",
     "QueueFullError",
     "QueueItem",
@@ -64,5 +66,7 @@ def make_queue(
         put_timeout_s=config.put_timeout_s,
         claim_idle_ms=config.claim_idle_ms,
         outage_s=config.outage_s,
+        password=config.password,
+        ca_file=config.ca_file,
         decode=decode,
     )

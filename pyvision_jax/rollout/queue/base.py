@@ -49,6 +49,10 @@ logger = logging.getLogger(__name__)
 BACKENDS = ("local", "redis")
 
 
+class QueueAccessError(PermissionError):
+    """The queue's server refused the credentials (its message names the server, not the password)."""
+
+
 class QueueFullError(TimeoutError):
     """`put` waited its whole timeout for the backlog to drop below `max_backlog`."""
 
@@ -74,6 +78,10 @@ class QueueConfig:
       claim_idle_ms: items pending this long on a consumer are reclaimed by another one.
       outage_s: how long an unreachable server is waited for (with backoff) before an
         operation fails; an outage shorter than this costs nothing but time.
+      password: the Redis user's password (the user is the URL's: redis://USER@HOST:PORT/DB);
+        never part of the URL, and never shown by repr.
+      ca_file: the certificate authority that signed the server's certificate, for rediss://
+        (TLS) URLs ("": the system's).
     """
 
     backend: str = "local"
@@ -86,6 +94,8 @@ class QueueConfig:
     consumer: str | None = None
     claim_idle_ms: int = 600_000
     outage_s: float = 600.0
+    password: str | None = dataclasses.field(default=None, repr=False)
+    ca_file: str = ""
 
     def __post_init__(self) -> None:
         if not self.outage_s >= 0:

@@ -5,16 +5,17 @@ puts the same group again after a restart. Every group has a stable key (`Trajec
 for a group and its regeneration), so the consumer drops repeats by key.
 
 `DeliveredGroups` keeps the keys in memory, or, given a Redis URL, in the Redis set
-`<namespace>:delivered` so that they survive the consumer; `namespace` is the queue's
+`<namespace>:delivered` so that they survive the consumer (its operations wait through an
+outage as the queue's do; a server restarted without persistence forgets the set with the
+stream); `namespace` is the queue's
 (`QueueConfig.namespace`, `rollout.queue_namespace`), so runs sharing one server keep apart.
 """
 
 from __future__ import annotations
 
-import redis
-
 from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.rollout.queue.base import QueueConfig
+from pyvision_jax.rollout.queue.redis_streams import call_through_outage, redis_client
 
 DEFAULT_TTL_S = 7 * 24 * 3600
 
@@ -30,7 +31,16 @@ class DeliveredGroups:
     `ttl_s` after the last commit (a run of another namespace never sees them).
     """
 
-    def __init__(self, redis_url: str | None, namespace: str, ttl_s: int = DEFAULT_TTL_S) -> None:
+    def __init__(
+        self,
+        redis_url: str | None,
+        namespace: str,
+        ttl_s: int = DEFAULT_TTL_S,
+        *,
+        password: str | None = None,
+        ca_file: str = "",
+        outage_s: float = 600.0,
+    ) -> None:
         if not isinstance(namespace, str) or not namespace:
             raise ValueError(f"the dedup namespace must be a non-empty string, got {namespace!r}")
         if ttl_s < 1:
@@ -40,17 +50,28 @@ class DeliveredGroups:
         self.ttl_s = int(ttl_s)
         self._committed: set[str] = set()
         self._in_flight: set[str] = set()
-        self._client = redis.Redis.from_url(redis_url) if redis_url else None
+        self.url, self.outage_s = redis_url, float(outage_s)
+        self._client = redis_client(redis_url, password, ca_file) if redis_url else None
 
     @classmethod
     def for_queue(cls, config: QueueConfig, ttl_s: int = DEFAULT_TTL_S) -> DeliveredGroups:
         """The dedup of a consumer of the queue `config`: in Redis, under the queue's namespace,
         for the redis backend; in memory for the local one."""
-        return cls(config.redis_url if config.backend == "redis" else None, config.namespace, ttl_s)
+        if config.backend != "redis":
+            return cls(None, config.namespace, ttl_s)
+        return cls(
+            config.redis_url,
+            config.namespace,
+            ttl_s,
+            password=config.password,
+            ca_file=config.ca_file,
+            outage_s=config.outage_s,
+        )
 
     def _is_committed(self, key: str) -> bool:
         if self._client is not None:
-            return bool(self._client.sismember(self.redis_key, key))
+            client = self._client
+            return bool(call_through_outage(lambda: client.sismember(self.redis_key, key), self.url, self.outage_s))
         return key in self._committed
 
     def admit(self, group: TrajectoryGroup) -> bool:
@@ -66,13 +87,16 @@ class DeliveredGroups:
         if not keys:
             return
         if self._client is not None:
-            pipeline = self._client.pipeline()
-            pipeline.sadd(self.redis_key, *keys)
-            pipeline.expire(self.redis_key, self.ttl_s)
-            pipeline.execute()
+            call_through_outage(lambda: self._store(keys), self.url, self.outage_s)
         else:
             self._committed.update(keys)
         self._in_flight.difference_update(keys)
+
+    def _store(self, keys: list[str]) -> None:
+        with self._client.pipeline() as pipeline:
+            pipeline.sadd(self.redis_key, *keys)
+            pipeline.expire(self.redis_key, self.ttl_s)
+            pipeline.execute()
 
     def close(self) -> None:
         """Disconnects from Redis (nothing to do in memory)."""

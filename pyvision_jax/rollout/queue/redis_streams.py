@@ -2,6 +2,12 @@
 
 The queue's semantics are those of `base.py`; this module maps them onto Redis.
 
+Access: the URL names the user (redis://USER@HOST:PORT/DB, rediss:// for TLS) and the password
+comes separately. A producer needs only to add entries, read the stream's length, count its
+puts and read the trainer's version and weights; the consumer group is created by the first
+consumer operation, so a producer's user needs no rights on the group (docs/fleet.md has
+the ACL of each role).
+
 Keys, all under `namespace`:
   `<ns>:groups`          the Stream; each entry has fields `v` (version) and `p` (payload)
   `<ns>:stats`           a hash of counters shared by every client (put, delivered, ...)
@@ -46,6 +52,7 @@ import redis
 
 from pyvision_jax.rollout.queue.base import (
     PublishedWeights,
+    QueueAccessError,
     QueueStats,
     RawEntry,
     TrajectoryQueue,
@@ -100,6 +107,41 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def redis_client(url: str, password: str | None = None, ca_file: str = "", **options: Any) -> redis.Redis:
+    """A client of `url` (redis:// or rediss://) with the user's `password` and, for TLS, the
+    certificate authority `ca_file` ("": the system's)."""
+    if ca_file and url.startswith("rediss://"):
+        options["ssl_ca_certs"] = ca_file
+    return redis.Redis.from_url(url, password=password, **options)
+
+
+def call_through_outage(operation: Callable[[], Any], url: str, outage_s: float) -> Any:
+    """Runs `operation`, retrying with backoff while the server at `url` is unreachable, for up
+    to `outage_s`; then a `ConnectionError` naming the server and the wait. Refused credentials
+    or rights raise `QueueAccessError` at once."""
+    first_failure = None
+    pause = 0.05
+    while True:
+        try:
+            return operation()
+        except redis.AuthenticationError as error:
+            raise QueueAccessError(f"the Redis queue at {url} refused the credentials: {error}") from None
+        except redis.exceptions.NoPermissionError as error:
+            raise QueueAccessError(
+                f"the Redis queue at {url}: {error} (docs/fleet.md lists what each role needs)"
+            ) from None
+        except _TRANSIENT as error:
+            now = time.monotonic()
+            first_failure = now if first_failure is None else first_failure
+            if now - first_failure >= outage_s:
+                raise ConnectionError(
+                    f"the Redis queue at {url} has been unreachable for {now - first_failure:.0f} s "
+                    f"(outage_s={outage_s:.0f}): {error}"
+                ) from error
+            time.sleep(pause)
+            pause = min(pause * 2, _MAX_BACKOFF_S)
+
+
 def default_consumer_name() -> str:
     """A name unique to this process: host, pid and a random suffix."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -124,6 +166,8 @@ class RedisTrajectoryQueue(TrajectoryQueue):
         put_timeout_s: float = 600.0,
         claim_idle_ms: int = 600_000,
         outage_s: float = 600.0,
+        password: str | None = None,
+        ca_file: str = "",
         decode: Callable[[bytes], Any] | None = None,
     ) -> None:
         super().__init__(
@@ -143,14 +187,15 @@ class RedisTrajectoryQueue(TrajectoryQueue):
         self._claim_cursor: bytes | str = "0-0"
         # Where to continue reading this consumer's earlier pending entries; None once done.
         self._own_cursor: bytes | str | None = "0"
-        self._client = redis.Redis.from_url(url, socket_connect_timeout=10)
+        self._client = redis_client(url, password, ca_file, socket_connect_timeout=10)
         try:
             self._client.ping()
+        except redis.AuthenticationError as error:
+            raise QueueAccessError(f"the Redis queue at {url} refused the credentials: {error}") from None
         except redis.RedisError as error:
             raise ConnectionError(f"cannot reach the Redis queue at {url}: {error}") from error
         self._put_script = self._client.register_script(_PUT_SCRIPT)
         self._ack_script = self._client.register_script(_ACK_SCRIPT)
-        self._ensure_group()
 
     def _ensure_group(self) -> None:
         """Creates the consumer group (and the stream) unless it exists."""
@@ -162,24 +207,11 @@ class RedisTrajectoryQueue(TrajectoryQueue):
         self._claim_cursor = "0-0"
 
     def _resilient(self, operation: Callable[[], Any]) -> Any:
-        """Runs `operation`, retrying through an outage of up to `outage_s` and recreating the
-        consumer group when a restarted server lost it."""
-        first_failure = None
-        pause = 0.05
+        """Runs `operation` through an outage of up to `outage_s` (`call_through_outage`),
+        recreating the consumer group when a restarted server lost it."""
         while True:
             try:
-                return operation()
-            except _TRANSIENT as error:
-                now = time.monotonic()
-                first_failure = now if first_failure is None else first_failure
-                if now - first_failure >= self.outage_s:
-                    raise ConnectionError(
-                        f"the Redis queue at {self.url} has been unreachable for "
-                        f"{now - first_failure:.0f} s (outage_s={self.outage_s:.0f}): "
-                        f"{error}"
-                    ) from error
-                time.sleep(pause)
-                pause = min(pause * 2, _MAX_BACKOFF_S)
+                return call_through_outage(operation, self.url, self.outage_s)
             except redis.ResponseError as error:
                 if "NOGROUP" not in str(error):
                     raise
