@@ -142,6 +142,25 @@ PLANS: dict[str, Miniature | CannotRun] = {
     "python launch/convert.py flax2hf --src DIR --dst HF_DIR": Miniature(
         replace={"DIR": "{scratch}/flax_params", "HF_DIR": "{scratch}/hf_again"}
     ),
+    # docs/fleet.md (its two fleet commands are README's)
+    "export PYVISION_QUEUE_PASSWORD=...": CannotRun(
+        "puts the user's queue password in the shell; tests/train/test_secrets_stay_out.py runs a fleet "
+        "with a planted password passed this way"
+    ),
+    "python launch/train.py ... --config.rollout.redis_url=rediss://trainer@TRAINER_HOST:6379/0 "
+    "--config.rollout.redis_password_env=PYVISION_QUEUE_PASSWORD --config.rollout.redis_ca_file=/etc/pyvision/ca.crt": (
+        CannotRun(
+            "a fragment (`...` is README's training command); tests/rollout/test_queue_credentials.py runs the "
+            "trainer's role over TLS with these users on loopback"
+        )
+    ),
+    "python launch/rollout_worker.py ... --config.rollout.redis_url=rediss://worker@TRAINER_HOST:6379/0 "
+    "--config.rollout.redis_password_env=PYVISION_QUEUE_PASSWORD --config.rollout.redis_ca_file=/etc/pyvision/ca.crt": (
+        CannotRun(
+            "a fragment (`...` is README's worker command); tests/rollout/test_queue_credentials.py runs the "
+            "worker's role over TLS with these users on loopback"
+        )
+    ),
     # docs/learning.md
     "python launch/train.py --config configs/sft_shapes.py --workdir /tmp/sft_shapes "
     "--config.sft.export_dir=pyvision_jax/assets/shapes_sft": Miniature(
