@@ -51,6 +51,7 @@ def test_new_image_sizes_within_a_bucket_do_not_retrace(tiny_reference):
     run((1, 10, 12), 1)  # 5x6 merged units: 4 windows, 30 merged tokens (bucket 32)
     before = forward._cache_size()
     out = run((1, 12, 10), 2)  # another image size in the same buckets
-    run((1, 8, 8), 3)  # 1 window, 16 merged tokens: a new bucket
+    assert forward._cache_size() == before  # no retrace within a bucket
+    run((1, 8, 8), 3)  # 1 window, 16 merged tokens: a new bucket (compiled here or by an earlier test)
     assert np.isfinite(np.asarray(out)).all()
-    assert forward._cache_size() == before + 1
+    assert forward._cache_size() in (before, before + 1)
