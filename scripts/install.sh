@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs pyvision_jax for CPU training and the tests into ./.venv, every dependency pinned by the
 # lock constraints.txt, plus the Debian packages the sandbox, the queue and the report test need
-# (bubblewrap, redis-server, chromium). GPU and TPU trainers: README "Installing on GPU and TPU".
+# (bubblewrap, redis-server, chromium, openssl for the queue's TLS test). GPU and TPU trainers: README "Installing on GPU and TPU".
 # Idempotent.
 #   bash scripts/install.sh          # runtime + test dependencies
 set -euo pipefail
@@ -12,6 +12,7 @@ if command -v apt-get >/dev/null 2>&1; then
   command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
   command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
   [ -x /usr/bin/chromium ] || missing+=(chromium)
+  command -v openssl >/dev/null 2>&1 || missing+=(openssl)
   if [ ${#missing[@]} -gt 0 ]; then
     SUDO=""
     [ "$(id -u)" -ne 0 ] && SUDO="sudo"
