@@ -45,7 +45,16 @@ def _read_request(fd: int, timeout_s: float = 5.0) -> bytes:
 def test_close_from_another_thread_wakes_the_call_and_defers_closing_its_descriptors(pipes):
     request_read, request_write, reply_read, _ = pipes
     os.set_blocking(request_read, False)
-    channel = RuntimeChannel(request_write, reply_read, SandboxConfig(), lambda: False)
+    hold, held, release = threading.Event(), threading.Event(), threading.Event()
+
+    def cancelled() -> bool:
+        """Holds the call inside its wait (the channel still in flight) while the test looks."""
+        if hold.is_set():
+            held.set()
+            release.wait(10)
+        return False
+
+    channel = RuntimeChannel(request_write, reply_read, SandboxConfig(), cancelled)
     outcome: dict[str, object] = {}
 
     def call() -> None:
@@ -60,16 +69,19 @@ def test_close_from_another_thread_wakes_the_call_and_defers_closing_its_descrip
     caller.start()
     frame = _read_request(request_read)
     assert len(frame) > HEADER.size  # the call has sent its request and now waits for the reply
+    hold.set()
+    assert held.wait(5)  # the call is inside its wait for the reply
     channel.close()
     reused = [os.pipe() for _ in range(4)]
-    caller_alive = caller.is_alive()
+    # while the call can still read, its descriptors stay open and are not handed out again
+    assert _open(reply_read) and _open(request_write)
+    assert not {reply_read, request_write} & {fd for pair in reused for fd in pair}
+    release.set()
     caller.join(5)
     assert not caller.is_alive()
     assert isinstance(outcome["error"], ChannelClosed)
     assert outcome["seconds"] < 5
-    if caller_alive:  # while the call could still read, its reply descriptor was not handed out again
-        assert reply_read not in {fd for pair in reused for fd in pair}
-    for pair in reused:  # once the call closed them, these pipes may hold the channel's numbers
+    for pair in reused:
         for fd in pair:
             os.close(fd)
     assert not _open(reply_read) and not _open(request_write)
