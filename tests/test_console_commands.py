@@ -1,9 +1,10 @@
-"""`pip install -e .` gives the five console commands; each answers --help with its own
-flags, and each `launch/*.py` wrapper runs the same command. (absl's --help exits with
-status 1 after printing the usage; argparse's with 0.)"""
+"""`pip install -e .` gives the five console commands; every command (those, their
+`launch/*.py` wrappers and `scripts/*.py`) answers --help with its usage and status 0; user
+errors end a command with one line."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,22 +13,47 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-COMMANDS = {
-    "pyvision-train": ("launch/train.py", "--workdir"),
-    "pyvision-eval": ("launch/eval.py", "--checkpoint"),
-    "pyvision-convert": ("launch/convert.py", "hf2flax"),
-    "pyvision-rollout-worker": ("launch/rollout_worker.py", "--worker-index"),
-    "pyvision-make-tasks": ("launch/make_tasks.py", "--per-kind"),
+CONSOLE_COMMANDS = re.findall(r'"(pyvision-[\w-]+) = ', (ROOT / "setup.py").read_text(encoding="utf-8"))
+LAUNCH_FLAGS = {
+    "train": "--workdir",
+    "eval": "--checkpoint",
+    "convert": "hf2flax",
+    "rollout_worker": "--worker-index",
+    "make_tasks": "--per-kind",
 }
+"""A flag of each command's own that its --help must list."""
+SCRIPTS = sorted(p.name for p in (ROOT / "scripts").glob("*.py"))
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_console_command_answers_help(command):
-    wrapper, flag = COMMANDS[command]
-    for argv in ([str(BIN / command), "--help"], [sys.executable, str(ROOT / wrapper), "--help"]):
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd="/")
-        assert done.returncode in (0, 1) and "Traceback" not in done.stderr, done.stderr[-2000:]
-        assert flag in done.stdout + done.stderr, argv
+def help_commands() -> dict[str, tuple[list[str], str]]:
+    """Each command's id -> (argv with --help, text its usage must hold)."""
+    commands = {}
+    for command in CONSOLE_COMMANDS:
+        commands[command] = (
+            [str(BIN / command), "--help"],
+            LAUNCH_FLAGS[command.removeprefix("pyvision-").replace("-", "_")],
+        )
+    for path in sorted((ROOT / "launch").glob("*.py")):
+        commands[f"launch/{path.name}"] = ([sys.executable, str(path), "--help"], LAUNCH_FLAGS[path.stem])
+    for name in SCRIPTS:
+        commands[f"scripts/{name}"] = ([sys.executable, str(ROOT / "scripts" / name), "--help"], "usage:")
+    return commands
+
+
+HELP_COMMANDS = help_commands()
+
+
+def test_every_command_is_checked():
+    assert len(CONSOLE_COMMANDS) == 5 and set(LAUNCH_FLAGS) == {p.stem for p in (ROOT / "launch").glob("*.py")}
+    assert {"build_tiny_tokenizer.py", "check_install_matrix.py"} <= set(SCRIPTS)
+
+
+@pytest.mark.parametrize("command", sorted(HELP_COMMANDS))
+def test_help_prints_the_usage_and_exits_zero(command):
+    argv, expected = HELP_COMMANDS[command]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd="/")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, (done.returncode, done.stderr[-2000:])
+    assert expected in done.stdout, done.stdout[-2000:]
 
 
 def _one_line(argv, status=2):

@@ -27,8 +27,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from pyvision_jax.cli.default_config import DEFAULT_CONFIG
-from pyvision_jax.cli.help_flags import show_flags_in_help
-from pyvision_jax.cli.user_errors import bad_input_exits, exits_at_once, failed_writes_exit
+from pyvision_jax.cli.entry import run_command
+from pyvision_jax.cli.user_errors import bad_input_exits, failed_writes_exit
 from pyvision_jax.wiring import evaluation, validation
 
 _CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Config file.", lock_config=True)
@@ -100,6 +100,4 @@ def main(argv: list[str]) -> None:
 
 def run() -> None:
     """The `pyvision-eval` console command."""
-    show_flags_in_help(__name__)
-    with exits_at_once():
-        app.run(main)
+    run_command(__name__, main)

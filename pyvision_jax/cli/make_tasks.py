@@ -13,8 +13,8 @@ from pathlib import Path
 
 from absl import app, flags
 
-from pyvision_jax.cli.help_flags import show_flags_in_help
-from pyvision_jax.cli.user_errors import bad_input_exits, exits_at_once
+from pyvision_jax.cli.entry import run_command
+from pyvision_jax.cli.user_errors import bad_input_exits
 from pyvision_jax.data import synthetic
 from pyvision_jax.data.tasks import load_tasks
 
@@ -48,6 +48,4 @@ def main(argv: list[str]) -> None:
 
 def run() -> None:
     """The `pyvision-make-tasks` console command."""
-    show_flags_in_help(__name__)
-    with exits_at_once():
-        app.run(main)
+    run_command(__name__, main)
