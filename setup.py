@@ -9,6 +9,7 @@ The package declares compatible ranges; constraints.txt is the lock that pins th
 from setuptools import find_packages, setup
 
 JAX = "jax>=0.10.2,<0.11"
+CONFIGS_PACKAGE = "pyvision_jax_configs"
 
 INSTALL_REQUIRES = [
     JAX,
@@ -55,8 +56,10 @@ setup(
     name="pyvision_jax",
     version="0.1.0",
     description="PyVision-RL agentic reinforcement learning for Qwen2.5-VL in JAX/Flax",
-    packages=find_packages(include=["pyvision_jax", "pyvision_jax.*", "configs"]),
-    package_data={"pyvision_jax": ["assets/**/*"], "configs": ["prompts/*", "sandbox/*"]},
+    # configs/ installs as pyvision_jax_configs: a top-level `configs` would collide with other projects'.
+    packages=[*find_packages(include=["pyvision_jax", "pyvision_jax.*"]), CONFIGS_PACKAGE],
+    package_dir={CONFIGS_PACKAGE: "configs"},
+    package_data={"pyvision_jax": ["assets/**/*"], CONFIGS_PACKAGE: ["prompts/*", "sandbox/*"]},
     entry_points={
         "console_scripts": [
             "pyvision-train = pyvision_jax.cli.train:run",

@@ -10,7 +10,9 @@ trains the temperature alone. A random-init tiny model instead: --config.model.p
 
 import ml_collections
 
-from configs.base import get_config as base_config
+from pyvision_jax.data.config_files import sibling
+
+base_config = sibling(__file__, "base").get_config
 
 
 def get_config() -> ml_collections.ConfigDict:

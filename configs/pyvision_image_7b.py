@@ -25,7 +25,9 @@ aggregation over micro-batches of 4 trajectories.
 
 import ml_collections
 
-from configs.base import get_config as base_config
+from pyvision_jax.data.config_files import sibling
+
+base_config = sibling(__file__, "base").get_config
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -11,7 +11,9 @@ attention kernel. benchmarks/memory_7b.py --devices 4 measures its per-chip memo
 
 import ml_collections
 
-from configs.pyvision_image_7b import get_config as image_7b_config
+from pyvision_jax.data.config_files import sibling
+
+image_7b_config = sibling(__file__, "pyvision_image_7b").get_config
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -13,7 +13,9 @@ Same optimisation recipe as configs/pyvision_image_7b.py (B = 16 from 32 prompts
 
 import ml_collections
 
-from configs.pyvision_image_7b import get_config as image_config
+from pyvision_jax.data.config_files import sibling
+
+image_config = sibling(__file__, "pyvision_image_7b").get_config
 
 
 def get_config() -> ml_collections.ConfigDict:

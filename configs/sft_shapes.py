@@ -11,8 +11,10 @@ tasks of seed 1000, two draws each; 450 steps of 16 samples.
 
 import ml_collections
 
-from configs import shapes
-from configs.base import get_config as base_config
+from pyvision_jax.data.config_files import sibling
+
+shapes = sibling(__file__, "shapes")
+base_config = sibling(__file__, "base").get_config
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -9,7 +9,9 @@ export. The packaged checkpoint is made with (docs/learning.md, "The starting ch
 
 import ml_collections
 
-from configs.base import get_config as base_config
+from pyvision_jax.data.config_files import sibling
+
+base_config = sibling(__file__, "base").get_config
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -9,7 +9,9 @@ of docs/learning.md runs on it:
 
 import ml_collections
 
-from configs.tiny_cpu import get_config as embedded_default
+from pyvision_jax.data.config_files import sibling
+
+embedded_default = sibling(__file__, "tiny_cpu").get_config
 
 
 def get_config() -> ml_collections.ConfigDict:

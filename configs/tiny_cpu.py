@@ -10,8 +10,10 @@ frozen (train.freeze_vision); every other weight trains, with a KL term to the S
 
 import ml_collections
 
-from configs import shapes
-from configs.base import get_config as base_config
+from pyvision_jax.data.config_files import sibling
+
+shapes = sibling(__file__, "shapes")
+base_config = sibling(__file__, "base").get_config
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -13,7 +13,9 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-PROMPTS_DIR = Path(__file__).resolve().parents[2] / "configs" / "prompts"
+from pyvision_jax.data.config_files import CONFIGS_DIR
+
+PROMPTS_DIR = CONFIGS_DIR / "prompts"
 """The project's templates (`image.txt`, `video.txt`, `judge.txt`)."""
 
 

@@ -1,6 +1,5 @@
 """The config file a command uses when --config is not given: the embedded default."""
 
-from pathlib import Path
+from pyvision_jax.data.config_files import CONFIGS_DIR
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CONFIG = str(REPO_ROOT / "configs" / "tiny_cpu.py")
+DEFAULT_CONFIG = str(CONFIGS_DIR / "tiny_cpu.py")
