@@ -13,7 +13,7 @@ import ml_collections
 
 from pyvision_jax.data.config_files import sibling
 
-image_7b_config = sibling(__file__, "pyvision_image_7b").get_config
+image_7b_config = sibling("pyvision_image_7b").get_config
 
 
 def get_config() -> ml_collections.ConfigDict:

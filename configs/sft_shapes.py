@@ -13,8 +13,8 @@ import ml_collections
 
 from pyvision_jax.data.config_files import sibling
 
-shapes = sibling(__file__, "shapes")
-base_config = sibling(__file__, "base").get_config
+shapes = sibling("shapes")
+base_config = sibling("base").get_config
 
 
 def get_config() -> ml_collections.ConfigDict:

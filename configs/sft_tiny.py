@@ -11,7 +11,7 @@ import ml_collections
 
 from pyvision_jax.data.config_files import sibling
 
-base_config = sibling(__file__, "base").get_config
+base_config = sibling("base").get_config
 
 
 def get_config() -> ml_collections.ConfigDict:

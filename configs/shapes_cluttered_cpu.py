@@ -10,7 +10,7 @@ import ml_collections
 
 from pyvision_jax.data.config_files import sibling
 
-embedded_default = sibling(__file__, "tiny_cpu").get_config
+embedded_default = sibling("tiny_cpu").get_config
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -157,3 +157,16 @@ def test_code_scan_reads_comments_and_docstrings_only(tmp_path):
     assert [line for line, _ in texts] == [2, 1]
     hits = [what for _, text in texts for what, pattern in CODE_HISTORY.items() if pattern.search(text)]
     assert sorted(hits) == ["a work session", "an issue number"]
+
+
+def test_architecture_lists_the_packages_once_in_layer_order():
+    """ARCHITECTURE.md's "Who owns what" is the one list of packages: every layer of
+    tests/test_architecture.py, in its order; README.md and docs/design.md link to it."""
+    from tests.test_architecture import LAYERS
+
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    table = text.split("## Who owns what", 1)[1].split("\n## ", 1)[0]
+    owners = re.findall(r"^\|.*\| `(\w+)/` \|$", table, re.MULTILINE)
+    assert owners == list(LAYERS), f"ARCHITECTURE.md's table lists {owners}, the layers are {list(LAYERS)}"
+    design = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    assert "ARCHITECTURE.md#data-flow" in design and not FENCE.search(design.split("## Data flow", 1)[1].split("\n## ")[0])

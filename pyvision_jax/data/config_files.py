@@ -9,6 +9,7 @@ folder works wherever it lies and under whatever name (`--config FILE` loads a f
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -26,11 +27,15 @@ def configs_dir(beside_package: Path) -> Path:
 CONFIGS_DIR = configs_dir(Path(__file__).resolve().parents[2])
 
 
-def sibling(config_file: str, name: str) -> ModuleType:
-    """The module `name`.py of the folder holding `config_file` (pass `__file__`), loaded by path."""
-    path = Path(config_file).resolve().parent / f"{name}.py"
+def sibling(name: str) -> ModuleType:
+    """The module `name`.py of the folder holding the calling config file, loaded by path.
+
+    The folder is that of the caller's code object, so it is right however the config file was
+    loaded: imported, by ml_collections' `--config FILE`, or compiled and run with its path."""
+    caller = Path(sys._getframe(1).f_code.co_filename)
+    path = caller.resolve().parent / f"{name}.py"
     if not path.is_file():
-        raise FileNotFoundError(f"{config_file}: no config file {path} beside it")
+        raise FileNotFoundError(f"{caller}: no config file {path} beside it")
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -4,6 +4,7 @@ copy without the repository finds its packaged configs, prompts and sandbox help
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import setuptools
 
-from pyvision_jax.data.config_files import INSTALLED_PACKAGE, configs_dir, sibling
+from pyvision_jax.data.config_files import INSTALLED_PACKAGE, configs_dir
 from tests.install.test_requirements import matrix
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,9 +95,19 @@ def test_the_configs_folder_is_the_installed_package_where_there_is_one(tmp_path
     assert configs_dir(tmp_path) == tmp_path / INSTALLED_PACKAGE
 
 
-def test_a_config_reads_its_siblings_by_path_and_names_a_missing_one(tmp_path):
+def test_a_config_reads_its_siblings_by_path_however_it_was_loaded(tmp_path):
     (tmp_path / "base.py").write_text("VALUE = 7\n", encoding="utf-8")
-    config = tmp_path / "mine.py"
-    assert sibling(str(config), "base").VALUE == 7
-    with pytest.raises(FileNotFoundError, match="mine.py: no config file .*nowhere.py"):
-        sibling(str(config), "nowhere")
+    mine = tmp_path / "mine.py"
+    mine.write_text(
+        "from pyvision_jax.data.config_files import sibling\n\n\ndef get_config():\n    return sibling('base').VALUE\n",
+        encoding="utf-8",
+    )
+    spec = importlib.util.spec_from_file_location("mine", mine)
+    imported = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(imported)
+    namespace: dict = {}  # as a script that compiles a config file with its path and runs it
+    exec(compile(mine.read_text(encoding="utf-8"), str(mine), "exec"), namespace)
+    assert imported.get_config() == namespace["get_config"]() == 7
+    (tmp_path / "base.py").unlink()
+    with pytest.raises(FileNotFoundError, match="mine.py: no config file .*base.py"):
+        imported.get_config()
