@@ -142,6 +142,10 @@ PLANS: dict[str, Miniature | CannotRun] = {
     "python launch/convert.py flax2hf --src DIR --dst HF_DIR": Miniature(
         replace={"DIR": "{scratch}/flax_params", "HF_DIR": "{scratch}/hf_again"}
     ),
+    # docs/accelerator_suite.md (its install commands are README's); one section at CPU sizes
+    ".venv/bin/python -m benchmarks.accelerator_suite --out results.json": Miniature(
+        set={"--out": "{scratch}/accelerator/results.json", "--sections": "attention"}
+    ),
     # docs/fleet.md (its two fleet commands are README's)
     "export PYVISION_QUEUE_PASSWORD=...": CannotRun(
         "puts the user's queue password in the shell; tests/train/test_secrets_stay_out.py runs a fleet "

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_architecture import LAYERS
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 INSTALL_AND_TRAIN = (
@@ -162,11 +164,10 @@ def test_code_scan_reads_comments_and_docstrings_only(tmp_path):
 def test_architecture_lists_the_packages_once_in_layer_order():
     """ARCHITECTURE.md's "Who owns what" is the one list of packages: every layer of
     tests/test_architecture.py, in its order; README.md and docs/design.md link to it."""
-    from tests.test_architecture import LAYERS
-
     text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
     table = text.split("## Who owns what", 1)[1].split("\n## ", 1)[0]
     owners = re.findall(r"^\|.*\| `(\w+)/` \|$", table, re.MULTILINE)
     assert owners == list(LAYERS), f"ARCHITECTURE.md's table lists {owners}, the layers are {list(LAYERS)}"
     design = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
-    assert "ARCHITECTURE.md#data-flow" in design and not FENCE.search(design.split("## Data flow", 1)[1].split("\n## ")[0])
+    data_flow = design.split("## Data flow", 1)[1].split("\n## ", 1)[0]
+    assert "ARCHITECTURE.md#data-flow" in data_flow and not FENCE.search(data_flow), "design.md draws the data flow"
