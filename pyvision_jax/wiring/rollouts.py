@@ -23,15 +23,10 @@ from pyvision_jax.rollout.producer import GroupProducer, ProducerConfig
 from pyvision_jax.rollout.queue import DeliveredGroups, QueueConfig, TrajectoryQueue, make_queue
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine, script_from_file
 from pyvision_jax.rollout.sources import BackgroundSource, FleetSource, SyncSource
-from pyvision_jax.rollout.weights import (
-    HfTensorsWatcher,
-    WeightsInbox,
-    WeightsPublisher,
-    WeightsWatcher,
-    check_complete,
-    latest_complete,
-    published_files,
-)
+from pyvision_jax.rollout.weights.in_process import WeightsInbox
+from pyvision_jax.rollout.weights.publisher import WeightsPublisher
+from pyvision_jax.rollout.weights.version_dirs import check_complete, latest_complete, published_files
+from pyvision_jax.rollout.weights.watchers import HfTensorsWatcher, WeightsWatcher
 from pyvision_jax.rollout.worker import CursorFile, RolloutWorker, WorkerConfig, cursor_path
 from pyvision_jax.wiring.credentials import queue_password
 from pyvision_jax.wiring.engines import jax_engine, require_vllm, vllm_engine, vllm_model_dir
