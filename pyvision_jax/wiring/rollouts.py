@@ -15,6 +15,7 @@ import ml_collections
 from pyvision_jax.agent.engine import Engine
 from pyvision_jax.agent.episode import EpisodeConfig
 from pyvision_jax.agent.runner import SandboxSource
+from pyvision_jax.convert.hf_config import load_model_config
 from pyvision_jax.data.task_order import TaskShard
 from pyvision_jax.data.tasks import Task
 from pyvision_jax.models import ModelConfig
@@ -182,7 +183,7 @@ def _fleet_vllm_engine(
                 "(rollout.weights_dir, or announced on the queue)"
             )
         weight_files = published_files(source)  # with the frozen tower's file
-    model = ModelConfig.from_hf_dir(source)
+    model = load_model_config(source)
     e = config.episode
     model_dir = vllm_model_dir(
         source,

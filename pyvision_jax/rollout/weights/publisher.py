@@ -4,7 +4,6 @@ versions pruned (renamed away before being deleted). One publisher per directory
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pyvision_jax.convert import save_tensors
+from pyvision_jax.convert.hf_config import hf_config_dict, write_hf_config
 from pyvision_jax.rollout.queue import TrajectoryQueue, checked_version
 from pyvision_jax.rollout.weights.version_dirs import (
     FROZEN_DIR,
@@ -109,9 +109,7 @@ class WeightsPublisher:
 
     def _write_version(self, staging: Path, trainable: Any) -> None:
         save_tensors(self.model_config, trainable, staging / TRAINABLE_FILE, self.dtype)
-        hf_config = self.model_config.to_hf_dict()
-        hf_config["torch_dtype"] = str(self.dtype)
-        (staging / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        write_hf_config(staging, hf_config_dict(self.model_config), dtype=str(self.dtype))
         for file in self.extra_files:
             shutil.copy2(file, staging / Path(file).name)
 
