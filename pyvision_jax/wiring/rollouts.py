@@ -16,6 +16,7 @@ from pyvision_jax.agent.engine import Engine
 from pyvision_jax.agent.episode import EpisodeConfig
 from pyvision_jax.agent.runner import SandboxSource
 from pyvision_jax.convert.hf_config import load_model_config
+from pyvision_jax.convert.run_layout import SPOOL_DIR, WEIGHTS_DIR
 from pyvision_jax.data.task_order import TaskShard
 from pyvision_jax.data.tasks import Task
 from pyvision_jax.models import ModelConfig
@@ -35,8 +36,6 @@ from pyvision_jax.wiring.episodes import episode_config, sampling_params, sandbo
 from pyvision_jax.wiring.model import hf_dir, load_model, load_tokenizer, model_config, tokenizer_dir
 from pyvision_jax.wiring.tasks import task_order_seed, training_tasks
 
-WEIGHTS_DIR = "weights"
-SPOOL_DIR = "inflight"
 TRAINER_CONSUMER = "trainer"
 MODES = ("sync", "async", "external")
 
