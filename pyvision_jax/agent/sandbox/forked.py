@@ -60,7 +60,7 @@ class ForkedRuntime(RuntimeHandle):
         super().__init__(config, template.mode, cancelled)
         self.media_root = SANDBOX_MEDIA
         self._exit_status: int | None = None
-        request_read, reply_write = self.child_fds
+        request_read, reply_write = self._child_fds
         self._status_fd, status_write = os.pipe()
         font_cache = matplotlib_font_cache() and SANDBOX_FONT_CACHE
         request = {

@@ -105,8 +105,8 @@ class RuntimeProcess(RuntimeHandle):
     ):
         super().__init__(config, mode, cancelled)
         media_dir = str(host_dir / "media")
-        request_read, reply_write = self.child_fds
-        child_fds = list(self.child_fds)
+        request_read, reply_write = self._child_fds
+        child_fds = list(self._child_fds)
         info_read = info_write = None
         font_cache = matplotlib_font_cache()
         if mode == "unisolated":

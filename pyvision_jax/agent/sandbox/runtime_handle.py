@@ -16,7 +16,7 @@ from pyvision_jax.agent.sandbox.uids import claim_uid, release_uid
 
 class RuntimeHandle:
     """The shared part of a started runtime. The constructor claims a uid (root mode) and
-    opens the channel's pipes; `child_fds` are the ends the runtime inherits (request read,
+    opens the channel's pipes; `_child_fds` are the ends the runtime inherits (request read,
     reply write). Subclasses start the runtime, set `_cgroup` where they make one, and end
     their processes in `_end_processes`.
 
@@ -36,7 +36,7 @@ class RuntimeHandle:
         request_read, request_write = os.pipe()
         reply_read, reply_write = os.pipe()
         self._channel = RuntimeChannel(request_write, reply_read, config, self._start_cancelled)
-        self.child_fds = [request_read, reply_write]
+        self._child_fds = [request_read, reply_write]
 
     @property
     def killed(self) -> bool:
