@@ -25,6 +25,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from pyvision_jax.convert import names
+from pyvision_jax.convert.hf_config import (
+    CONFIG_FILE,
+    hf_config_dict,
+    model_config_from_hf,
+    read_hf_config,
+    write_hf_config,
+)
 from pyvision_jax.convert.layout import hf_chunks, read_flax_leaf
 from pyvision_jax.convert.names import ParamPath
 from pyvision_jax.convert.safetensors_io import TensorEntry, TensorSpec, read_header, write_file
@@ -33,7 +40,6 @@ from pyvision_jax.models.config import ModelConfig
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 LayerOf = tuple[Any, int | None]
 """A tensor's place in a params tree: its leaf and the layer index within a stacked leaf."""
@@ -70,17 +76,6 @@ class CheckpointMismatchError(ValueError):
 
 
 # ---------------------------------------------------------------------------- load
-
-
-def read_hf_config(hf_dir: Path) -> dict[str, Any]:
-    """The raw config.json of an HF checkpoint directory."""
-    path = Path(hf_dir) / CONFIG_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file (expected a Hugging Face checkpoint directory)")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from None
 
 
 def side_files(hf_dir: str | os.PathLike) -> list[Path]:
@@ -182,7 +177,7 @@ def load_hf(
     """
     hf_dir = Path(hf_dir)
     hf_config = read_hf_config(hf_dir)
-    config = ModelConfig.from_hf_dict(hf_config, source=str(hf_dir / CONFIG_FILE))
+    config = model_config_from_hf(hf_config, source=str(hf_dir / CONFIG_FILE))
     entries = _checkpoint_entries(hf_dir, hf_config, weight_files, include)
     target = None if dtype is None else np.dtype(jnp.dtype(dtype))
     leaves = sorted(
@@ -223,7 +218,7 @@ def checked_tensors(config: ModelConfig, params: Mapping, complete: bool = True)
     """Every Hub tensor name of ``config``'s checkpoint -> (leaf, layer index or None) in
     ``params``, in checkpoint order, after checking the tree; one error lists every problem.
     ``complete=False`` accepts a tree of some leaves only (the names of the others are left out)."""
-    hf_config = config.to_hf_dict()
+    hf_config = hf_config_dict(config)
     expected = names.param_leaves(hf_config)
     found: dict[str, LayerOf] = {}
     unexpected, mis_shaped = [], []
@@ -261,7 +256,7 @@ def _export_specs(
     config: ModelConfig, params: Mapping, dtype: np.dtype | None
 ) -> tuple[dict[str, Any], list[tuple[TensorSpec, LayerOf]]]:
     """Hub config dict and the (spec, (leaf, layer)) pairs to write, after checking the tree."""
-    hf_config = config.to_hf_dict()
+    hf_config = hf_config_dict(config)
     shapes = names.checkpoint_shapes(hf_config)
     tensors = checked_tensors(config, params)
     specs = [
@@ -314,24 +309,13 @@ def exported_config(config: ModelConfig, source_dir: str | os.PathLike) -> dict[
     config.json: every key kept, after checking that it describes ``config``'s architecture."""
     source_config = read_hf_config(Path(source_dir))
     source = str(Path(source_dir) / CONFIG_FILE)
-    described = ModelConfig.from_hf_dict(source_config, source=source).replace(attention=config.attention)
+    described = model_config_from_hf(source_config, source=source).replace(attention=config.attention)
     if described != config:
         differing = [
             f.name for f in dataclasses.fields(config) if getattr(described, f.name) != getattr(config, f.name)
         ]
         raise ValueError(f"{source} describes another architecture than the params (differing: {', '.join(differing)})")
     return source_config
-
-
-def _set_dtype(hf_config: dict[str, Any], dtype_name: str) -> None:
-    """Records the stored dtype under ``torch_dtype`` and under every dtype key already there
-    (transformers v5 writes ``dtype``, nested configs their own)."""
-    hf_config["torch_dtype"] = dtype_name
-    for holder in (hf_config, hf_config.get("text_config"), hf_config.get("vision_config")):
-        if isinstance(holder, dict):
-            for key in ("dtype", "torch_dtype"):
-                if key in holder:
-                    holder[key] = dtype_name
 
 
 def save_hf(
@@ -351,7 +335,7 @@ def save_hf(
     ``model.safetensors``), ``config.json`` with the stored dtype, and ``extra_files``
     (tokenizer, chat template, ...) copied beside them. config.json is that of the HF directory
     ``config_from`` with all its keys when given (the model the params were trained from; it
-    must describe ``config``'s architecture), else ``config.to_hf_dict()``. Everything is
+    must describe ``config``'s architecture), else ``hf_config_dict(config)``. Everything is
     written into a temporary sibling directory that is renamed into place at the end, so a
     crash never leaves a half-written ``out_dir``. ``dtype`` casts on export.
     """
@@ -360,7 +344,6 @@ def save_hf(
     hf_config, specs = _export_specs(config, params, target)
     if config_from is not None:
         hf_config = exported_config(config, config_from)
-    _set_dtype(hf_config, _config_dtype(specs))
     shards = _plan_shards(specs, max_shard_bytes)
     file_names = (
         [SINGLE_FILE]
@@ -385,7 +368,7 @@ def save_hf(
             weight_map = {spec.name: f for f, shard in zip(file_names, shards) for spec, _ in shard}
             index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
             (staging / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-        (staging / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
+        write_hf_config(staging, hf_config, dtype=_config_dtype(specs))
         for file in extra:
             shutil.copy2(file, staging / file.name)
         _replace_dir(staging, out_dir)
@@ -411,7 +394,7 @@ def save_tensors(config: ModelConfig, params: Mapping, path: str | os.PathLike, 
     Hub-named tensors into one safetensors file, cast to ``dtype``; returns the bytes
     written. Leaves are copied to the host one tensor (one layer) at a time."""
     target = None if dtype is None else np.dtype(jnp.dtype(dtype))
-    shapes = names.checkpoint_shapes(config.to_hf_dict())
+    shapes = names.checkpoint_shapes(hf_config_dict(config))
     tensors = checked_tensors(config, params, complete=False)
     specs = [TensorSpec(n, np.dtype(target or leaf.dtype), shapes[n]) for n, (leaf, _) in tensors.items()]
     write_file(Path(path), specs, lambda spec: _host_chunks(tensors[spec.name], spec))

@@ -4,14 +4,13 @@ carried along so that a later export is a complete HF directory again.
 
 Layout::
 
-    DIR/config.json   (Hub layout, ModelConfig.to_hf_dict)
+    DIR/config.json   (Hub layout, convert.hf_config)
     DIR/params/       (orbax StandardCheckpointer)
     DIR/hf_files/     (optional, copied verbatim)
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import uuid
@@ -25,7 +24,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from pyvision_jax.convert import names
-from pyvision_jax.convert.hf import CONFIG_FILE, check_destination
+from pyvision_jax.convert.hf import check_destination
+from pyvision_jax.convert.hf_config import (
+    CONFIG_FILE,
+    hf_config_dict,
+    model_config_from_hf,
+    read_hf_config,
+    write_hf_config,
+)
 from pyvision_jax.convert.tree import Params, ShardingSpec, leaf_sharding, set_leaf
 from pyvision_jax.models.config import ModelConfig
 
@@ -50,7 +56,7 @@ def save_params(
         # writing, doubling peak host memory; bf16 weights gain little from it.
         with ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_compression=False)) as checkpointer:
             checkpointer.save(staging / PARAMS_DIR, args=ocp.args.PyTreeSave(dict(params)))
-        (staging / CONFIG_FILE).write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")
+        write_hf_config(staging, hf_config_dict(config))
         if extra:
             (staging / HF_FILES_DIR).mkdir()
             for file in extra:
@@ -97,8 +103,8 @@ def load_params(
     for required in (config_path, params_dir):
         if not required.exists():
             raise FileNotFoundError(f"{required}: no such file or directory (expected a params checkpoint)")
-    config = ModelConfig.from_hf_dir(config_path)
-    hf_config = json.loads(config_path.read_text())
+    hf_config = read_hf_config(config_path)
+    config = model_config_from_hf(hf_config, source=str(config_path))
     stored = _stored_leaves(params_dir)
     target: Params = {}
     problems = []

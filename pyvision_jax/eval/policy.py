@@ -25,15 +25,14 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from pyvision_jax.convert import load_hf, load_params
-from pyvision_jax.convert.orbax_io import HF_FILES_DIR
+from pyvision_jax.convert.hf_config import CONFIG_FILE
+from pyvision_jax.convert.orbax_io import HF_FILES_DIR, PARAMS_DIR
+from pyvision_jax.convert.run_layout import CHECKPOINT_DIR, RESOLVED_CONFIG, STATE_ITEM
 from pyvision_jax.models import ModelConfig, init_params
 from pyvision_jax.train.checkpoint import first_line, quiet_orbax
 
 CheckpointKind = Literal["hf", "params", "train"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-_TRAIN_ITEM = "state"
-_TRAIN_SUBDIR = "checkpoints"
-_RESOLVED_TRAIN_CONFIG = "config.json"
 
 
 class ParamsMismatchError(ValueError):
@@ -58,7 +57,7 @@ class LoadedPolicy:
 def _step_dirs(directory: Path) -> list[Path]:
     return (
         sorted(
-            (p for p in directory.iterdir() if p.name.isdigit() and (p / _TRAIN_ITEM).is_dir()),
+            (p for p in directory.iterdir() if p.name.isdigit() and (p / STATE_ITEM).is_dir()),
             key=lambda p: int(p.name),
         )
         if directory.is_dir()
@@ -69,9 +68,9 @@ def _step_dirs(directory: Path) -> list[Path]:
 def _train_step_dirs(path: Path) -> list[Path]:
     """The step directories a training-checkpoint path designates, newest first: the one
     step it names, or every step of a workdir or checkpoints directory."""
-    if (path / _TRAIN_ITEM).is_dir() and path.name.isdigit():
+    if (path / STATE_ITEM).is_dir() and path.name.isdigit():
         return [path]
-    for directory in (path, path / _TRAIN_SUBDIR):
+    for directory in (path, path / CHECKPOINT_DIR):
         steps = _step_dirs(directory)
         if steps:
             return steps[::-1]
@@ -83,9 +82,9 @@ def detect_checkpoint_kind(path: str | Path) -> CheckpointKind:
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory not found: {path}")
-    if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+    if (path / CONFIG_FILE).is_file() and any(path.glob("*.safetensors")):
         return "hf"
-    if (path / "config.json").is_file() and (path / "params").is_dir():
+    if (path / CONFIG_FILE).is_file() and (path / PARAMS_DIR).is_dir():
         return "params"
     if _train_step_dirs(path):
         return "train"
@@ -105,8 +104,8 @@ def run_config(step_dir: str | Path) -> dict[str, Any] | None:
     """The resolved config.json of the run whose checkpoint ``step_dir`` is (a dict with a
     ``model`` section), or None when no run config lies above it."""
     for parent in Path(step_dir).absolute().parents:
-        resolved = parent / _RESOLVED_TRAIN_CONFIG
-        if resolved.is_file() and (parent / _TRAIN_SUBDIR).is_dir():
+        resolved = parent / RESOLVED_CONFIG
+        if resolved.is_file() and (parent / CHECKPOINT_DIR).is_dir():
             data = json.loads(resolved.read_text())
             if isinstance(data, dict) and isinstance(data.get("model"), dict):
                 return data
@@ -121,7 +120,7 @@ def _train_model_config(step_dir: Path, model_for: ModelFor) -> ModelConfig:
 def _restore_train_params(step_dir: Path, model_config: ModelConfig, dtype: Any = None) -> Any:
     """The params subtree of a saved TrainState, cast to ``dtype`` (None: as stored)."""
     expected = jax.eval_shape(lambda: init_params(model_config))
-    state_dir = step_dir / _TRAIN_ITEM
+    state_dir = step_dir / STATE_ITEM
     stored = ocp.StandardCheckpointer().metadata(state_dir).item_metadata.tree
     if "params" not in stored:
         raise ValueError(f"{state_dir}: the saved train state has no 'params' entry")

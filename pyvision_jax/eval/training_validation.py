@@ -24,13 +24,12 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from pyvision_jax.convert.run_layout import TB_DIR, VALIDATION_DIR
 from pyvision_jax.eval.records import write_json_atomic
 from pyvision_jax.train import metric_names as tags
 from pyvision_jax.train.metrics import MetricsWriter
-from pyvision_jax.train.run_harness import TB_DIR
 from pyvision_jax.train.run_outputs import truncate_events
 
-VALIDATION_DIR = "validation"
 SCALARS_FILE = "scalars.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 

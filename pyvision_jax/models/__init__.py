@@ -1,6 +1,6 @@
 """Qwen2.5-VL in Flax NNX: vision tower, text decoder, M-RoPE position ids, sharding rules."""
 
-from pyvision_jax.models.config import ConfigError, ModelConfig, VisionConfig
+from pyvision_jax.models.config import ModelConfig, ModelConfigError, VisionConfig
 from pyvision_jax.models.qwen2_5_vl import (
     ModelInputs,
     Qwen2_5_VL,
@@ -19,8 +19,8 @@ from pyvision_jax.models.rope_index import decode_position_ids, rope_index, rope
 from pyvision_jax.models.text import KVCache
 
 __all__ = [
-    "ConfigError",
     "ModelConfig",
+    "ModelConfigError",
     "VisionConfig",
     "ModelInputs",
     "Qwen2_5_VL",

@@ -69,11 +69,11 @@ from pyvision_jax.rollout.engine_requests import (
 )
 from pyvision_jax.rollout.held_context import HeldContext, reusable_prefix
 from pyvision_jax.rollout.incremental_text import IncrementalText
-from pyvision_jax.rollout.named_params import params_like
 from pyvision_jax.rollout.prompt_block import prompt_block, suffix_positions
 from pyvision_jax.rollout.request_images import image_patches
 from pyvision_jax.rollout.sampling import SamplingArrays
 from pyvision_jax.rollout.slot_cache import SlotCache, smallest_bucket
+from pyvision_jax.rollout.weights.named_params import params_like
 
 DEFAULT_LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 

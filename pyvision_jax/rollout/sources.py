@@ -8,7 +8,7 @@
   thread through a `WeightsInbox` (loaded between batches).
 - `FleetSource`: external rollout workers (`launch/rollout_worker.py`) fill a queue (Redis);
   `publish` snapshots the params every `publish_every` steps and returns; a background thread
-  exports the snapshot (bf16, trainable groups, the frozen tower once; `rollout.weights`) and
+  exports the snapshot (bf16, trainable groups, the frozen tower once; `rollout.weights.publisher`) and
   announces it on the queue; groups a restarted worker delivers twice are dropped by key.
 
 Version accounting. The queue judges staleness against the newest weights delivered to the
@@ -37,8 +37,9 @@ from pyvision_jax.data.task_order import TaskShard
 from pyvision_jax.rollout.intake import GroupSpool, QueueIntake, Receipt
 from pyvision_jax.rollout.producer import GroupProducer
 from pyvision_jax.rollout.queue import DeliveredGroups, TrajectoryQueue
-from pyvision_jax.rollout.weight_sync import BackgroundPublisher, snapshot
-from pyvision_jax.rollout.weights import WeightsInbox, WeightsPublisher
+from pyvision_jax.rollout.weights.background import BackgroundPublisher, snapshot
+from pyvision_jax.rollout.weights.in_process import WeightsInbox
+from pyvision_jax.rollout.weights.publisher import WeightsPublisher
 from pyvision_jax.rollout.worker import RolloutWorker
 
 TASKS_DRAWN = "tasks_drawn"

@@ -48,6 +48,7 @@ import numpy as np
 
 from pyvision_jax.agent.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
 from pyvision_jax.convert.hf import checked_tensors, layer_value
+from pyvision_jax.convert.hf_config import hf_config_dict, load_model_config
 from pyvision_jax.convert.layout import hf_chunks
 from pyvision_jax.convert.names import checkpoint_shapes, tensor_kind
 from pyvision_jax.models import ModelConfig
@@ -97,7 +98,7 @@ def hf_tensors(config: ModelConfig, params: Mapping) -> Iterator[tuple[str, np.n
     The tree is checked against the checkpoint's tensors before anything is yielded, so a
     consumer never receives part of a mismatched tree.
     """
-    expected = checkpoint_shapes(config.to_hf_dict())
+    expected = checkpoint_shapes(hf_config_dict(config))
     untied = {k: v for k, v in params.items() if not (config.tie_word_embeddings and k == "lm_head")}
     tensors = checked_tensors(config, untied)
 
@@ -182,7 +183,7 @@ class VllmEngine:
                 "it (write one with pyvision_jax.rollout.vllm_engine.write_preprocessor_config)"
             )
         self.model_dir = model_dir
-        self.config = ModelConfig.from_hf_dir(model_dir)
+        self.config = load_model_config(model_dir)
         self.max_model_len = int(max_model_len)
         flag = os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if flag != "0":

@@ -29,7 +29,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -206,27 +206,10 @@ class RolloutWorker:
                 pauses += 1
                 if not self._wait_for_trainer(loaded):
                     break
-            for group in self.producer.produce(self.shard.take(cursor, count)):
-                queue_id = self._put(group)
-                if queue_id is None:
-                    return WorkerSummary(tuple(produced), cursor, tuple(loaded), pauses, True)
-                cursor += 1
-                if self.cursor_file is not None:
-                    self.cursor_file.save(cursor)
-                produced.append(
-                    ProducedGroup(
-                        key=group.key,
-                        queue_id=queue_id,
-                        cursor=cursor - 1,
-                        version=group.policy_version,
-                        rewards=group.scores.rewards,
-                    )
-                )
-                self.log(
-                    f"worker {c.worker_index}/{c.num_workers}: put {group.key} version "
-                    f"{group.policy_version} mean reward "
-                    f"{sum(group.scores.rewards) / len(group.scores.rewards):.3f}"
-                )
+            batch = self.producer.produce(self.shard.take(cursor, count))
+            cursor, stopped = self._put_groups(enumerate(batch, cursor), cursor, produced)
+            if stopped:
+                return WorkerSummary(tuple(produced), cursor, tuple(loaded), pauses, True)
         return WorkerSummary(tuple(produced), cursor, tuple(loaded), pauses, self._stop.is_set())
 
     def _run_stream(self, start: int, max_groups: int | None) -> WorkerSummary:
@@ -234,37 +217,40 @@ class RolloutWorker:
         completion order. The saved cursor is the end of the finished prefix of the shard
         order, so a restart redoes exactly the unfinished items and those finished past the
         first unfinished one; the consumer drops the redone ones it already has by key."""
-        c = self.config
         feed = _ShardFeed(self, start, max_groups)
         produced: list[ProducedGroup] = []
+        finished = (
+            (feed.cursors.pop((item.epoch, item.position)), group)
+            for item, group in self.producer.stream(feed, poll_s=self.config.poll_s)
+        )
+        cursor, stopped = self._put_groups(finished, start, produced)
+        return WorkerSummary(tuple(produced), cursor, tuple(feed.loaded), feed.pauses, stopped or self._stop.is_set())
+
+    def _put_groups(
+        self, groups: Iterable[tuple[int, TrajectoryGroup]], cursor: int, produced: list[ProducedGroup]
+    ) -> tuple[int, bool]:
+        """Puts each (shard position, group) as it comes, recording it in `produced`, and saves
+        the cursor: the end of the finished prefix of the shard order from `cursor`. Returns
+        (cursor, whether a stop cut a put short)."""
+        c = self.config
         finished: set[int] = set()
-        cursor = start
-        for item, group in self.producer.stream(feed, poll_s=c.poll_s):
+        for position, group in groups:
             queue_id = self._put(group)
             if queue_id is None:
-                return WorkerSummary(tuple(produced), cursor, tuple(feed.loaded), feed.pauses, True)
-            position = feed.cursors.pop((item.epoch, item.position))
+                return cursor, True
             finished.add(position)
             while cursor in finished:
                 finished.remove(cursor)
                 cursor += 1
             if self.cursor_file is not None:
                 self.cursor_file.save(cursor)
-            produced.append(
-                ProducedGroup(
-                    key=group.key,
-                    queue_id=queue_id,
-                    cursor=position,
-                    version=group.policy_version,
-                    rewards=group.scores.rewards,
-                )
-            )
+            rewards = group.scores.rewards
+            produced.append(ProducedGroup(group.key, queue_id, position, group.policy_version, rewards))
             self.log(
                 f"worker {c.worker_index}/{c.num_workers}: put {group.key} version "
-                f"{group.policy_version} mean reward "
-                f"{sum(group.scores.rewards) / len(group.scores.rewards):.3f}"
+                f"{group.policy_version} mean reward {sum(rewards) / len(rewards):.3f}"
             )
-        return WorkerSummary(tuple(produced), cursor, tuple(feed.loaded), feed.pauses, self._stop.is_set())
+        return cursor, False
 
     def _batch_size(self, cursor: int, max_groups: int | None, produced: int) -> int:
         """How many tasks the next batch takes (0: done), never past an epoch limit or max_groups."""
@@ -288,13 +274,16 @@ class RolloutWorker:
         staleness = self.config.max_staleness
         return staleness is not None and self.engine_version - self.queue.trainer_version() > staleness
 
-    def _wait_for_trainer(self, loaded: list[int]) -> bool:
-        """Polls until the trainer catches up (True) or a stop is requested (False)."""
+    def _log_pause(self) -> None:
         self.log(
             f"worker {self.config.worker_index}: engine version {self.engine_version} is more "
             f"than {self.config.max_staleness} ahead of trainer version "
             f"{self.queue.trainer_version()}; pausing"
         )
+
+    def _wait_for_trainer(self, loaded: list[int]) -> bool:
+        """Polls until the trainer catches up (True) or a stop is requested (False)."""
+        self._log_pause()
         while self._ahead_of_trainer():
             if self._stop.wait(self.config.poll_s):
                 return False
@@ -338,11 +327,7 @@ class _ShardFeed:
         if worker._ahead_of_trainer():
             if not self._paused:
                 self.pauses += 1
-                worker.log(
-                    f"worker {worker.config.worker_index}: engine version {worker.engine_version} is more "
-                    f"than {worker.config.max_staleness} ahead of trainer version "
-                    f"{worker.queue.trainer_version()}; pausing"
-                )
+                worker._log_pause()
             self._paused = True
             return []
         self._paused = False

@@ -25,11 +25,11 @@ from typing import Any, Callable
 import jax
 import orbax.checkpoint as ocp
 
+from pyvision_jax.convert.run_layout import CURSORS_ITEM, QUARANTINE_DIR, STATE_ITEM
 from pyvision_jax.train.state import TrainState
 
 logger = logging.getLogger(__name__)
 
-QUARANTINE_DIR = "checkpoints_damaged"
 """Beside the checkpoint directory: unreadable checkpoints moved aside, as STEP-TIMESTAMP."""
 
 
@@ -111,7 +111,7 @@ class TrainCheckpoints:
         self.every = every
         drop_stray_orbax_reports()  # a failed asynchronous save leaves such reports too
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=async_saves)
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "cursors"))
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=(STATE_ITEM, CURSORS_ITEM))
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()

@@ -25,6 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from pyvision_jax.agent.trajectory import TrajectoryGroup
+from pyvision_jax.convert.run_layout import TRAJECTORY_SAMPLE
 from pyvision_jax.models import ModelConfig, param_logical_axes
 from pyvision_jax.train import metric_names as tags
 from pyvision_jax.train.batch_placement import shard_batch
@@ -53,8 +54,6 @@ from pyvision_jax.train.state import (
 )
 from pyvision_jax.train.step import StepConfig, make_train_step
 from pyvision_jax.train.validator import Validator
-
-TRAJECTORY_SAMPLE = "trajectories.jsonl"
 
 
 @dataclasses.dataclass(frozen=True)

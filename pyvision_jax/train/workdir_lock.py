@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-LOCK_FILE = ".lock"
+from pyvision_jax.convert.run_layout import LOCK_FILE
+
 _HELD: dict[Path, list[int]] = {}
 """Locks this process holds: path -> [file descriptor, holders]."""
 

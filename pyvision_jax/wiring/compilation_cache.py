@@ -7,7 +7,7 @@ from pathlib import Path
 
 import jax
 
-COMPILATION_CACHE_DIR = "jax_cache"
+from pyvision_jax.convert.run_layout import COMPILATION_CACHE_DIR
 
 
 def use_compilation_cache(workdir: str | os.PathLike) -> Path:

@@ -13,7 +13,7 @@ import ml_collections
 from transformers import AutoTokenizer
 
 from pyvision_jax.convert import load_hf
-from pyvision_jax.convert.hf import read_hf_config
+from pyvision_jax.convert.hf_config import load_model_config
 from pyvision_jax.models import ModelConfig, init_params
 from pyvision_jax.models.attention import AttentionConfig
 from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR, load_tiny_tokenizer
@@ -67,7 +67,7 @@ def attention_config(model: ml_collections.ConfigDict) -> AttentionConfig:
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     """The architecture of model.hf_dir, else of model.preset, with the model.attention kernel."""
     if config.model.hf_dir:
-        model = ModelConfig.from_hf_dict(read_hf_config(Path(hf_dir(config))), source=hf_dir(config))
+        model = load_model_config(hf_dir(config))
     else:
         model = ModelConfig.preset(config.model.preset)
     return model.replace(attention=attention_config(config.model))

@@ -15,6 +15,8 @@ import ml_collections
 from pyvision_jax.agent.engine import Engine
 from pyvision_jax.agent.episode import EpisodeConfig
 from pyvision_jax.agent.runner import SandboxSource
+from pyvision_jax.convert.hf_config import load_model_config
+from pyvision_jax.convert.run_layout import SPOOL_DIR, WEIGHTS_DIR
 from pyvision_jax.data.task_order import TaskShard
 from pyvision_jax.data.tasks import Task
 from pyvision_jax.models import ModelConfig
@@ -23,15 +25,10 @@ from pyvision_jax.rollout.producer import GroupProducer, ProducerConfig
 from pyvision_jax.rollout.queue import DeliveredGroups, QueueConfig, TrajectoryQueue, make_queue
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine, script_from_file
 from pyvision_jax.rollout.sources import BackgroundSource, FleetSource, SyncSource
-from pyvision_jax.rollout.weights import (
-    HfTensorsWatcher,
-    WeightsInbox,
-    WeightsPublisher,
-    WeightsWatcher,
-    check_complete,
-    latest_complete,
-    published_files,
-)
+from pyvision_jax.rollout.weights.in_process import WeightsInbox
+from pyvision_jax.rollout.weights.publisher import WeightsPublisher
+from pyvision_jax.rollout.weights.version_dirs import check_complete, latest_complete, published_files
+from pyvision_jax.rollout.weights.watchers import HfTensorsWatcher, WeightsWatcher
 from pyvision_jax.rollout.worker import CursorFile, RolloutWorker, WorkerConfig, cursor_path
 from pyvision_jax.wiring.credentials import queue_password
 from pyvision_jax.wiring.engines import jax_engine, require_vllm, vllm_engine, vllm_model_dir
@@ -39,8 +36,6 @@ from pyvision_jax.wiring.episodes import episode_config, sampling_params, sandbo
 from pyvision_jax.wiring.model import hf_dir, load_model, load_tokenizer, model_config, tokenizer_dir
 from pyvision_jax.wiring.tasks import task_order_seed, training_tasks
 
-WEIGHTS_DIR = "weights"
-SPOOL_DIR = "inflight"
 TRAINER_CONSUMER = "trainer"
 MODES = ("sync", "async", "external")
 
@@ -187,7 +182,7 @@ def _fleet_vllm_engine(
                 "(rollout.weights_dir, or announced on the queue)"
             )
         weight_files = published_files(source)  # with the frozen tower's file
-    model = ModelConfig.from_hf_dir(source)
+    model = load_model_config(source)
     e = config.episode
     model_dir = vllm_model_dir(
         source,

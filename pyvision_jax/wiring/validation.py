@@ -22,13 +22,13 @@ from PIL import Image
 from pyvision_jax.agent.episode import EpisodeConfig, EpisodeMachine
 from pyvision_jax.agent.prompts import ChatRenderer, format_question
 from pyvision_jax.agent.sandbox import SandboxConfig
+from pyvision_jax.convert.run_layout import CHECKPOINT_DIR, RESOLVED_CONFIG
 from pyvision_jax.data.sft_rows import load_sft_rows
 from pyvision_jax.data.tasks import Task
 from pyvision_jax.eval.policy import checkpoint_tokenizer_dir
 from pyvision_jax.models import ModelConfig
 from pyvision_jax.processing.image import smart_resize
 from pyvision_jax.processing.tokens import num_visual_tokens
-from pyvision_jax.train.run_harness import CHECKPOINT_DIR, RESOLVED_CONFIG
 from pyvision_jax.wiring.config_values import str_tuple
 from pyvision_jax.wiring.engines import require_vllm
 from pyvision_jax.wiring.episodes import episode_config, own_judge_prompt, sampling_params, scorer_routes

@@ -16,8 +16,8 @@ from safetensors.numpy import save_file
 from transformers import Qwen2_5_VLForConditionalGeneration
 
 from pyvision_jax.convert import CheckpointMismatchError, load_hf, save_hf
+from pyvision_jax.convert.hf_config import hf_config_dict, load_model_config
 from pyvision_jax.convert.tree import flatten_params
-from pyvision_jax.models.config import ModelConfig
 from tests.convert.hf_models import assert_same_tensors, hf_logits, random_hf_model, read_tensors
 
 
@@ -36,7 +36,7 @@ def _assert_same_params(a, b):
 
 def test_load_gives_the_contract_tree(hf_dir, hf_model):
     config, params = _load(hf_dir)
-    assert config == ModelConfig.from_hf_dir(hf_dir)
+    assert config == load_model_config(hf_dir)
     state = {k: v.numpy() for k, v in hf_model.state_dict().items()}
     flat = flatten_params(params)
     stacked = [path for path in flat if path[1] in ("layers", "blocks")]
@@ -273,7 +273,7 @@ def test_config_from_keeps_the_source_keys_and_refuses_another_architecture(hf_d
     }
     other = tmp_path / "other"
     other.mkdir()
-    (other / "config.json").write_text(json.dumps(config.replace(vocab_size=4096).to_hf_dict()))
+    (other / "config.json").write_text(json.dumps(hf_config_dict(config.replace(vocab_size=4096))))
     with pytest.raises(ValueError, match=r"other/config.json describes another architecture .*vocab_size"):
         save_hf(config, params, tmp_path / "refused", config_from=other, progress=False)
     assert not (tmp_path / "refused").exists()

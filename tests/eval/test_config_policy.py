@@ -7,6 +7,7 @@ import pytest
 
 from configs.tiny_cpu import get_config
 from pyvision_jax.convert import save_hf
+from pyvision_jax.convert.hf_config import hf_config_dict
 from pyvision_jax.models import ModelConfig, init_params
 from pyvision_jax.wiring.evaluation import config_policy
 
@@ -47,5 +48,5 @@ def test_the_embedded_default_is_the_packaged_sft_checkpoint_of_the_small_preset
     assert (config.model.preset, config.model.hf_dir) == ("small", "packaged:shapes_sft")
     policy = config_policy(config, progress=False)
     assert policy.kind == "hf" and policy.path.endswith("assets/shapes_sft")
-    assert policy.model_config.to_hf_dict() == ModelConfig.preset("small").to_hf_dict()
+    assert hf_config_dict(policy.model_config) == hf_config_dict(ModelConfig.preset("small"))
     assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(policy.params))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from pyvision_jax.convert import save_hf, save_params
+from pyvision_jax.convert.hf_config import hf_config_dict
 from pyvision_jax.data.tasks import write_tasks_jsonl
 from pyvision_jax.eval.policy import detect_checkpoint_kind
 from pyvision_jax.eval.records import REPORT_FILE, RESULTS_FILE, TRAJECTORIES_FILE
@@ -82,7 +83,7 @@ def test_mismatched_architecture_is_a_clear_error(checkpoints, tmp_path):
     """The trainer's resolved config names the architecture; here a wider vocabulary."""
     wider = tmp_path / "wider"
     wider.mkdir()
-    (wider / "config.json").write_text(json.dumps(ModelConfig.preset("tiny").replace(vocab_size=4096).to_hf_dict()))
+    (wider / "config.json").write_text(json.dumps(hf_config_dict(ModelConfig.preset("tiny").replace(vocab_size=4096))))
     workdir = tmp_path / "workdir"
     workdir.mkdir()
     trained = get_config()

@@ -10,13 +10,14 @@ import torch
 from safetensors.numpy import load_file
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
+from pyvision_jax.convert.hf_config import hf_config_dict
 from pyvision_jax.models.config import ModelConfig
 
 
 def build_hf_model(config: ModelConfig, out_dir: Path, seed: int = 0) -> Qwen2_5_VLForConditionalGeneration:
     """Random fp32 eager-attention model with O(1) logits, saved with save_pretrained."""
     torch.manual_seed(seed)
-    hf_config = Qwen2_5_VLConfig(**config.to_hf_dict())
+    hf_config = Qwen2_5_VLConfig(**hf_config_dict(config))
     model = Qwen2_5_VLForConditionalGeneration(hf_config).to(torch.float32)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -1,20 +1,20 @@
-"""Run in a subprocess with 8 host devices: sharded (fsdp 4 x tensor 2) vs 1-device logits."""
+"""Run in a subprocess with 8 host devices: sharded (fsdp 4 x tensor 2) vs 1-device logits.
 
-import os
+Run as `XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.models.mesh_check`
+(`tests/models/test_sharding.py` does): XLA reads the flag when JAX starts."""
+
 import sys
 import time
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax
+import numpy as np
+from jax.sharding import AxisType, PartitionSpec
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import AxisType, PartitionSpec  # noqa: E402
-
-from pyvision_jax.models import ModelConfig, logits, param_shapes, params_sharding  # noqa: E402
+from pyvision_jax.models import ModelConfig, logits, param_shapes, params_sharding
 
 
 def main() -> None:
-    assert jax.device_count() == 8, jax.devices()
+    assert jax.device_count() == 8, f"needs 8 devices (XLA_FLAGS, see the docstring), got {jax.devices()}"
     config = ModelConfig.preset("tiny")
     start = time.perf_counter()
     rng = np.random.default_rng(3)

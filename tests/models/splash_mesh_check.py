@@ -1,21 +1,20 @@
 """Run in a subprocess with 4 host devices: splash attention (Pallas interpret mode) under a
 data x fsdp mesh, rows sharded, equals the dense reference; the kernel runs per shard (no
-all-gather of the inputs)."""
+all-gather of the inputs).
 
-import os
+Run as `XLA_FLAGS=--xla_force_host_platform_device_count=4 python -m tests.models.splash_mesh_check`
+(`tests/models/test_attention.py` does): XLA reads the flag when JAX starts."""
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import AxisType, NamedSharding, PartitionSpec  # noqa: E402
-
-from pyvision_jax.models.attention import AttentionConfig, attention  # noqa: E402
+from pyvision_jax.models.attention import AttentionConfig, attention
 
 
 def main() -> None:
-    assert jax.device_count() == 4, jax.devices()
+    assert jax.device_count() == 4, f"needs 4 devices (XLA_FLAGS, see the docstring), got {jax.devices()}"
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((4, 150, n, 16)).astype(np.float32) for n in (4, 2, 2))
     segments = np.stack(

@@ -78,7 +78,7 @@ def test_splash_in_interpret_mode_matches_dense(causal):
 
 
 def test_splash_under_a_four_device_mesh_runs_per_shard_and_matches_dense():
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4")
     result = subprocess.run(
         [sys.executable, "-m", "tests.models.splash_mesh_check"],
         cwd=REPO,

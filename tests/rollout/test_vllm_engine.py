@@ -12,16 +12,16 @@ import time
 import jax
 import numpy as np
 import pytest
-import vllm  # noqa: E402,F401  (runs in .venv-vllm: scripts/install_fleet.sh cpu)
+import vllm  # noqa: F401  (runs in .venv-vllm: scripts/install_fleet.sh cpu)
 from PIL import Image
 
-from pyvision_jax.agent.engine import Engine, GenerationRequest, SamplingParams, StreamingEngine  # noqa: E402
-from pyvision_jax.convert import save_hf  # noqa: E402
-from pyvision_jax.models import ModelConfig, init_params, logits  # noqa: E402
-from pyvision_jax.processing import preprocess_images  # noqa: E402
-from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR  # noqa: E402
-from pyvision_jax.rollout.jax_engine import JaxEngine  # noqa: E402
-from pyvision_jax.rollout.vllm_engine import (  # noqa: E402
+from pyvision_jax.agent.engine import Engine, GenerationRequest, SamplingParams, StreamingEngine
+from pyvision_jax.convert import save_hf
+from pyvision_jax.models import ModelConfig, init_params, logits
+from pyvision_jax.processing import preprocess_images
+from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR
+from pyvision_jax.rollout.jax_engine import JaxEngine
+from pyvision_jax.rollout.vllm_engine import (
     VllmEngine,
     collapse_image_pads,
     hf_tensors,

@@ -16,26 +16,23 @@ import numpy as np
 import pytest
 
 from pyvision_jax.models import ModelConfig, init_params
-from pyvision_jax.rollout import weights as weights_module
 from pyvision_jax.rollout.queue import LocalTrajectoryQueue
 from pyvision_jax.rollout.vllm_engine import hf_tensors
-from pyvision_jax.rollout.weights import (
+from pyvision_jax.rollout.weights import loading
+from pyvision_jax.rollout.weights import publisher as publisher_module
+from pyvision_jax.rollout.weights.in_process import WeightsInbox, update_engines
+from pyvision_jax.rollout.weights.loading import load_latest, load_weights, open_hf_tensors
+from pyvision_jax.rollout.weights.publisher import WeightsPublisher
+from pyvision_jax.rollout.weights.version_dirs import (
     COMPLETE_MARKER,
     FROZEN_FILE,
     TRAINABLE_FILE,
-    HfTensorsWatcher,
     IncompleteWeightsError,
-    WeightsInbox,
-    WeightsPublisher,
-    WeightsWatcher,
     check_complete,
     complete_versions,
     latest_complete,
-    load_latest,
-    load_weights,
-    open_hf_tensors,
-    update_engines,
 )
+from pyvision_jax.rollout.weights.watchers import HfTensorsWatcher, WeightsWatcher
 
 ROOT = Path(__file__).resolve().parents[2]
 BF16 = np.dtype(jnp.bfloat16)
@@ -137,7 +134,7 @@ def test_writer_failing_mid_write_leaves_nothing_loadable(tmp_path, model_config
     def crash(directory, version, **fields):
         raise KeyboardInterrupt("killed while writing")
 
-    monkeypatch.setattr(weights_module, "write_complete_marker", crash)
+    monkeypatch.setattr(publisher_module, "write_complete_marker", crash)
     with pytest.raises(KeyboardInterrupt):
         publisher.publish(2, filled(shapes, 2))
     assert any(".partial-" in p.name for p in tmp_path.iterdir())  # the debris is there
@@ -150,10 +147,10 @@ KILLED_WRITER = """
 import os, signal, sys
 import jax, numpy as np
 from pyvision_jax.models import ModelConfig, init_params
-from pyvision_jax.rollout import weights
+from pyvision_jax.rollout.weights.publisher import WeightsPublisher
 config = ModelConfig.preset("tiny")
 shapes = jax.eval_shape(lambda: init_params(config))
-publisher = weights.WeightsPublisher(sys.argv[1], config)
+publisher = WeightsPublisher(sys.argv[1], config)
 publisher.publish(1, jax.tree.map(lambda s: np.full(s.shape, 1, np.float32), shapes))
 real_rename = os.rename
 def rename(source, target):
@@ -298,13 +295,13 @@ def test_versions_hold_the_trainable_groups_in_bf16_and_name_the_frozen_tower_wr
 
 def test_watcher_reads_the_frozen_tower_once_and_casts_for_its_engine(tmp_path, model_config, shapes, monkeypatch):
     reads = []
-    real_load_hf = weights_module.load_hf
+    real_load_hf = loading.load_hf
 
     def spying(path, **kwargs):
         reads.append(kwargs["include"] is None)
         return real_load_hf(path, **kwargs)
 
-    monkeypatch.setattr(weights_module, "load_hf", spying)
+    monkeypatch.setattr(loading, "load_hf", spying)
     queue = LocalTrajectoryQueue()
     publisher = WeightsPublisher(tmp_path, model_config, queue=queue, frozen_groups=("visual",))
     engine = RecordingEngine()

@@ -1,26 +1,25 @@
 """Run in a subprocess with 8 host devices: the loss and gradients of the train step on a
-fsdp=4 x tensor=2 mesh equal those on one device. Prints SHARDED-OK on success."""
+fsdp=4 x tensor=2 mesh equal those on one device. Prints SHARDED-OK on success.
 
-import os
+Run as `XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.train.sharded_step_check`
+(`tests/train/test_sharded_step.py` does): XLA reads the flag when JAX starts."""
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+import dataclasses
 
-import dataclasses  # noqa: E402
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-from pyvision_jax.models import ModelConfig, init_params, param_logical_axes  # noqa: E402
-from pyvision_jax.train.batch_placement import shard_batch  # noqa: E402
-from pyvision_jax.train.batching import BatchingConfig, pack_batch  # noqa: E402
-from pyvision_jax.train.mesh import make_mesh  # noqa: E402
-from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings  # noqa: E402
-from pyvision_jax.train.step import StepConfig, loss_and_grads  # noqa: E402
-from tests.train.trajectories import make_trajectory  # noqa: E402
+from pyvision_jax.models import ModelConfig, init_params, param_logical_axes
+from pyvision_jax.train.batch_placement import shard_batch
+from pyvision_jax.train.batching import BatchingConfig, pack_batch
+from pyvision_jax.train.mesh import make_mesh
+from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings
+from pyvision_jax.train.step import StepConfig, loss_and_grads
+from tests.train.trajectories import make_trajectory
 
 
 def main() -> None:
-    assert len(jax.devices()) == 8, jax.devices()
+    assert len(jax.devices()) == 8, f"needs 8 devices (XLA_FLAGS, see the docstring), got {jax.devices()}"
     base = ModelConfig.preset("tiny")
     config = dataclasses.replace(
         base, num_hidden_layers=1, vision=dataclasses.replace(base.vision, depth=2, fullatt_block_indexes=(1,))

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from pyvision_jax.train.checkpoint import QUARANTINE_DIR, TrainCheckpoints
+from pyvision_jax.convert.run_layout import QUARANTINE_DIR
+from pyvision_jax.train.checkpoint import TrainCheckpoints
 from pyvision_jax.train.workdir_lock import LOCK_FILE, WorkdirLock, WorkdirLockedError
 from tests.train.test_launch import launch
 

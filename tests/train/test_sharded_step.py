@@ -16,6 +16,7 @@ def test_fsdp_tensor_mesh_matches_one_device():
         os.environ,
         PYTHONPATH=str(ROOT),
         JAX_PLATFORMS="cpu",
+        XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8",
         JAX_COMPILATION_CACHE_DIR=COMPILATION_CACHE,
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
     )

@@ -5,20 +5,19 @@ from __future__ import annotations
 import os
 import select
 import signal
-import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-from pyvision_jax.agent.sandbox.cgroups import MemoryCgroup, SandboxMemory
-from pyvision_jax.agent.sandbox.channel import CallTimeout, ChannelClosed, RuntimeChannel, wait_ready
+from pyvision_jax.agent.sandbox.cgroups import SandboxMemory
+from pyvision_jax.agent.sandbox.channel import CallTimeout, ChannelClosed, wait_ready
 from pyvision_jax.agent.sandbox.config import SandboxConfig
 from pyvision_jax.agent.sandbox.errors import SandboxStartError
 from pyvision_jax.agent.sandbox.font_cache import matplotlib_font_cache
 from pyvision_jax.agent.sandbox.isolation import SANDBOX_FONT_CACHE, SANDBOX_MEDIA, SANDBOX_WORKDIR
 from pyvision_jax.agent.sandbox.process import runtime_settings
+from pyvision_jax.agent.sandbox.runtime_handle import RuntimeHandle
 from pyvision_jax.agent.sandbox.template import RuntimeTemplate, TemplateGone
-from pyvision_jax.agent.sandbox.uids import claim_uid, release_uid
 
 # How long kill() waits for the init to end (with it, everything in its PID namespace).
 _KILL_WAIT_S = 30.0
@@ -39,7 +38,7 @@ def _has_exited(pidfd: int, wait_s: float) -> bool:
     return bool(poller.poll(int(wait_s * 1000)))
 
 
-class ForkedRuntime:
+class ForkedRuntime(RuntimeHandle):
     """One runtime forked from a template: its init (PID 1 of its namespaces, `pid` here),
     the runtime under it, and its channel.
 
@@ -58,20 +57,11 @@ class ForkedRuntime:
         cancelled: Callable[[], bool],
         memory: SandboxMemory | None = None,
     ):
-        self.config = config
-        self.mode = template.mode
+        super().__init__(config, template.mode, cancelled)
         self.media_root = SANDBOX_MEDIA
-        self._cancelled = cancelled
-        self._starting = True
-        self._kill_lock = threading.RLock()
-        self._killed = False
         self._exit_status: int | None = None
-        self._cgroup: MemoryCgroup | None = None
-        self.uid = claim_uid() if self.mode == "root" else None
-        request_read, request_write = os.pipe()
-        reply_read, reply_write = os.pipe()
+        request_read, reply_write = self._child_fds
         self._status_fd, status_write = os.pipe()
-        self._channel = RuntimeChannel(request_write, reply_read, config, self._start_cancelled)
         font_cache = matplotlib_font_cache() and SANDBOX_FONT_CACHE
         request = {
             "sandbox": host_dir.name,
@@ -84,8 +74,7 @@ class ForkedRuntime:
                 request, [request_read, reply_write, status_write], config.startup_timeout_s
             )
         except BaseException:
-            release_uid(self.uid)
-            self._channel.close()
+            self._release()
             os.close(self._status_fd)
             raise
         finally:
@@ -108,27 +97,8 @@ class ForkedRuntime:
                 raise
             raise SandboxStartError(f"forked sandbox runtime did not start ({type(exc).__name__}: {exc})") from exc
 
-    @property
-    def killed(self) -> bool:
-        return self._killed
-
     def running(self) -> bool:
         return not self._killed and not _has_exited(self._pidfd, 0)
-
-    def _start_cancelled(self) -> bool:
-        return self._starting and self._cancelled()
-
-    def call(self, message: dict[str, Any], timeout_s: float) -> tuple[dict[str, Any], bytes]:
-        """Sends one request and returns its reply; raises CallTimeout, ChannelClosed or
-        ProtocolError (after which the runtime must be killed)."""
-        if self._killed:
-            raise ChannelClosed()
-        return self._channel.call(message, timeout_s)
-
-    def oom_kills(self) -> int:
-        """How many of its processes the kernel killed for reaching the sandbox's memory
-        limit (0 where memory is limited per process)."""
-        return 0 if self._cgroup is None else self._cgroup.oom_kills()
 
     def exit_status(self, wait_s: float) -> int | None:
         """How the runtime ended (its exit code, or 128 + the signal that killed it), as its
@@ -143,21 +113,13 @@ class ForkedRuntime:
                 self._exit_status = int.from_bytes(data, "little")
         return self._exit_status
 
-    def kill(self) -> None:
-        """Kills the init, which ends everything in the runtime's PID namespace, waits until
-        it has, then removes its memory cgroup."""
-        with self._kill_lock:
-            if self._killed:
-                return
-            self._killed = True
-            try:
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            _has_exited(self._pidfd, _KILL_WAIT_S)
-            for fd in (self._pidfd, self._status_fd):
-                os.close(fd)
-            if self._cgroup is not None:
-                self._cgroup.remove()
-            release_uid(self.uid)
-            self._channel.close()
+    def _end_processes(self) -> None:
+        """Kills the init, which ends everything in the runtime's PID namespace, and waits
+        until it has."""
+        try:
+            signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _has_exited(self._pidfd, _KILL_WAIT_S)
+        for fd in (self._pidfd, self._status_fd):
+            os.close(fd)

@@ -7,13 +7,11 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from pyvision_jax.agent.sandbox.cgroups import SandboxMemory
-from pyvision_jax.agent.sandbox.channel import ChannelClosed, RuntimeChannel
 from pyvision_jax.agent.sandbox.config import SandboxConfig
 from pyvision_jax.agent.sandbox.errors import SandboxStartError
 from pyvision_jax.agent.sandbox.font_cache import matplotlib_font_cache
@@ -28,8 +26,8 @@ from pyvision_jax.agent.sandbox.isolation import (
     runtime_environment,
 )
 from pyvision_jax.agent.sandbox.launched import LaunchedProcess
+from pyvision_jax.agent.sandbox.runtime_handle import RuntimeHandle
 from pyvision_jax.agent.sandbox.seccomp import seccomp_program
-from pyvision_jax.agent.sandbox.uids import claim_uid, release_uid
 
 
 def runtime_command(runtime_dir: str) -> list[str]:
@@ -89,13 +87,11 @@ def describe_exit(status: int | None, config: SandboxConfig) -> str:
     return f"exited with status {status}"
 
 
-class RuntimeProcess:
-    """One started runtime: its process, its channel, and how to kill it.
+class RuntimeProcess(RuntimeHandle):
+    """One launched runtime: its process (bubblewrap, or the runtime unisolated).
 
-    `cancelled` is consulted while the runtime starts; once it answers True the start is
-    abandoned with SandboxStartError. Where `memory` makes cgroups, the launched process
-    enters one of its own before it executes bubblewrap (or the runtime), so the whole tree
-    is born in it.
+    Where `memory` makes cgroups, the launched process enters one of its own before it
+    executes bubblewrap (or the runtime), so the whole tree is born in it.
     """
 
     def __init__(
@@ -107,19 +103,10 @@ class RuntimeProcess:
         cancelled: Callable[[], bool],
         memory: SandboxMemory,
     ):
-        self.config = config
-        self._cancelled = cancelled
-        self._starting = True
-        self.mode = mode
-        self.uid = claim_uid() if mode == "root" else None
-        self._kill_lock = threading.RLock()
-        self._killed = False
-        self._cgroup = None
+        super().__init__(config, mode, cancelled)
         media_dir = str(host_dir / "media")
-        request_read, request_write = os.pipe()
-        reply_read, reply_write = os.pipe()
-        self._channel = RuntimeChannel(request_write, reply_read, config, self._start_cancelled)
-        child_fds = [request_read, reply_write]
+        request_read, reply_write = self._child_fds
+        child_fds = list(self._child_fds)
         info_read = info_write = None
         font_cache = matplotlib_font_cache()
         if mode == "unisolated":
@@ -155,10 +142,7 @@ class RuntimeProcess:
                 argv, child_fds, env, workdir if mode == "unisolated" else "/", host_dir / "launcher.log", info_read
             )
         except BaseException:
-            if self._cgroup is not None:
-                self._cgroup.remove()
-            release_uid(self.uid)
-            self._channel.close()
+            self._release()
             for fd in child_fds + [info_read]:
                 if fd is not None:
                     os.close(fd)
@@ -186,40 +170,12 @@ class RuntimeProcess:
         """Host pid of the outermost process (bubblewrap, or the runtime unisolated)."""
         return self._launched.pid
 
-    @property
-    def killed(self) -> bool:
-        return self._killed
-
     def running(self) -> bool:
         return not self._killed and self._launched.poll() is None
-
-    def _start_cancelled(self) -> bool:
-        return self._starting and self._cancelled()
-
-    def call(self, message: dict[str, Any], timeout_s: float) -> tuple[dict[str, Any], bytes]:
-        """Sends one request and returns its reply; raises CallTimeout, ChannelClosed or
-        ProtocolError (after which the runtime must be killed)."""
-        if self._killed:
-            raise ChannelClosed()
-        return self._channel.call(message, timeout_s)
 
     def exit_status(self, wait_s: float) -> int | None:
         return self._launched.wait(wait_s)
 
-    def oom_kills(self) -> int:
-        """How many of its processes the kernel killed for reaching the sandbox's memory
-        limit (0 where memory is limited per process)."""
-        return 0 if self._cgroup is None else self._cgroup.oom_kills()
-
-    def kill(self) -> None:
-        """Kills the runtime and everything in its namespace, reaps the launcher and removes
-        the runtime's memory cgroup."""
-        with self._kill_lock:
-            if self._killed:
-                return
-            self._killed = True
-            self._launched.kill()
-            if self._cgroup is not None:
-                self._cgroup.remove()
-            release_uid(self.uid)
-            self._channel.close()
+    def _end_processes(self) -> None:
+        """Kills the runtime and everything in its namespace and reaps the launcher."""
+        self._launched.kill()

@@ -9,8 +9,9 @@ dropped, then imports numpy, PIL and matplotlib for the code it runs. A pool's `
 imports them before it forks runtimes (it runs no model code); each fork builds its namespaces
 (`namespaces`) and sets its limits before the request loop of `main` starts.
 
-Builtins: every module whose functions run after user code has first replaces its
-`__builtins__` with a private copy, so user code that replaces `builtins.print`, `len`,
+Builtins: every module whose functions run after user code replaces its `__builtins__` with
+a private copy after its imports and before its first definition (a function keeps the
+builtins of its module at the time it is defined), so user code that replaces `builtins.print`, `len`,
 `__import__`, ... breaks only its own later calls. For the same reason the `os` and `json`
 functions they use are bound when a module is imported.
 

@@ -4,13 +4,12 @@ stands in for descriptors 1 and 2."""
 from __future__ import annotations
 
 import builtins
+import io
+import os
+import select
+import threading
 
 globals()["__builtins__"] = dict(vars(builtins))  # a private copy: see the package docstring
-
-import io  # noqa: E402
-import os  # noqa: E402
-import select  # noqa: E402
-import threading  # noqa: E402
 
 CAPTURE_WRITE_FD = 1019
 CAPTURE_READ_FD = 1020

@@ -4,15 +4,14 @@ back, and the watch that ends the runtime when its owner is gone."""
 from __future__ import annotations
 
 import builtins
+import json
+import os
+import select
+from typing import Any
+
+from .protocol import HEADER, MAGIC, MAX_REQUEST_JSON_BYTES
 
 globals()["__builtins__"] = dict(vars(builtins))  # a private copy: see the package docstring
-
-import json  # noqa: E402
-import os  # noqa: E402
-import select  # noqa: E402
-from typing import Any  # noqa: E402
-
-from .protocol import HEADER, MAGIC, MAX_REQUEST_JSON_BYTES  # noqa: E402
 
 REQUEST_FD = 1021
 REPLY_FD = 1022

@@ -9,15 +9,14 @@ sandbox serves one episode."""
 from __future__ import annotations
 
 import builtins
+import importlib
+import io
+import os
+import sys
+import types
+from typing import Any, Callable
 
 globals()["__builtins__"] = dict(vars(builtins))  # a private copy: see the package docstring
-
-import importlib  # noqa: E402
-import io  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-import types  # noqa: E402
-from typing import Any, Callable  # noqa: E402
 
 BACKEND_MODULE = "pyvision_sandbox_backend"
 

@@ -7,21 +7,20 @@ template, which passes the settings of the fork's request."""
 from __future__ import annotations
 
 import builtins
+import json
+import os
+import resource
+import shutil
+import sys
+import threading
+
+from .capture import CAPTURE_READ_FD, CAPTURE_WRITE_FD
+from .channel import REPLY_FD, REQUEST_FD, read_frame, watch_host, write_frame
+from .namespaces import clear_capabilities, drop_bounding_capabilities
+from .protocol import READY_OP, REPLY_OP
+from .session import Session, error_text
 
 globals()["__builtins__"] = dict(vars(builtins))  # a private copy: see the package docstring
-
-import json  # noqa: E402
-import os  # noqa: E402
-import resource  # noqa: E402
-import shutil  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-
-from .capture import CAPTURE_READ_FD, CAPTURE_WRITE_FD  # noqa: E402
-from .channel import REPLY_FD, REQUEST_FD, read_frame, watch_host, write_frame  # noqa: E402
-from .namespaces import clear_capabilities, drop_bounding_capabilities  # noqa: E402
-from .protocol import READY_OP, REPLY_OP  # noqa: E402
-from .session import Session, error_text  # noqa: E402
 
 
 def _set_limits(limits: dict[str, int]) -> None:

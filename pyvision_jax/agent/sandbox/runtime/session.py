@@ -4,25 +4,24 @@ collects what it printed and showed."""
 from __future__ import annotations
 
 import builtins
+import io
+import linecache
+import os
+import sys
+import traceback
+import types
+from typing import Any
 
-globals()["__builtins__"] = dict(vars(builtins))  # a private copy: see the package docstring
-
-import io  # noqa: E402
-import linecache  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-import traceback  # noqa: E402
-import types  # noqa: E402
-from typing import Any  # noqa: E402
-
-from .capture import (  # noqa: E402
+from .capture import (
     CAPTURE_READ_FD,
     CAPTURE_WRITE_FD,
     CaptureStream,
     DescriptorDrain,
     OutputCapture,
 )
-from .images import ImageCollector, LazyModule, install_matplotlib_backend, make_display  # noqa: E402
+from .images import ImageCollector, LazyModule, install_matplotlib_backend, make_display
+
+globals()["__builtins__"] = dict(vars(builtins))  # a private copy: see the package docstring
 
 MAX_ERROR_CHARS = 4000
 

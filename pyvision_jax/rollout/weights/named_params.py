@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pyvision_jax.convert.hf_config import hf_config_dict
 from pyvision_jax.convert.names import TensorKind, hub_name, is_tied_lm_head, tensor_kind
 from pyvision_jax.convert.tree import stack_tensors
 from pyvision_jax.models import ModelConfig
@@ -19,7 +20,7 @@ from pyvision_jax.models import ModelConfig
 def params_from_named(config: ModelConfig, named: Iterable[tuple[str, Any]]) -> dict:
     """A params tree from (Hub or transformers-v5 name, HF-layout array) pairs (numpy or torch);
     missing or unknown tensors raise."""
-    hf_config = config.to_hf_dict()
+    hf_config = hf_config_dict(config)
     tensors: dict[str, np.ndarray] = {}
     for name, array in named:
         if is_tied_lm_head(name, hf_config):
