@@ -35,9 +35,9 @@ use (NOGROUP), the trainer re-asserts its version and weights announcement on ev
 each producer puts again the groups it lost. For that a producer keeps every group it put until
 the trainer has taken it: `<ns>:consumed` (set by the acknowledging script) is an entry id
 below which every entry has left the stream, and `<ns>:epoch` is a token the first client of
-an empty server writes. Every put reads both; a changed epoch means the server lost its data,
-and the producer puts its kept groups again. Groups the trainer had
-taken already come back as repeats, which its dedup drops (`dedup.py`).
+an empty server writes. Every put (and a producer's `trainer_version`) reads both; a changed
+epoch means the server lost its data, and the producer puts its kept groups again. Groups the
+trainer had taken already come back as repeats, which its dedup drops (`dedup.py`).
 
 Delivery is at-least-once: an entry is redelivered only when it stayed unacknowledged for
 `claim_idle_ms` or its consumer restarted; XACK is not bound to a consumer, so whichever holder
