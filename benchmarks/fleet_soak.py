@@ -7,9 +7,8 @@ trained step. Each fault is injected once the fleet has recovered from the previ
   worker_kill      kill -9 of a worker mid-episode, restarted at once
   trainer_term     SIGTERM of the trainer (it saves and exits), restarted
   redis_persistent Redis killed and restarted on its append-only file
-  redis_volatile   Redis killed and restarted empty, as a server without persistence: the
-                   groups in its stream at that moment are lost by design (docs/fleet.md)
-                   and counted apart, not as lost
+  redis_volatile   Redis killed and restarted empty, as a server without persistence: each
+                   worker puts again the groups it put that the trainer had not taken
   worker_stall     a worker stopped (SIGSTOP) for --stall-s, then continued
   worker_disk_full the disk under a worker's cursor fills: the worker stops with one line,
                    the disk is freed and the worker restarted
@@ -18,11 +17,11 @@ At the end the workers are stopped (SIGTERM), the trainer drains the stream and 
 and the ledger is printed (and written to OUT/ledger.json): groups produced (distinct keys
 the workers put), trained (taken into a step's batch: trained on, or filtered by the
 selection), dropped by the trainer as repeats (a group put again after its worker died
-between the put and its cursor write), in flight at the end (in the stream or
-the trainer's spool), lost to the non-persistent restart, lost, trained twice; steps
-completed; the recovery time after each fault (to the next trained step, and for a worker
-fault to that worker's next group). The exit status is 1 when a group was lost or trained
-twice or a fault was not recovered from.
+between the put and its cursor write, or put again after a restart without persistence when
+the trainer had taken it already), put again after such a restart, in flight at the end (in
+the stream or the trainer's spool), lost, trained twice; steps completed; the recovery time
+after each fault (to the next trained step, and for a worker fault to that worker's next group).
+The exit status is 1 when a group was lost or trained twice or a fault was not recovered from.
 
     python benchmarks/fleet_soak.py --minutes 10
     python benchmarks/fleet_soak.py --minutes 2 --faults worker_kill,trainer_term,redis_volatile
@@ -58,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FAULTS = ("worker_kill", "trainer_term", "redis_persistent", "redis_volatile", "worker_stall", "worker_disk_full")
 NAMESPACE = "soak"
 PUT_LINE = re.compile(r"worker (\d+)/\d+: put (\S+) version (\d+)")
+PUT_AGAIN_LINE = re.compile(r"restarted without its data: putting (\d+) groups again")
 RECOVERY_LIMIT_S = 600.0
 
 CONFIG = """
@@ -159,6 +159,20 @@ class Redis:
         with contextlib.closing(self.client()) as client:
             entries = client.xrange(f"{NAMESPACE}:groups")
         return [TrajectoryGroup.from_bytes(fields[b"p"]).key for _, fields in entries if b"p" in fields]
+
+    def kill_counting_ready(self) -> tuple[int, Counter]:
+        """Kills the server with its writes paused (nothing is put or taken meanwhile); returns
+        how many entries were waiting undelivered in the stream and the event counters."""
+        with contextlib.closing(self.client()) as client:
+            client.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+            length = client.xlen(f"{NAMESPACE}:groups")
+            try:
+                pending = int(client.xpending(f"{NAMESPACE}:groups", "trainer")["pending"])
+            except redis.ResponseError:  # no consumer group yet
+                pending = 0
+            counters = self.counters()
+        self.kill()
+        return length - pending, counters
 
 
 class Fleet:
@@ -290,12 +304,13 @@ def inject(name: str, fleet: Fleet, queue: Redis, args: argparse.Namespace, note
         waited = next_step(fleet)
         row["next_step_s"] = None if waited is None else time.monotonic() - start
     elif name in ("redis_persistent", "redis_volatile"):
-        if name == "redis_volatile":  # what the wipe takes: the stream's groups and the counters
-            notes.setdefault("lost_to_volatile_restart", []).extend(queue.stream_keys())
-            notes.setdefault("counters_before_wipes", Counter()).update(queue.counters())
-        queue.kill()
-        if name == "redis_volatile":
+        if name == "redis_volatile":  # what the wipe takes: the undelivered entries and the counters
+            ready, counters = queue.kill_counting_ready()
+            notes["ready_at_wipes"] = notes.get("ready_at_wipes", 0) + ready
+            notes.setdefault("counters_before_wipes", Counter()).update(counters)
             queue.wipe()
+        else:
+            queue.kill()
         time.sleep(args.outage_s)
         start = time.monotonic()
         queue.start()
@@ -342,27 +357,32 @@ def ledger(fleet: Fleet, queue: Redis, rows: list[dict[str, Any]], notes: dict[s
     in_stream = set(stream)
     spool = fleet.workdir / "inflight"
     spooled = {TrajectoryGroup.from_bytes(p.read_bytes()).key for p in spool.iterdir()} if spool.is_dir() else set()
-    wiped = notes.get("lost_to_volatile_restart", [])
-    volatile = set(wiped) - set(trained)
+    wiped = notes.get("ready_at_wipes", 0)
     produced = set(puts)
-    lost = sorted(produced - set(trained) - in_stream - spooled - volatile)
+    lost = sorted(produced - set(trained) - in_stream - spooled)
     twice = sorted(key for key, count in trained.items() if count > 1)
     return {
         "groups_produced": len(produced),
         "groups_trained": len(trained),
         "puts": counters["put"],
-        # every put is trained, in the stream or the spool at the end, wiped, dropped as too
-        # old or too new, or dropped by the trainer as a repeat
+        # every put is trained, in the stream or the spool at the end, wiped undelivered by a
+        # restart without persistence (and put again), dropped as too old or too new, or
+        # dropped by the trainer as a repeat
         "dropped_as_repeats": counters["put"]
         - len(trained)
         - len(stream)
         - len(spooled - set(trained))
-        - len(wiped)
+        - wiped
         - counters["dropped_stale"]
         - counters["dropped_future"],
         "dropped_stale_or_future": counters["dropped_stale"] + counters["dropped_future"],
         "in_flight_at_end": len((in_stream | spooled) - set(trained)),
-        "lost_to_volatile_restart": len(volatile),
+        "wiped_undelivered": wiped,
+        "put_again_after_restarts": sum(
+            int(match.group(1))
+            for index in range(fleet.num_workers)
+            for match in PUT_AGAIN_LINE.finditer(fleet.worker_log(index))
+        ),
         "lost": len(lost),
         "lost_keys": lost,
         "trained_twice": len(twice),
@@ -378,7 +398,8 @@ def print_ledger(result: dict[str, Any]) -> None:
     print("\nledger")
     for key in (
         "groups_produced", "puts", "groups_trained", "dropped_as_repeats", "dropped_stale_or_future",
-        "in_flight_at_end", "lost_to_volatile_restart", "lost", "trained_twice", "steps_completed",
+        "wiped_undelivered", "put_again_after_restarts", "in_flight_at_end", "lost", "trained_twice",
+        "steps_completed",
     ):  # fmt: skip
         print(f"  {key:26s} {result[key]}")
     print("faults (recovery: seconds to the next trained step / to the worker's next group)")

@@ -1,8 +1,8 @@
 """benchmarks/fleet_soak.py in its short form: a trainer, two JAX rollout workers and Redis for
 two minutes of faults (a worker killed mid-episode, the trainer stopped and restarted, Redis
-restarted empty as a server without persistence). The script's own ledger decides: it exits 0
-only when no group was lost or trained twice and every fault was recovered from; the test
-also checks the ledger's figures add up."""
+restarted empty as a server without persistence, whose groups the workers put again). The
+script's own ledger decides: it exits 0 only when no group was lost or trained twice and every
+fault was recovered from; the test also checks the ledger's figures add up."""
 
 import json
 import subprocess
@@ -34,4 +34,7 @@ def test_the_short_soak_loses_no_group_and_trains_none_twice(tmp_path):
     assert ledger["steps_completed"] >= 2 and ledger["groups_trained"] >= 4
     assert ledger["puts"] >= ledger["groups_produced"] >= ledger["groups_trained"]
     assert ledger["dropped_as_repeats"] >= 0  # every put is accounted for
+    # each worker keeps at least its last put until it sees it taken, so the restart without
+    # persistence made each put again; every entry the restart wiped undelivered among them
+    assert ledger["put_again_after_restarts"] >= max(1, ledger["wiped_undelivered"])
     assert "ledger" in done.stdout and "groups_produced" in done.stdout

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.rollout.queue import DeliveredGroups, QueueConfig, make_queue
 from tests.rollout.minimal_groups import scored_group
 from tests.rollout.redis_server import RedisServer
@@ -41,9 +42,10 @@ def test_operations_wait_through_a_restart(tmp_path, persistent):
         worker.put(b"during", version=0)  # waits for the server, then goes through
         restarting.join()
         payloads = [item.payload for item in trainer.get(max_groups=5, timeout=5)]
-        # With AOF nothing is lost; without persistence the stream restarted empty, and the
+        # With AOF nothing is lost; without persistence the stream restarted empty, the
+        # worker put "before" again as soon as its next put saw the new epoch, and the
         # trainer's consumer group came back on first use (NOGROUP).
-        assert payloads == ([b"before", b"during"] if persistent else [b"during"])
+        assert payloads == ([b"before", b"during"] if persistent else [b"during", b"before"])
         trainer.set_trainer_version(3)
         assert worker.trainer_version() == 3
         trainer.close()
@@ -68,6 +70,47 @@ def test_the_trainers_dedup_waits_through_a_restart(tmp_path):
         )  # asked during the outage, answered after it: committed, kept by the AOF
         restarting.join()
         dedup.close()
+    finally:
+        server.stop()
+
+
+def test_a_restart_without_persistence_loses_no_group_and_trains_none_twice(tmp_path):
+    """Groups in the stream at the restart are put again by their worker; groups the trainer
+    took before it come back as repeats its dedup drops, also a restarted trainer's dedup."""
+    server = RedisServer(tmp_path, persistent=False)
+    try:
+        trainer, worker = open_queue(server.url, consumer="trainer"), open_queue(server.url)
+        config = QueueConfig(backend="redis", redis_url=server.url, namespace="outage", outage_s=30.0)
+        dedup = DeliveredGroups.for_queue(config)
+
+        def take(count):
+            items = trainer.get(max_groups=count, timeout=5)
+            trainer.ack([item.id for item in items])
+            groups = [TrajectoryGroup.from_bytes(item.payload) for item in items]
+            return [group.key for group in groups if dedup.admit(group)]
+
+        for task in ("t0", "t1"):
+            worker.put(scored_group(task, 0))
+        assert take(2) == ["t0#0", "t1#0"]
+        dedup.commit(["t0#0", "t1#0"])  # trained and checkpointed
+        worker.put(scored_group("t2", 0))  # the worker sees t0 and t1 taken and forgets them
+        worker.put(scored_group("t3", 0))  # still in the stream at the restart
+        assert take(1) == ["t2#0"]  # taken, not yet checkpointed; the worker has not seen it taken
+        server.kill()
+        server.restart()
+        worker.put(scored_group("t4", 0))  # a new epoch: t2 and t3 are put again
+        assert trainer.stats().put_total == 3
+        assert sorted(take(5)) == ["t3#0", "t4#0"]  # t2 again: a repeat
+        dedup.commit(["t2#0", "t3#0", "t4#0"])  # writes back the keys the restart lost
+        restarted = DeliveredGroups.for_queue(config)
+        assert [restarted.admit(scored_group(task, 0)) for task in ("t0", "t1", "t2", "t5")] == [
+            False,
+            False,
+            False,
+            True,
+        ]
+        for closable in (trainer, worker, dedup, restarted):
+            closable.close()
     finally:
         server.stop()
 

@@ -13,6 +13,8 @@ Keys, all under `namespace`:
   `<ns>:stats`           a hash of counters shared by every client (put, delivered, ...)
   `<ns>:trainer_version` the trainer's current version
   `<ns>:weights`         a hash {version, location} of the latest published weights
+  `<ns>:epoch`           a token naming the server's data (see Outages)
+  `<ns>:consumed`        an entry id: every entry below it has been taken or dropped
 
 Acknowledged entries are deleted from the Stream (XACK then XDEL, in one script), so the
 Stream's length is exactly the backlog (ready + pending). `put` adds an entry only while that
@@ -26,11 +28,16 @@ restarted under the same name (e.g. a trainer resuming with a fixed `consumer`) 
 the entries it held unacknowledged before, without waiting for `claim_idle_ms`.
 
 Outages. Every operation survives the server being unreachable for up to `outage_s`: it
-retries with backoff, then fails with one line naming the server and how long it waited. A
-server restarted without persistence comes back empty: the consumer group is created again
-on first use (NOGROUP), and the trainer re-asserts its version and weights announcement on
-every poll. What was in the stream is lost with such a restart; run Redis with AOF
-(`appendonly yes`, `appendfsync everysec` or `always`) for groups to survive it.
+retries with backoff, then fails with one line naming the server and how long it waited. With
+AOF (`appendonly yes`, `appendfsync always`) a restart keeps every acknowledged put. A server
+restarted without persistence comes back empty: the consumer group is created again on first
+use (NOGROUP), the trainer re-asserts its version and weights announcement on every poll, and
+each producer puts again the groups it lost. For that a producer keeps every group it put until
+the trainer has taken it: `<ns>:consumed` (set by the acknowledging script) is an entry id
+below which every entry has left the stream, and `<ns>:epoch` is a token the first client of
+an empty server writes. Every put (and a producer's `trainer_version`) reads both; a changed
+epoch means the server lost its data, and the producer puts its kept groups again. Groups the
+trainer had taken already come back as repeats, which its dedup drops (`dedup.py`).
 
 Delivery is at-least-once: an entry is redelivered only when it stayed unacknowledged for
 `claim_idle_ms` or its consumer restarted; XACK is not bound to a consumer, so whichever holder
@@ -39,10 +46,13 @@ acknowledges first removes it and the other's `ack` returns 0.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import os
 import re
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -53,6 +63,7 @@ import redis
 from pyvision_jax.rollout.queue.base import (
     PublishedWeights,
     QueueAccessError,
+    QueueFullError,
     QueueStats,
     RawEntry,
     TrajectoryQueue,
@@ -62,30 +73,50 @@ from pyvision_jax.rollout.queue.base import (
 )
 
 # Adds the entry only while the stream (= the unacknowledged backlog) is below the bound.
+# Returns {id ('' when full), the server's epoch (written from ARGV[4] when missing)}.
 _PUT_SCRIPT = """
+local epoch = redis.call('GET', KEYS[3])
+if not epoch then
+  epoch = ARGV[4]
+  redis.call('SET', KEYS[3], epoch)
+end
 if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then
-  return false
+  return {'', epoch}
 end
 local id = redis.call('XADD', KEYS[1], '*', 'v', ARGV[2], 'p', ARGV[3])
 redis.call('HINCRBY', KEYS[2], 'put', 1)
-return id
+return {id, epoch}
 """
 
 # Acknowledges each id that is pending in the group and deletes only those (an id that is
-# not pending, e.g. never delivered, is left alone); counts them under the given field.
+# not pending, e.g. never delivered, is left alone); counts them under the given field and
+# moves the consumed mark: the stream's first entry, or past the newest deleted one when empty.
 _ACK_SCRIPT = """
-local done = 0
+local done, newest_ms, newest_seq = 0, -1, -1
 for i = 3, #ARGV do
   if redis.call('XACK', KEYS[1], ARGV[1], ARGV[i]) == 1 then
     redis.call('XDEL', KEYS[1], ARGV[i])
     done = done + 1
+    local ms, seq = string.match(ARGV[i], '^(%d+)-(%d+)$')
+    ms, seq = tonumber(ms), tonumber(seq)
+    if ms > newest_ms or (ms == newest_ms and seq > newest_seq) then
+      newest_ms, newest_seq = ms, seq
+    end
   end
 end
 if done > 0 then
   redis.call('HINCRBY', KEYS[2], ARGV[2], done)
+  local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+  if #first > 0 then
+    redis.call('SET', KEYS[3], first[1][1])
+  else
+    redis.call('SET', KEYS[3], string.format('%d-%d', newest_ms, newest_seq + 1))
+  end
 end
 return done
 """
+
+logger = logging.getLogger(__name__)
 
 _STREAM_ID = re.compile(r"^\d+-\d+$")
 _MAX_POLL_S = 1.0
@@ -105,6 +136,12 @@ def _through_outages(method: Callable[..., Any]) -> Callable[..., Any]:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _id_order(item_id: str) -> tuple[int, int]:
+    """A stream entry id as (milliseconds, sequence), which orders ids as Redis does."""
+    milliseconds, sequence = item_id.split("-")
+    return int(milliseconds), int(sequence)
 
 
 def redis_client(url: str, password: str | None = None, ca_file: str = "", **options: Any) -> redis.Redis:
@@ -183,6 +220,12 @@ class RedisTrajectoryQueue(TrajectoryQueue):
         self._stats_key = f"{namespace}:stats"
         self._version_key = f"{namespace}:trainer_version"
         self._weights_key = f"{namespace}:weights"
+        self._epoch_key = f"{namespace}:epoch"
+        self._consumed_key = f"{namespace}:consumed"
+        self._epoch: str | None = None  # the server's epoch at this producer's last put
+        self._kept: dict[str, tuple[bytes, int]] = {}  # id -> (payload, version) put, not yet taken
+        self._lost: list[tuple[bytes, int]] = []  # kept groups a restart without persistence lost
+        self._keeping = threading.RLock()
         self._poll_s = min(_MAX_POLL_S, self.claim_idle_ms / 2000)
         self._claim_cursor: bytes | str = "0-0"
         # Where to continue reading this consumer's earlier pending entries; None once done.
@@ -217,13 +260,34 @@ class RedisTrajectoryQueue(TrajectoryQueue):
                     raise
                 self._ensure_group()
 
-    @_through_outages
     def _put(self, payload: bytes, version: int, deadline: float) -> str:
+        with self._keeping:
+            self._put_lost(deadline)
+            item_id = self._put_kept(payload, version, deadline)
+            with contextlib.suppress(QueueFullError):  # at once, not at the next put
+                self._put_lost(deadline)
+            return item_id
+
+    def _put_lost(self, deadline: float) -> None:
+        """Puts again, oldest first, the kept groups a restart without persistence lost."""
+        while self._lost:
+            self._put_kept(*self._lost[0], deadline)
+            self._lost.pop(0)
+
+    @_through_outages
+    def _put_kept(self, payload: bytes, version: int, deadline: float) -> str:
+        """Puts one entry, waiting for room, and keeps it until the trainer has taken it."""
         start = time.monotonic()
         pause = 0.005
         while True:
-            item_id = self._put_script(keys=[self._stream, self._stats_key], args=[self.max_backlog, version, payload])
-            if item_id is not None:
+            consumed = self._client.get(self._consumed_key)  # only grows: read before the put
+            item_id, epoch = self._put_script(
+                keys=[self._stream, self._stats_key, self._epoch_key],
+                args=[self.max_backlog, version, payload, uuid.uuid4().hex],
+            )
+            self._observe(_text(epoch), _text(consumed or b""))
+            if item_id:
+                self._kept[_text(item_id)] = (payload, version)
                 return _text(item_id)
             remaining = seconds_left(deadline)
             if remaining <= 0:
@@ -231,6 +295,21 @@ class RedisTrajectoryQueue(TrajectoryQueue):
                 raise full_error(backlog, self.max_backlog, time.monotonic() - start)
             time.sleep(min(pause, remaining))
             pause = min(pause * 2, 0.1)
+
+    def _observe(self, epoch: str, consumed: str) -> None:
+        """Forgets the kept entries below the consumed mark; after a restart that lost the
+        server's data (a new epoch), queues every kept entry to be put again."""
+        if self._epoch is not None and epoch != self._epoch and self._kept:
+            logger.warning(
+                "the Redis queue at %s restarted without its data: putting %d groups again", self.url, len(self._kept)
+            )
+            self._lost.extend(self._kept.values())
+            self._kept.clear()
+        self._epoch = epoch
+        if consumed:
+            mark = _id_order(consumed)
+            for item_id in [item_id for item_id in self._kept if _id_order(item_id) < mark]:
+                del self._kept[item_id]
 
     def _entry(self, item_id: bytes | str, fields: dict[bytes, bytes]) -> RawEntry:
         try:
@@ -296,7 +375,8 @@ class RedisTrajectoryQueue(TrajectoryQueue):
                 raise ValueError(f"not a Redis stream entry id: {item_id!r}")
         if not ids:
             return 0
-        return int(self._ack_script(keys=[self._stream, self._stats_key], args=[self.group, counter, *ids]))
+        keys = [self._stream, self._stats_key, self._consumed_key]
+        return int(self._ack_script(keys=keys, args=[self.group, counter, *ids]))
 
     @_through_outages
     def _store_trainer_version(self, version: int) -> None:
@@ -304,8 +384,21 @@ class RedisTrajectoryQueue(TrajectoryQueue):
 
     @_through_outages
     def trainer_version(self) -> int:
+        """The trainer's version; a producer also puts again here what a restart without
+        persistence lost, while there is room (workers poll this between groups, also paused)."""
         value = self._client.get(self._version_key)
+        if self._kept or self._lost:
+            self._recover_lost(time.monotonic())
         return 0 if value is None else int(value)
+
+    def _recover_lost(self, deadline: float) -> None:
+        """Checks the server's epoch (writing one on an empty server) and puts the lost groups
+        again, waiting for room until `deadline`."""
+        with self._keeping:
+            self._client.set(self._epoch_key, uuid.uuid4().hex, nx=True)
+            self._observe(_text(self._client.get(self._epoch_key) or b""), "")
+            with contextlib.suppress(QueueFullError):
+                self._put_lost(deadline)
 
     @_through_outages
     def _store_weights(self, weights: PublishedWeights) -> None:
@@ -333,7 +426,13 @@ class RedisTrajectoryQueue(TrajectoryQueue):
         )
 
     def close(self) -> None:
-        """Removes this consumer from the group when it holds nothing pending, then disconnects."""
+        """Puts again what a restart without persistence lost (waiting up to 10 s for room),
+        removes this consumer from the group when it holds nothing pending, and disconnects."""
+        with contextlib.suppress(redis.RedisError):
+            if self._kept or self._lost:
+                self._recover_lost(time.monotonic() + 10.0)
+        if self._lost:
+            logger.warning("%d groups lost in a restart of the Redis queue without persistence", len(self._lost))
         try:
             mine = self._client.xpending_range(
                 self._stream, self.group, min="-", max="+", count=1, consumername=self.consumer
