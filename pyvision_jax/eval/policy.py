@@ -26,8 +26,8 @@ import orbax.checkpoint as ocp
 
 from pyvision_jax.convert import load_hf, load_params
 from pyvision_jax.convert.orbax_io import HF_FILES_DIR
+from pyvision_jax.convert.orbax_reports import first_line, quiet_orbax
 from pyvision_jax.models import ModelConfig, init_params
-from pyvision_jax.train.checkpoint import first_line, quiet_orbax
 
 CheckpointKind = Literal["hf", "params", "train"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")

@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from pyvision_jax.eval.records import write_json_atomic
-from pyvision_jax.train import metric_names as tags
-from pyvision_jax.train.metrics import MetricsWriter
-from pyvision_jax.train.run_harness import TB_DIR
-from pyvision_jax.train.run_outputs import truncate_events
+from pyvision_jax.run_logs import metric_names as tags
+from pyvision_jax.run_logs.metrics import MetricsWriter
+from pyvision_jax.run_logs.run_outputs import truncate_events
 
 VALIDATION_DIR = "validation"
 SCALARS_FILE = "scalars.json"
@@ -85,7 +84,7 @@ class TrainingValidation:
 
     def __init__(self, workdir: str | Path, schedule: ValidationSchedule, evaluate: Evaluate):
         self.root = Path(workdir) / VALIDATION_DIR
-        self.tb_dir = Path(workdir) / TB_DIR / tags.VALIDATION_TB_DIR
+        self.tb_dir = Path(workdir) / tags.TB_DIR / tags.VALIDATION_TB_DIR
         self.schedule = schedule
         self._evaluate = evaluate
 

@@ -21,15 +21,16 @@ from typing import Any, Callable, Iterator, Sequence
 from jax.sharding import Mesh
 from tqdm import tqdm
 
+from pyvision_jax.run_logs.metric_names import TB_DIR
+from pyvision_jax.run_logs.metrics import MetricsWriter
+from pyvision_jax.run_logs.run_outputs import truncate_events, truncate_jsonl
 from pyvision_jax.train.checkpoint import TrainCheckpoints
 from pyvision_jax.train.mesh import DistributedSettings, MeshSettings
-from pyvision_jax.train.metrics import MetricsWriter
 from pyvision_jax.train.multihost import agree, is_primary
-from pyvision_jax.train.run_outputs import truncate_events, truncate_jsonl
 from pyvision_jax.train.state import TrainState
 from pyvision_jax.train.workdir_lock import WorkdirLock, WorkdirLockedError
 
-CHECKPOINT_DIR, TB_DIR = "checkpoints", "tb"
+CHECKPOINT_DIR = "checkpoints"
 RESOLVED_CONFIG = "config.json"
 
 

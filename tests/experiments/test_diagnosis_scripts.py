@@ -1,5 +1,5 @@
-"""benchmarks/temperature_baseline.py end to end at tiny sizes and its seed refusals, and the
-arithmetic of benchmarks/param_movement.py."""
+"""`python -m experiments.temperature_baseline` end to end at tiny sizes and its seed refusals,
+and the arithmetic of experiments.param_movement."""
 
 import json
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.param_movement import group_of, parameter_movement
+from experiments.param_movement import group_of, parameter_movement
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,8 @@ def test_temperature_baseline_at_tiny_sizes(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     command = [
         sys.executable,
-        str(REPO / "benchmarks" / "temperature_baseline.py"),
+        "-m",
+        "experiments.temperature_baseline",
         "--config",
         str(REPO / "tests" / "tiny_random_cpu.py"),
         "--workdir",
@@ -96,7 +97,8 @@ def test_temperature_baseline_at_tiny_sizes(tmp_path):
 def test_temperature_baseline_refuses_a_heldout_or_training_validation_seed(tmp_path, seed, message):
     command = [
         sys.executable,
-        str(REPO / "benchmarks" / "temperature_baseline.py"),
+        "-m",
+        "experiments.temperature_baseline",
         "--config",
         str(REPO / "tests" / "tiny_random_cpu.py"),
         "--workdir",

@@ -122,6 +122,8 @@ def param_mean_tag(path: str) -> str:
     return f"{PARAMS_PREFIX}{path}/mean"
 
 
+TB_DIR = "tb"
+"""A run's TensorBoard events, under its workdir."""
 VALIDATION_TB_DIR = "validation"
 """Validation scalars go to WORKDIR/tb/validation (a TensorBoard run of its own beside the
 training run's events), so a rerun rewrites them without touching the trainer's open file."""
