@@ -5,7 +5,7 @@ with hidden 512, 8 decoder layers and a ViT of depth 8. Both run on the same ran
 the script prints the median of several timed repeats after warm-up (the two alternate, so
 both see the same load) and the ratio flax/torch (target <= 1.0).
 
-    .venv/bin/python benchmarks/model_forward.py [--repeats 5]
+    .venv/bin/python -m benchmarks.model_forward [--repeats 5]
 """
 
 from __future__ import annotations
