@@ -1,4 +1,4 @@
-"""The ablation variants (eval/ablations.py), their figures and tables, and
+"""The ablation variants (experiments/ablations.py), their figures and tables, and
 `python -m experiments.reproduce_dynamics` end to end on the tiny random-init model (two temperatures,
 two variants of two steps, evaluated at the start and the end) and its refusals."""
 

@@ -1,6 +1,6 @@
 """The pure parts of the learning results: plan shares, evaluation summaries, the temperature
-choice and seed checks (eval/baselines.py), early stopping, per-run statistics, tool-call
-ratios and the claim checks (eval/dynamics_stats.py)."""
+choice and seed checks (experiments/baselines.py), early stopping, per-run statistics, tool-call
+ratios and the claim checks (experiments/dynamics_stats.py)."""
 
 import json
 
