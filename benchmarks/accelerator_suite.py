@@ -1,6 +1,6 @@
 """One prepared accelerator check, on whatever backend JAX sees, in one call.
 
-    python benchmarks/accelerator_suite.py [--out results.json] [--sections parity,step,...]
+    python -m benchmarks.accelerator_suite [--out results.json] [--sections parity,step,...]
         [--sizes auto|cpu|gpu|tpu] [--budget-s 480]
 
 Sections (benchmarks/accelerator/, sizes per backend in sizes.py; tiny on CPU):
@@ -34,27 +34,11 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.accelerator.records import SectionLog, read_section
+from benchmarks.accelerator.report import table
+from benchmarks.accelerator.sizes import ENVIRONMENT_S, SECTIONS, sizes_for
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _rerun_as_checkout_module() -> None:
-    """`python benchmarks/accelerator_suite.py` from a plain checkout (nothing installed, as on
-    the device machine): run again as `-m benchmarks.accelerator_suite` with the checkout on
-    PYTHONPATH, so that `benchmarks` and `pyvision_jax` import from it."""
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    os.execve(
-        sys.executable,
-        [sys.executable, "-m", "benchmarks.accelerator_suite", *sys.argv[1:]],
-        dict(os.environ, PYTHONPATH=path),
-    )
-
-
-if __name__ == "__main__" and not __package__:
-    _rerun_as_checkout_module()
-
-from benchmarks.accelerator.records import SectionLog, read_section  # noqa: E402
-from benchmarks.accelerator.report import table  # noqa: E402
-from benchmarks.accelerator.sizes import ENVIRONMENT_S, SECTIONS, sizes_for  # noqa: E402
 
 RUNNERS = {
     "environment": "environment",

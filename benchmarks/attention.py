@@ -6,7 +6,7 @@ default, causal, one segment per row (what torch's fused causal kernel can also 
 median of the timed calls after one warm-up, JAX and torch calls alternating. Memory: the
 temporaries of the compiled JAX forward+backward (`memory_analysis().temp_size_in_bytes`).
 
-    python benchmarks/attention.py [--rows 8] [--length 512] [--heads 8] [--kv-heads 2] [--head-dim 32]
+    python -m benchmarks.attention [--rows 8] [--length 512] [--heads 8] [--kv-heads 2] [--head-dim 32]
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import argparse
 import statistics
 import time
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import jax
+import jax.numpy as jnp
 import numpy as np
-import torch  # noqa: E402
+import torch
 
-from pyvision_jax.models.attention import AttentionConfig, attention  # noqa: E402
+from pyvision_jax.models.attention import AttentionConfig, attention
 
 
 def jax_step(config: AttentionConfig, scale: float):

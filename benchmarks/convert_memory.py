@@ -12,7 +12,7 @@ getrusage's ru_maxrss: Linux carries the parent's high-water mark across fork+ex
 child's ru_maxrss, which would charge the checkpoint writer's memory to the child.
 "baseline" is the child's RSS after importing jax and the converter, before loading.
 
-  .venv/bin/python benchmarks/convert_memory.py [--size-gb 1.2] [--workdir /tmp/x] [--keep]
+  .venv/bin/python -m benchmarks.convert_memory [--size-gb 1.2] [--workdir /tmp/x] [--keep]
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ answer turn, text of the length the tiny toy's rollouts have; its only image is 
 (images a rollout's code returns are per rollout in both layouts, each a file of its own in
 the current one).
 
-Usage: .venv/bin/python benchmarks/eval_output_size.py [--tasks 200] [--k 32] [--megapixels 1.0]
+Usage: .venv/bin/python -m benchmarks.eval_output_size [--tasks 200] [--k 32] [--megapixels 1.0]
                                                        [--report-rollouts 4]
 Bar: the current layout <= 5 % of the older one and <= 100 MB.
 """

@@ -23,8 +23,8 @@ the stream or the trainer's spool), lost, trained twice; steps completed; the re
 after each fault (to the next trained step, and for a worker fault to that worker's next group).
 The exit status is 1 when a group was lost or trained twice or a fault was not recovered from.
 
-    python benchmarks/fleet_soak.py --minutes 10
-    python benchmarks/fleet_soak.py --minutes 2 --faults worker_kill,trainer_term,redis_volatile
+    python -m benchmarks.fleet_soak --minutes 10
+    python -m benchmarks.fleet_soak --minutes 2 --faults worker_kill,trainer_term,redis_volatile
 
 The disk-full fault mounts a small tmpfs (root); without one it is skipped with a note.
 """
@@ -504,7 +504,7 @@ def main() -> int:
         if disk_mounted:
             subprocess.run(["umount", "-l", str(disk)], check=False)
     result["wall_s"] = round(time.monotonic() - started)
-    result["command"] = " ".join(["python", "benchmarks/fleet_soak.py", *sys.argv[1:]])
+    result["command"] = " ".join(["python", "-m", "benchmarks.fleet_soak", *sys.argv[1:]])
     (out / "ledger.json").write_text(json.dumps(result, indent=1))
     print_ledger(result)
     print(f"ledger: {out / 'ledger.json'}")

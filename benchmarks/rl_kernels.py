@@ -1,6 +1,6 @@
 """Benchmark the jitted RL kernels against vectorized numpy in the same run.
 
-  .venv/bin/python benchmarks/rl_kernels.py [--groups 4096 --group-size 16 --batch 256 --length 8192]
+  .venv/bin/python -m benchmarks.rl_kernels [--groups 4096 --group-size 16 --batch 256 --length 8192]
 
 Prints, for selection + advantages over [P, G] groups and for the PPO loss over a [B, T]
 token batch, the median and minimum wall time (after compilation, with block_until_ready)
@@ -162,7 +162,8 @@ def main() -> None:
         env = dict(os.environ, XLA_FLAGS="--xla_cpu_experimental_ynn_fusion_type=")
         command = [
             sys.executable,
-            __file__,
+            "-m",
+            __spec__.name,
             "--selection-only",
             "--no-ynn-comparison",
             f"--groups={args.groups}",

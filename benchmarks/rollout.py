@@ -34,7 +34,7 @@
    contexts (first prompt of --turn-context random tokens, four turns). Prints the ratios
    and whether every variant sampled the same tokens.
 
-  .venv/bin/python benchmarks/rollout.py [--batch 8] [--prompt-len 64] [--new-tokens 128]
+  .venv/bin/python -m benchmarks.rollout [--batch 8] [--prompt-len 64] [--new-tokens 128]
       [--episodes 64] [--workers N (default: one per episode)] [--turn-episodes 16]
       [--turn-context 2048] [--only decode|stragglers|episodes|turns]
 """
@@ -54,23 +54,23 @@ import jax
 import numpy as np
 from PIL import Image
 
-REPO = Path(__file__).resolve().parents[1]
+from configs.kinds_cpu import get_config
+from pyvision_jax.agent.engine import GenerationRequest, SamplingParams
+from pyvision_jax.agent.episode import EpisodeConfig
+from pyvision_jax.agent.runner import EpisodeRunner, _PromptCache
+from pyvision_jax.agent.runner import _SandboxedEpisode as _Episode
+from pyvision_jax.agent.trajectory import EndReason
+from pyvision_jax.convert import save_hf
+from pyvision_jax.data.synthetic import generate_counting, generate_visual_search
+from pyvision_jax.data.tasks import Task, load_tasks
+from pyvision_jax.models import ModelConfig, param_shapes
+from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR, load_tiny_tokenizer
+from pyvision_jax.rollout.jax_engine import JaxEngine
+from pyvision_jax.rollout.scripted_engine import ScriptedEngine
+from pyvision_jax.wiring.episodes import episode_config, sampling_params
+from pyvision_jax.wiring.model import load_model, load_tokenizer
 
-from configs.kinds_cpu import get_config  # noqa: E402
-from pyvision_jax.agent.engine import GenerationRequest, SamplingParams  # noqa: E402
-from pyvision_jax.agent.episode import EpisodeConfig  # noqa: E402
-from pyvision_jax.agent.runner import EpisodeRunner, _PromptCache  # noqa: E402
-from pyvision_jax.agent.runner import _SandboxedEpisode as _Episode  # noqa: E402
-from pyvision_jax.agent.trajectory import EndReason  # noqa: E402
-from pyvision_jax.convert import save_hf  # noqa: E402
-from pyvision_jax.data.synthetic import generate_counting, generate_visual_search  # noqa: E402
-from pyvision_jax.data.tasks import Task, load_tasks  # noqa: E402
-from pyvision_jax.models import ModelConfig, param_shapes  # noqa: E402
-from pyvision_jax.processing.tokenizer import TINY_TOKENIZER_DIR, load_tiny_tokenizer  # noqa: E402
-from pyvision_jax.rollout.jax_engine import JaxEngine  # noqa: E402
-from pyvision_jax.rollout.scripted_engine import ScriptedEngine  # noqa: E402
-from pyvision_jax.wiring.episodes import episode_config, sampling_params  # noqa: E402
-from pyvision_jax.wiring.model import load_model, load_tokenizer  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------------- decode throughput
 

@@ -2,7 +2,7 @@
 the packaged SFT model (configs/kinds_cpu.py), real sandboxes, its synthetic tasks,
 group size, concurrency and engine shapes.
 
-    .venv/bin/python benchmarks/rollout_throughput.py [--rounds 2] [--tasks 8] [--out results.json]
+    .venv/bin/python -m benchmarks.rollout_throughput [--rounds 2] [--tasks 8] [--out results.json]
 
 Variants (each a fresh engine and sandbox pool, one warm-up round that compiles, then
 `--rounds` timed rounds on the same tasks and seeds):

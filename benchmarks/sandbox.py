@@ -11,7 +11,7 @@ plus what the template reports for the fork and the process that made its namesp
 this process's own CPU) and the rate at which a pool refills after all its sandboxes were
 released (destroying them included), for both kinds of runtime.
 
-Usage: .venv/bin/python benchmarks/sandbox.py [--calls 500] [--pool-size 8] [--rounds 3]
+Usage: .venv/bin/python -m benchmarks.sandbox [--calls 500] [--pool-size 8] [--rounds 3]
                                               [--concurrent 32] [--starts 40]
                                               [--refill-size 16] [--refill-rounds 2]
 Targets: acquire p50 <= 20 ms, per-call overhead p50 <= 5 ms; forked start <= 50 ms of CPU

@@ -2,7 +2,7 @@
 job's configuration (configs/kinds_cpu.py; the held-out evaluations off, since SIGTERM skips
 the one after training and the one before runs before the handler is installed):
 
-    .venv/bin/python benchmarks/sigterm_latency.py [--workdir DIR] [--after-s 8]
+    .venv/bin/python -m benchmarks.sigterm_latency [--workdir DIR] [--after-s 8]
 
 It starts the training command, waits for step 1's console line, lets the next rollout
 round run for --after-s seconds, sends SIGTERM and prints how long the command took to save

@@ -9,8 +9,8 @@ timed JAX and PyTorch steps alternate, so that a change of machine load hits bot
 PyTorch runs transformers' SDPA attention. Then each side runs alone in a child process
 (`--side`), which reports its peak resident memory (ru_maxrss: loading, compiling and steps).
 
-    python benchmarks/train_step.py [--rows 8] [--length 512] [--steps 5]
-    python benchmarks/train_step.py --rows 2 --length 4096 --steps 3
+    python -m benchmarks.train_step [--rows 8] [--length 512] [--steps 5]
+    python -m benchmarks.train_step --rows 2 --length 4096 --steps 3
 """
 
 from __future__ import annotations
@@ -25,19 +25,20 @@ import sys
 import tempfile
 import time
 
-import jax  # noqa: E402
+import jax
 import numpy as np
-import torch  # noqa: E402
-from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration  # noqa: E402
+import torch
+from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-from pyvision_jax.agent.trajectory import ContextImage, EndReason, Trajectory  # noqa: E402
-from pyvision_jax.convert import load_hf  # noqa: E402
-from pyvision_jax.models import ModelConfig, param_logical_axes  # noqa: E402
-from pyvision_jax.train.batch_placement import shard_batch  # noqa: E402
-from pyvision_jax.train.batching import BatchingConfig, pack_batch  # noqa: E402
-from pyvision_jax.train.mesh import make_mesh  # noqa: E402
-from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings  # noqa: E402
-from pyvision_jax.train.step import StepConfig, make_train_step  # noqa: E402
+from pyvision_jax.agent.trajectory import ContextImage, EndReason, Trajectory
+from pyvision_jax.convert import load_hf
+from pyvision_jax.convert.hf_config import hf_config_dict
+from pyvision_jax.models import ModelConfig, param_logical_axes
+from pyvision_jax.train.batch_placement import shard_batch
+from pyvision_jax.train.batching import BatchingConfig, pack_batch
+from pyvision_jax.train.mesh import make_mesh
+from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings
+from pyvision_jax.train.step import StepConfig, make_train_step
 
 TEMPERATURE, LR, WEIGHT_DECAY, CLIP, EPS = 1.0, 1e-5, 0.01, 1.0, 0.2
 
@@ -196,7 +197,8 @@ def child_peak_rss(args: argparse.Namespace, hf_dir: str, side: str) -> float:
     """Peak RSS (MiB) of one side's warm-up and steps, alone in a child process."""
     command = [
         sys.executable,
-        __file__,
+        "-m",
+        __spec__.name,
         "--side",
         side,
         "--hf-dir",
@@ -239,9 +241,9 @@ def main() -> None:
         return
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**config.to_hf_dict())).to(torch.float32).save_pretrained(
-            tmp
-        )
+        Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**hf_config_dict(config))).to(
+            torch.float32
+        ).save_pretrained(tmp)
         model, params = load_sides(tmp, "both")
         rss = {side: child_peak_rss(args, tmp, side) for side in ("jax", "torch")}
     print(

@@ -1,6 +1,6 @@
 """Off-policy proxy for "does an RL update generalise?", in minutes instead of a training run.
 
-    python benchmarks/update_proxy.py --workdir /tmp/proxy [--per-kind 8 --steps 9] \
+    python -m benchmarks.update_proxy --workdir /tmp/proxy [--per-kind 8 --steps 9] \
         --setting lr=1e-4 --setting lr=3e-4,entropy_coef=-10 --setting lr=1e-3,eps=1e-4,negative_weight=0.1
 
 The starting model (configs/kinds_cpu.py: the packaged SFT checkpoint) samples two pools of
@@ -40,18 +40,18 @@ from pathlib import Path
 import jax
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from configs.kinds_cpu import get_config
+from pyvision_jax import wiring
+from pyvision_jax.models import param_logical_axes
+from pyvision_jax.rl.losses import PPOLossConfig
+from pyvision_jax.train.batch_placement import shard_batch
+from pyvision_jax.train.batching import BatchingConfig, BatchShape, pack_batch
+from pyvision_jax.train.groups import SelectionConfig, pool_arrays, select_rows
+from pyvision_jax.train.mesh import make_mesh
+from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings
+from pyvision_jax.train.step import StepConfig, make_train_step, micro_batch_logprobs
 
-from configs.kinds_cpu import get_config  # noqa: E402
-from pyvision_jax import wiring  # noqa: E402
-from pyvision_jax.models import param_logical_axes  # noqa: E402
-from pyvision_jax.rl.losses import PPOLossConfig  # noqa: E402
-from pyvision_jax.train.batch_placement import shard_batch  # noqa: E402
-from pyvision_jax.train.batching import BatchingConfig, BatchShape, pack_batch  # noqa: E402
-from pyvision_jax.train.groups import SelectionConfig, pool_arrays, select_rows  # noqa: E402
-from pyvision_jax.train.mesh import make_mesh  # noqa: E402
-from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer, state_shardings  # noqa: E402
-from pyvision_jax.train.step import StepConfig, make_train_step, micro_batch_logprobs  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 KEYS = {
     "lr": 1e-4,

@@ -11,7 +11,7 @@ publish time and time per GB, the time the trainer was blocked in `publish`, and
 (target < 10 %); and, as the reference measured in the same run, the synchronous path:
 `save_hf` of the whole model in fp32 inside the trainer loop.
 
-  .venv/bin/python benchmarks/weight_publish.py [--layers 4] [--vision-depth 8] [--versions 4]
+  .venv/bin/python -m benchmarks.weight_publish [--layers 4] [--vision-depth 8] [--versions 4]
 """
 
 from __future__ import annotations

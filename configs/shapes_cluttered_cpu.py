@@ -2,7 +2,7 @@
 (data.shape_tasks "shapes_cluttered": a speck on one easy image in ten makes measuring answer
 wrong, so the tools cost accuracy where an untooled guess is always right). The tool-reward
 ablation of docs/learning.md runs on it:
-    python benchmarks/reproduce_dynamics.py --config configs/shapes_cluttered_cpu.py \
+    python -m experiments.reproduce_dynamics --config configs/shapes_cluttered_cpu.py \
         --workdir /tmp/cluttered --steps 12 --eval-every 12 --variants full,no_tool_reward
 """
 

@@ -3,7 +3,7 @@
 ten, so that an untooled guess is right more often than the tools, 0.83 against 0.77 on seed
 777, while the tools are still the best plan on the hard tasks). The longer tool-reward ablation
 of docs/learning.md runs on it:
-    python benchmarks/reproduce_dynamics.py --config configs/shapes_direct_cpu.py \
+    python -m experiments.reproduce_dynamics --config configs/shapes_direct_cpu.py \
         --workdir /tmp/direct --steps 24 --eval-every 12 --variants full,no_tool_reward
 """
 

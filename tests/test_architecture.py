@@ -1,5 +1,6 @@
 """The house rules, checked on the source: package layering (no upward imports, no circles),
-no function-local imports of the project's own modules, and no module over 500 lines."""
+no function-local imports of the project's own modules, and no module over 500 lines; the
+research code (experiments/) and the benchmarks sit above the library, which never imports them."""
 
 from __future__ import annotations
 
@@ -21,12 +22,20 @@ LAYERS = (
     "agent",
     "grading",
     "rl",
+    "run_logs",
     "rollout",
     "train",
     "eval",
     "wiring",
     "cli",
 )
+
+# Top-level folders above the library, side by side: each may import all of pyvision_jax.
+ABOVE_LIBRARY = ("experiments", "benchmarks")
+
+# Pairs on one level of which neither imports the other: evaluation loads and evaluates
+# checkpoints without the trainer, and no benchmark depends on an experiment or the reverse.
+INDEPENDENT = (("train", "eval"), ("experiments", "benchmarks"))
 
 # Packages that take typed settings and built objects: the composition root (`wiring`) reads the config.
 CONFIG_FREE = ("train", "eval")
@@ -43,9 +52,9 @@ OPTIONAL_LOCAL_IMPORTS = (
 )
 
 
-def _modules() -> dict[str, Path]:
+def _modules(*folders: str) -> dict[str, Path]:
     out = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted(path for folder in folders for path in (ROOT / folder).rglob("*.py")):
         parts = path.relative_to(ROOT).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         out[name] = path
@@ -78,17 +87,27 @@ def _imports(module: str, path: Path, extra_roots: tuple[str, ...] = ()) -> list
             continue
         for name in names:
             root = name.split(".")[0]
-            if name.startswith("pyvision_jax") or root in OPTIONAL_LOCAL_IMPORTS or root in extra_roots:
+            if root in PROJECT_ROOTS or root in OPTIONAL_LOCAL_IMPORTS or root in extra_roots:
                 found.append((name, node.lineno, id(node) in top_level))
     return found
 
 
 def _package(module: str) -> str:
+    """The layer of `module`: its package under pyvision_jax, or its top-level folder."""
     parts = module.split(".")
+    if parts[0] != "pyvision_jax":
+        return parts[0]
     return parts[1] if len(parts) > 1 else ""
 
 
-MODULES = _modules()
+def _rank(package: str) -> int:
+    return len(LAYERS) if package in ABOVE_LIBRARY else LAYERS.index(package)
+
+
+PROJECT_ROOTS = ("pyvision_jax", *ABOVE_LIBRARY)
+MODULES = _modules(*PROJECT_ROOTS)
+LIBRARY = {name: path for name, path in MODULES.items() if name.split(".")[0] == "pyvision_jax"}
+SIZE_CHECKED = {name: path for name, path in MODULES.items() if name.split(".")[0] in ("pyvision_jax", "experiments")}
 
 
 def _edges() -> dict[str, set[str]]:
@@ -103,7 +122,7 @@ def _edges() -> dict[str, set[str]]:
 
 
 def test_layers_known():
-    packages = {_package(m) for m in MODULES} - {""}
+    packages = {_package(m) for m in LIBRARY} - {""}
     assert packages <= set(LAYERS), f"packages missing from LAYERS: {sorted(packages - set(LAYERS))}"
 
 
@@ -113,9 +132,31 @@ def test_no_upward_imports_between_packages():
         here = _package(module)
         for target in targets:
             there = _package(target)
-            if here and there and LAYERS.index(there) > LAYERS.index(here):
+            if here and there and _rank(there) > _rank(here):
                 upward.append(f"{module} -> {target}")
     assert not upward, "upward imports:\n" + "\n".join(sorted(upward))
+
+
+def test_library_imports_neither_experiments_nor_benchmarks():
+    found = [
+        f"{module} -> {target}"
+        for module, targets in _edges().items()
+        if module in LIBRARY
+        for target in targets
+        if target.split(".")[0] in ABOVE_LIBRARY
+    ]
+    assert not found, "pyvision_jax imports research or benchmark code:\n" + "\n".join(sorted(found))
+
+
+@pytest.mark.parametrize("pair", INDEPENDENT, ids="-".join)
+def test_independent_packages_import_neither_other(pair):
+    found = [
+        f"{module} -> {target}"
+        for module, targets in _edges().items()
+        for target in targets
+        if {_package(module), _package(target)} == set(pair)
+    ]
+    assert not found, f"{pair[0]} and {pair[1]} must not import each other:\n" + "\n".join(sorted(found))
 
 
 def test_no_import_cycles():
@@ -150,16 +191,17 @@ def test_no_function_local_project_imports():
     local = [
         f"{path.relative_to(ROOT)}:{line}: {name}"
         for module, path in MODULES.items()
+        if _package(module) != "benchmarks"
         for name, line, top in _imports(module, path)
-        if not top and name.startswith("pyvision_jax") and not name.startswith(OPTIONAL_LOCAL_IMPORTS)
+        if not top and name.split(".")[0] in PROJECT_ROOTS and not name.startswith(OPTIONAL_LOCAL_IMPORTS)
     ]
     assert not local, "function-local imports of the project's own modules:\n" + "\n".join(sorted(set(local)))
 
 
-@pytest.mark.parametrize("module", sorted(MODULES))
+@pytest.mark.parametrize("module", sorted(SIZE_CHECKED))
 def test_module_size(module):
-    lines = len(MODULES[module].read_text().splitlines())
-    assert lines <= MAX_LINES, f"{MODULES[module].relative_to(ROOT)} has {lines} lines (limit {MAX_LINES})"
+    lines = len(SIZE_CHECKED[module].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{SIZE_CHECKED[module].relative_to(ROOT)} has {lines} lines (limit {MAX_LINES})"
 
 
 def test_training_and_evaluation_never_read_a_config():
@@ -178,8 +220,21 @@ def test_no_sys_path_insert_anywhere():
     """Every script imports the installed package; none edits sys.path."""
     found = [
         str(path.relative_to(ROOT))
-        for folder in ("pyvision_jax", "launch", "benchmarks", "scripts", "tests", "configs")
+        for folder in ("pyvision_jax", "launch", "benchmarks", "experiments", "scripts", "tests", "configs")
         for path in (ROOT / folder).rglob("*.py")
         if "sys.path.insert" in path.read_text() and path.name != "test_architecture.py"
     ]
     assert not found, f"sys.path.insert in {found}"
+
+
+def test_scripts_import_at_the_top():
+    """Benchmarks and experiments run as modules (`python -m benchmarks.NAME`): every import
+    at the top, none after code that must run first."""
+    marker = "noqa: " + "E402"
+    found = [
+        str(path.relative_to(ROOT))
+        for folder in ABOVE_LIBRARY
+        for path in (ROOT / folder).rglob("*.py")
+        if marker in path.read_text()
+    ]
+    assert not found, f"{marker} in {found}"

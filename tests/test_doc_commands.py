@@ -181,55 +181,55 @@ PLANS: dict[str, Miniature | CannotRun] = {
         command: Miniature(set={**DYNAMICS, "--variants": variants})
         for command, variants in (
             (
-                "python benchmarks/reproduce_dynamics.py --workdir /tmp/learning --steps 12 --eval-every 12 --seeds 0 "
+                "python -m experiments.reproduce_dynamics --workdir /tmp/learning --steps 12 --eval-every 12 --seeds 0 "
                 "--variants full,no_tool_reward,std_norm,arrival_order,turns_2,random_reward,entropy_min "
                 "--config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
                 "full,no_tool_reward",
             ),
             (
-                "python benchmarks/reproduce_dynamics.py --workdir /tmp/learning_seed1 --steps 12 --eval-every 12 "
+                "python -m experiments.reproduce_dynamics --workdir /tmp/learning_seed1 --steps 12 --eval-every 12 "
                 "--seeds 1 --temperatures 1.0 --variants full,no_tool_reward,std_norm,arrival_order,turns_2,"
                 "random_reward,entropy_min --config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
                 "full",
             ),
             (
-                "python benchmarks/reproduce_dynamics.py --workdir /tmp/learning_seed2 --steps 12 --eval-every 12 "
+                "python -m experiments.reproduce_dynamics --workdir /tmp/learning_seed2 --steps 12 --eval-every 12 "
                 "--seeds 2 --temperatures 1.0 --variants full,no_tool_reward --config.eval.heldout_per_kind=48 "
                 "--config.eval.heldout_k=4",
                 "full",
             ),
             (
-                "python benchmarks/reproduce_dynamics.py --workdir /tmp/learning_clip --steps 12 --eval-every 12 "
+                "python -m experiments.reproduce_dynamics --workdir /tmp/learning_clip --steps 12 --eval-every 12 "
                 "--seeds 1 --temperatures 1.0 --variants full --config.eval.heldout_per_kind=48 "
                 "--config.eval.heldout_k=4 --config.train.grad_clip=0.3",
                 "full",
             ),
             (
-                "python benchmarks/reproduce_dynamics.py --config configs/shapes_cluttered_cpu.py "
+                "python -m experiments.reproduce_dynamics --config configs/shapes_cluttered_cpu.py "
                 "--workdir /tmp/cluttered --steps 12 --eval-every 12 --seeds 0,1 --variants full,no_tool_reward "
                 "--config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
                 "full",
             ),
             (
-                "python benchmarks/reproduce_dynamics.py --config configs/shapes_direct_cpu.py --workdir /tmp/direct "
+                "python -m experiments.reproduce_dynamics --config configs/shapes_direct_cpu.py --workdir /tmp/direct "
                 "--steps 24 --eval-every 12 --seeds 0 --variants full,no_tool_reward "
                 "--config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
                 "full",
             ),
             (
-                "python benchmarks/reproduce_dynamics.py --config configs/shapes_direct_cpu.py "
+                "python -m experiments.reproduce_dynamics --config configs/shapes_direct_cpu.py "
                 "--workdir /tmp/direct_k2 --steps 24 --eval-every 12 --seeds 0 --variants full,no_tool_reward "
                 "--config.rl.kl_estimator=k2 --config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
                 "full",
             ),
             (
-                "python benchmarks/reproduce_dynamics.py --config configs/shapes_direct_cpu.py "
+                "python -m experiments.reproduce_dynamics --config configs/shapes_direct_cpu.py "
                 "--workdir /tmp/direct_s1 --steps 24 --eval-every 12 --seeds 1 --temperatures 1.0 "
                 "--variants full,no_tool_reward --config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
                 "full",
             ),
             (
-                "python benchmarks/reproduce_dynamics.py --config configs/shapes_direct_cpu.py "
+                "python -m experiments.reproduce_dynamics --config configs/shapes_direct_cpu.py "
                 "--workdir /tmp/direct_lr5 --steps 36 --eval-every 12 --seeds 0,1,2,3,4 --temperatures 1.0 "
                 "--variants full,no_tool_reward --config.train.lr=5e-4 --config.eval.heldout_per_kind=48 "
                 "--config.eval.heldout_k=4",
@@ -250,60 +250,60 @@ PLANS: dict[str, Miniature | CannotRun] = {
     "--config.eval.heldout_per_kind=0": Miniature(
         set={**SHORT, **SMALL_STEP, "--config.train.steps": "1", "--config.data.synthetic_per_kind": "1"}
     ),
-    "python benchmarks/param_movement.py --before packaged:small_sft --after /tmp/diag/whole": Miniature(),
+    "python -m experiments.param_movement --before packaged:small_sft --after /tmp/diag/whole": Miniature(),
     # docs/performance.md
-    ".venv/bin/python benchmarks/rl_kernels.py": Miniature(
+    ".venv/bin/python -m benchmarks.rl_kernels": Miniature(
         set={"--groups": "64", "--group-size": "4", "--batch": "4", "--length": "64", "--repeats": "2"}
         | {"--loss-repeats": "1"}
     ),
-    ".venv/bin/python benchmarks/attention.py": Miniature(
+    ".venv/bin/python -m benchmarks.attention": Miniature(
         set={"--rows": "1", "--length": "64", "--heads": "2", "--kv-heads": "1", "--head-dim": "16"}
         | {"--block": "32", "--steps": "1"}
     ),
     **dict.fromkeys(
         (
-            "python benchmarks/train_step.py --rows 2 --length 4096 --steps 3",
-            "python benchmarks/train_step.py --rows 8 --length 512",
+            "python -m benchmarks.train_step --rows 2 --length 4096 --steps 3",
+            "python -m benchmarks.train_step --rows 8 --length 512",
         ),
         Miniature(set={"--rows": "1", "--length": "256", "--steps": "1", "--warmup": "1"}),
     ),
     **dict.fromkeys(
         (
-            ".venv/bin/python benchmarks/rollout.py --only decode",
-            ".venv/bin/python benchmarks/rollout.py --only stragglers",
-            ".venv/bin/python benchmarks/rollout.py --only episodes",
+            ".venv/bin/python -m benchmarks.rollout --only decode",
+            ".venv/bin/python -m benchmarks.rollout --only stragglers",
+            ".venv/bin/python -m benchmarks.rollout --only episodes",
         ),
         Miniature(
             set={"--batch": "2", "--prompt-len": "8", "--new-tokens": "4", "--hidden": "32", "--layers": "1"}
             | {"--repeats": "1", "--episodes": "4"}
         ),
     ),
-    ".venv/bin/python benchmarks/rollout_throughput.py --rounds 2 --out results.json": Miniature(
+    ".venv/bin/python -m benchmarks.rollout_throughput --rounds 2 --out results.json": Miniature(
         set={"--rounds": "1", "--tasks": "1", "--out": "{scratch}/throughput.json", "--variants": "baseline,all"}
     ),
-    ".venv/bin/python benchmarks/sandbox.py --calls 100 --pool-size 8 --rounds 1 --naive-trajectories 3 "
+    ".venv/bin/python -m benchmarks.sandbox --calls 100 --pool-size 8 --rounds 1 --naive-trajectories 3 "
     "--concurrent 32 --starts 60 --refill-size 16 --refill-rounds 3": Miniature(
         set={"--calls": "5", "--pool-size": "2", "--naive-trajectories": "1", "--concurrent": "2", "--starts": "3"}
         | {"--refill-size": "2", "--refill-rounds": "1"}
     ),
-    ".venv/bin/python benchmarks/sigterm_latency.py --after-s 8": Miniature(
+    ".venv/bin/python -m benchmarks.sigterm_latency --after-s 8": Miniature(
         set={"--after-s": "1", "--workdir": "{scratch}/sigterm"}
     ),
-    ".venv/bin/python benchmarks/eval_output_size.py": Miniature(
+    ".venv/bin/python -m benchmarks.eval_output_size": Miniature(
         set={"--tasks": "2", "--k": "2", "--megapixels": "0.05"}
     ),
-    ".venv/bin/python benchmarks/convert_memory.py": Miniature(
+    ".venv/bin/python -m benchmarks.convert_memory": Miniature(
         set={"--size-gb": "1", "--workdir": "{scratch}/convert"}
     ),
-    ".venv/bin/python benchmarks/weight_publish.py": Miniature(
+    ".venv/bin/python -m benchmarks.weight_publish": Miniature(
         set={"--layers": "1", "--vision-depth": "1", "--versions": "2"}
     ),
-    ".venv-vllm/bin/python benchmarks/fleet_throughput.py --tasks 8 --pool 64 --rounds 2": Miniature(
+    ".venv-vllm/bin/python -m benchmarks.fleet_throughput --tasks 8 --pool 64 --rounds 2": Miniature(
         set={"--tasks": "1", "--pool": "2", "--rounds": "1", "--group-size": "2", "--in-flight": "2"},
         env={"ENVIRONMENT": "fleet"},
     ),
-    "python benchmarks/memory_7b.py --devices 8 --tokens 32768": Miniature(set={"--preset": "tiny", "--tokens": "256"}),
-    ".venv/bin/python benchmarks/model_forward.py [--repeats 5]": Miniature(set={"--repeats": "1"}),
+    "python -m benchmarks.memory_7b --devices 8 --tokens 32768": Miniature(set={"--preset": "tiny", "--tokens": "256"}),
+    ".venv/bin/python -m benchmarks.model_forward [--repeats 5]": Miniature(set={"--repeats": "1"}),
     # docs/scaling.md
     "python launch/train.py --config configs/pyvision_image_7b.py --workdir /shared/runs/image7b "
     "--config.train.distributed=True --config.train.coordinator_address=HOST0:1234 "

@@ -16,12 +16,13 @@ import sys
 import warnings
 from collections.abc import Iterator
 
+from pyvision_jax.convert.orbax_reports import drop_stray_orbax_reports
 from pyvision_jax.rollout.intake import SpoolWriteError
 from pyvision_jax.rollout.queue import QueueAccessError
 from pyvision_jax.rollout.worker import CursorWriteError
-from pyvision_jax.train.checkpoint import CheckpointWriteError, NoIntactCheckpointError, drop_stray_orbax_reports
-from pyvision_jax.train.metrics import MetricsWriteError
-from pyvision_jax.train.run_outputs import OutputWriteError
+from pyvision_jax.run_logs.metrics import MetricsWriteError
+from pyvision_jax.run_logs.run_outputs import OutputWriteError
+from pyvision_jax.train.checkpoint import CheckpointWriteError, NoIntactCheckpointError
 from pyvision_jax.train.workdir_lock import WorkdirLockedError
 
 INPUT_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, UnicodeError, KeyError)

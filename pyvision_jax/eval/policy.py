@@ -27,9 +27,9 @@ import orbax.checkpoint as ocp
 from pyvision_jax.convert import load_hf, load_params
 from pyvision_jax.convert.hf_config import CONFIG_FILE
 from pyvision_jax.convert.orbax_io import HF_FILES_DIR, PARAMS_DIR
+from pyvision_jax.convert.orbax_reports import first_line, quiet_orbax
 from pyvision_jax.convert.run_layout import CHECKPOINT_DIR, RESOLVED_CONFIG, STATE_ITEM
 from pyvision_jax.models import ModelConfig, init_params
-from pyvision_jax.train.checkpoint import first_line, quiet_orbax
 
 CheckpointKind = Literal["hf", "params", "train"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")

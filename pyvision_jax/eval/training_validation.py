@@ -26,9 +26,9 @@ from typing import Any, Callable, Mapping
 
 from pyvision_jax.convert.run_layout import TB_DIR, VALIDATION_DIR
 from pyvision_jax.eval.records import write_json_atomic
-from pyvision_jax.train import metric_names as tags
-from pyvision_jax.train.metrics import MetricsWriter
-from pyvision_jax.train.run_outputs import truncate_events
+from pyvision_jax.run_logs import metric_names as tags
+from pyvision_jax.run_logs.metrics import MetricsWriter
+from pyvision_jax.run_logs.run_outputs import truncate_events
 
 SCALARS_FILE = "scalars.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")

@@ -29,7 +29,7 @@ from pyvision_jax.agent.trajectory import EndReason, Trajectory, TrajectoryGroup
 from pyvision_jax.rl import controlled_advantages, controlled_rewards, group_advantages, select_rollouts
 from pyvision_jax.rl.controls import check_reward_control
 from pyvision_jax.rl.selection import BATCH_UNITS, SelectionCounts
-from pyvision_jax.train import metric_names as tags
+from pyvision_jax.run_logs import metric_names as tags
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,11 +22,11 @@ from jax.sharding import Mesh
 from tqdm import tqdm
 
 from pyvision_jax.convert.run_layout import CHECKPOINT_DIR, RESOLVED_CONFIG, TB_DIR
+from pyvision_jax.run_logs.metrics import MetricsWriter
+from pyvision_jax.run_logs.run_outputs import truncate_events, truncate_jsonl
 from pyvision_jax.train.checkpoint import TrainCheckpoints
 from pyvision_jax.train.mesh import DistributedSettings, MeshSettings
-from pyvision_jax.train.metrics import MetricsWriter
 from pyvision_jax.train.multihost import agree, is_primary
-from pyvision_jax.train.run_outputs import truncate_events, truncate_jsonl
 from pyvision_jax.train.state import TrainState
 from pyvision_jax.train.workdir_lock import WorkdirLock, WorkdirLockedError
 

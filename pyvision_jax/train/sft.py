@@ -23,7 +23,7 @@ import numpy as np
 
 from pyvision_jax.convert import save_hf
 from pyvision_jax.models import ModelConfig, param_logical_axes
-from pyvision_jax.train import metric_names as tags
+from pyvision_jax.run_logs import metric_names as tags
 from pyvision_jax.train.batch_placement import shard_batch
 from pyvision_jax.train.batching import BatchingConfig, BatchShape, pack_batch
 from pyvision_jax.train.multihost import gather_to_host

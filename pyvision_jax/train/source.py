@@ -45,6 +45,6 @@ class GroupSource(Protocol):
         """The groups of `receipt` are trained and checkpointed: release them for good."""
 
     def stats(self) -> dict[str, float]:
-        """Counters named in `train.metric_names.SOURCE_STATS` (e.g. groups dropped and why)."""
+        """Counters named in `run_logs.metric_names.SOURCE_STATS` (e.g. groups dropped and why)."""
 
     def close(self) -> None: ...

@@ -27,7 +27,9 @@ from tqdm import tqdm
 from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.convert.run_layout import TRAJECTORY_SAMPLE
 from pyvision_jax.models import ModelConfig, param_logical_axes
-from pyvision_jax.train import metric_names as tags
+from pyvision_jax.run_logs import metric_names as tags
+from pyvision_jax.run_logs.metrics import format_console_line, format_validation_line
+from pyvision_jax.run_logs.run_outputs import append_jsonl
 from pyvision_jax.train.batch_placement import shard_batch
 from pyvision_jax.train.batching import BatchingConfig, BatchShape, pack_batch
 from pyvision_jax.train.broadcast_source import BroadcastSource
@@ -39,9 +41,7 @@ from pyvision_jax.train.groups import (
     rollout_scalars,
     select_rows,
 )
-from pyvision_jax.train.metrics import format_console_line, format_validation_line
 from pyvision_jax.train.run_harness import RunHarness, RunSettings, TrainSummary
-from pyvision_jax.train.run_outputs import append_jsonl
 from pyvision_jax.train.source import GroupSource
 from pyvision_jax.train.state import (
     OptimizerConfig,

@@ -1,6 +1,6 @@
 """The composition root: config -> typed settings and built objects, and the jobs that run
-on them (GRPO, SFT, evaluation, held-out before/after, the dynamics ablations, the fleet's
-rollout workers). Each module owns one concern:
+on them (GRPO, SFT, evaluation, held-out before/after, the fleet's rollout workers). Each
+module owns one concern:
 
 - `config_values`: tuples of the config checked, with the field in the error.
 - `model`: checkpoint directory, tokenizer, architecture, initial params.
@@ -13,11 +13,10 @@ rollout workers). Each module owns one concern:
 - `evaluation`: evaluating a checkpoint on a task file.
 - `export`: a training checkpoint as a Hugging Face directory (`pyvision-convert flax2hf`).
 - `heldout`: held-out accuracy before and after training.
-- `dynamics_runs`: the ablation variants' runs, each evaluated on the validation and held-out sets.
-- `baselines`: the validation and held-out sets and the fixed-temperature baselines of the start.
 - `compilation_cache`: JAX's persistent compilation cache in the workdir.
 
-`train/` and `eval/` never read a ConfigDict; `pyvision_jax.cli` is the only layer above.
+`train/` and `eval/` never read a ConfigDict; `pyvision_jax.cli` is the only layer above in the
+package; the learning experiments (`experiments/`, outside it) build their runs on this one.
 """
 
 from pyvision_jax.wiring.compilation_cache import COMPILATION_CACHE_DIR, use_compilation_cache

@@ -1,4 +1,4 @@
-"""benchmarks/accelerator_suite.py at its CPU sizes, end to end, and the arithmetic it reports."""
+"""`python -m benchmarks.accelerator_suite` at its CPU sizes, end to end, and the arithmetic it reports."""
 
 import json
 import math
@@ -15,7 +15,6 @@ from benchmarks.accelerator_suite import run_section
 from pyvision_jax.models import ModelConfig
 
 REPO = Path(__file__).resolve().parents[2]
-SUITE = REPO / "benchmarks" / "accelerator_suite.py"
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +23,12 @@ def suite_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("accelerator") / "results.json"
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     result = subprocess.run(
-        [sys.executable, str(SUITE), "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
+        [sys.executable, "-m", "benchmarks.accelerator_suite", "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return json.loads(out.read_text()), result.stdout

@@ -1,4 +1,4 @@
-"""benchmarks/fleet_soak.py in its short form: a trainer, two JAX rollout workers and Redis for
+"""`python -m benchmarks.fleet_soak` in its short form: a trainer, two JAX rollout workers and Redis for
 two minutes of faults (a worker killed mid-episode, the trainer stopped and restarted, Redis
 restarted empty as a server without persistence, whose groups the workers put again). The
 script's own ledger decides: it exits 0 only when no group was lost or trained twice and every
@@ -16,7 +16,8 @@ def test_the_short_soak_loses_no_group_and_trains_none_twice(tmp_path):
     done = subprocess.run(
         [
             sys.executable,
-            str(REPO / "benchmarks" / "fleet_soak.py"),
+            "-m",
+            "benchmarks.fleet_soak",
             "--minutes=2",
             "--faults=worker_kill,trainer_term,redis_volatile",
             f"--out={tmp_path}",

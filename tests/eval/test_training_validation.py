@@ -12,8 +12,8 @@ from pyvision_jax.eval.training_validation import (
     ValidationSchedule,
     validation_scalars,
 )
-from pyvision_jax.train import metric_names as tags
-from pyvision_jax.train.metrics import MetricsWriter
+from pyvision_jax.run_logs import metric_names as tags
+from pyvision_jax.run_logs.metrics import MetricsWriter
 from tests.train.tensorboard_events import read_scalars
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from pyvision_jax.agent.trajectory import EndReason
 from pyvision_jax.models import ModelConfig, init_params
-from pyvision_jax.train import metric_names as tags
+from pyvision_jax.run_logs import metric_names as tags
 from pyvision_jax.train.checkpoint import TrainCheckpoints
 from pyvision_jax.train.state import OptimizerConfig, init_train_state, make_optimizer
 from tests.train.compilation_cache import COMPILATION_CACHE

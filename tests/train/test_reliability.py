@@ -11,9 +11,9 @@ import pytest
 from pyvision_jax.agent.trajectory import TrajectoryGroup
 from pyvision_jax.rollout.intake import GroupSpool, QueueIntake, Receipt
 from pyvision_jax.rollout.queue import DeliveredGroups, LocalTrajectoryQueue
-from pyvision_jax.train import metric_names as tags
+from pyvision_jax.run_logs import metric_names as tags
+from pyvision_jax.run_logs.metrics import MetricsWriteError
 from pyvision_jax.train.checkpoint import CheckpointWriteError, TrainCheckpoints
-from pyvision_jax.train.metrics import MetricsWriteError
 from tests.rollout.minimal_groups import scored_group
 from tests.train.scripted_runs import answers_by_rollout, run, small_config
 from tests.train.tensorboard_events import read_scalars

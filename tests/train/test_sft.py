@@ -11,7 +11,7 @@ from PIL import Image
 from configs.sft_tiny import get_config
 from pyvision_jax.convert import load_hf
 from pyvision_jax.data.sft_rows import SftFormatError
-from pyvision_jax.train import metric_names as tags
+from pyvision_jax.run_logs import metric_names as tags
 from pyvision_jax.train.sft_data import batch_indices
 from pyvision_jax.wiring import export_dir, train_sft
 from tests.train.tensorboard_events import read_scalars

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from pyvision_jax.convert import load_hf
-from pyvision_jax.train import metric_names as tags
+from pyvision_jax.run_logs import metric_names as tags
 from tests.train.tensorboard_events import read_scalars
 from tests.train.test_multihost import environment, run_processes
 from tests.train.test_sft import _write_file

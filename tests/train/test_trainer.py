@@ -15,7 +15,7 @@ from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 from pyvision_jax.rollout.sources import FleetSource
 from pyvision_jax.rollout.weights import WeightsPublisher, WeightsWatcher, latest_complete
 from pyvision_jax.rollout.worker import RolloutWorker, WorkerConfig
-from pyvision_jax.train import metric_names as tags
+from pyvision_jax.run_logs import metric_names as tags
 from pyvision_jax.train.checkpoint import TrainCheckpoints
 from pyvision_jax.wiring import build_trainer
 from tests.agent.fake_sandbox import FakePool

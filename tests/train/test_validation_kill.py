@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pyvision_jax.data import synthetic
 from pyvision_jax.data.shape_tasks import DATA_SOURCE
-from pyvision_jax.train import metric_names as tags
+from pyvision_jax.run_logs import metric_names as tags
 from tests.train.tensorboard_events import read_scalars
 from tests.train.test_trainer_kill import launch, wait_for
 

@@ -1,7 +1,7 @@
 """What the learning statistics need of one finished evaluation directory (`eval.evaluate`
 output): the headline figures of results.json, and from trajectories.jsonl the per-task
 accuracies (the unit of the bootstrap, `eval.bootstrap`) and the plan shares
-(`eval.plan_shares`), over all rollouts and by the tasks' ability (a shapes task's family)."""
+(`experiments.plan_shares`), over all rollouts and by the tasks' ability (a shapes task's family)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from experiments.plan_shares import plan_shares, plan_shares_by, response_text
 from pyvision_jax.eval.bootstrap import Interval, accuracy_interval, record_task_accuracies
-from pyvision_jax.eval.plan_shares import plan_shares, plan_shares_by, response_text
 from pyvision_jax.eval.records import RESULTS_FILE, TRAJECTORIES_FILE
 
 

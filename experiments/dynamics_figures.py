@@ -1,4 +1,4 @@
-"""Figures of the ablation runs (records of `eval.dynamics_stats.run_records`): the curves
+"""Figures of the ablation runs (records of `experiments.dynamics_stats.run_records`): the curves
 side by side as in the paper's Fig. 3/5/7, one line per variant (the mean over its seeds,
 each seed a thin line), and the held-out plan shares at the start and the end."""
 
@@ -8,14 +8,12 @@ import os
 from typing import Any, Mapping, Sequence
 
 import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from pyvision_jax.data.shape_plans import PLANS  # noqa: E402
-from pyvision_jax.eval.ablations import CAREFUL_SHARE, HELDOUT_ACCURACY  # noqa: E402
-from pyvision_jax.eval.plan_shares import mean_shares  # noqa: E402
-from pyvision_jax.train import metric_names as tags  # noqa: E402
+from experiments.ablations import CAREFUL_SHARE, HELDOUT_ACCURACY
+from experiments.plan_shares import mean_shares
+from pyvision_jax.data.shape_plans import PLANS
+from pyvision_jax.run_logs import metric_names as tags
 
 PANELS: tuple[str, ...] = (
     HELDOUT_ACCURACY,
@@ -74,10 +72,11 @@ def plot_dynamics(
     params = sorted({tag for run in runs for tag in run["curves"] if tag.startswith(tags.PARAMS_PREFIX)})
     panels = [*PANELS, *params]
     columns = -(-len(panels) // 2)
-    figure, axes = plt.subplots(2, columns, figsize=(5 * columns, 8))
+    figure = Figure(figsize=(5 * columns, 8))  # no pyplot: no global backend, nothing to close
+    axes = figure.subplots(2, columns, squeeze=False)
     for axis in axes.flat[len(panels) :]:
         axis.set_visible(False)
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colours = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     groups = by_variant(runs)
     for axis, tag in zip(axes.flat, panels):
         for n, (name, group) in enumerate(groups.items()):
@@ -104,14 +103,14 @@ def plot_dynamics(
         figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(out_png, dpi=100)
-    plt.close(figure)
 
 
 def plot_plans(runs: Sequence[Mapping[str, Any]], out_png: str | os.PathLike, title: str = "") -> None:
     """One PNG: per variant two stacked bars, the held-out plan shares (PLANS) at the start and
     at the last step (means over seeds), from each record's statistics."""
     groups = by_variant(runs)
-    figure, axis = plt.subplots(figsize=(max(4.0, 1.6 * len(groups) + 1.5) + 1.2, 4))
+    figure = Figure(figsize=(max(4.0, 1.6 * len(groups) + 1.5) + 1.2, 4))
+    axis = figure.subplots()
     positions, labels = [], []
     for n, group in enumerate(groups.values()):
         for offset, when in ((-0.2, "start"), (0.2, "last")):
@@ -139,4 +138,3 @@ def plot_plans(runs: Sequence[Mapping[str, Any]], out_png: str | os.PathLike, ti
         axis.set_title(title, pad=18, fontsize=9)
     figure.tight_layout()
     figure.savefig(out_png, dpi=100)
-    plt.close(figure)

@@ -1,4 +1,4 @@
-"""The statistics of the training-dynamics runs (`eval.ablations`): early stopping on the
+"""The statistics of the training-dynamics runs (`experiments.ablations`): early stopping on the
 validation set, per-run held-out figures with bootstrap intervals over tasks, tool-call
 ratios to the full recipe, and the checks of the learning claims (`claim_checks`).
 
@@ -14,10 +14,10 @@ import dataclasses
 from statistics import fmean
 from typing import Any, Mapping, Sequence
 
-from pyvision_jax.eval.ablations import Variant
+from experiments.ablations import Variant
+from experiments.eval_summary import EvalSummary
 from pyvision_jax.eval.bootstrap import paired_difference_interval
-from pyvision_jax.eval.eval_summary import EvalSummary
-from pyvision_jax.train import metric_names as tags
+from pyvision_jax.run_logs import metric_names as tags
 
 FULL = "full"
 RANDOM_REWARD = "random_reward"

@@ -1,7 +1,7 @@
 """The paper's training-dynamics ablations at toy scale: the full recipe, one-switch ablations
 and controls (`VARIANTS`), the curves their figures show, the steps at which the validation and
 held-out sets are evaluated, and reading a run's TensorBoard curves back.
-`pyvision_jax.wiring.dynamics_runs` trains and evaluates them.
+`experiments.dynamics_runs` trains and evaluates them.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any, Mapping
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
-from pyvision_jax.eval.baselines import HELDOUT, VALIDATION
-from pyvision_jax.eval.eval_summary import EvalSummary
-from pyvision_jax.train import metric_names as tags
-from pyvision_jax.train.metrics import MetricsWriter
+from experiments.baselines import HELDOUT, VALIDATION
+from experiments.eval_summary import EvalSummary
+from pyvision_jax.run_logs import metric_names as tags
+from pyvision_jax.run_logs.metrics import MetricsWriter
 
 HELDOUT_ACCURACY = f"{HELDOUT}/accuracy"
 HELDOUT_TOOL_CALLS = f"{HELDOUT}/tool_calls"

@@ -1,7 +1,7 @@
 """The untrained baseline every RL result must beat: the starting policy at fixed sampling
 temperatures, the best chosen on a validation seed (`best_temperature`) and reported on the
 held-out seed. Nothing is ever chosen on the held-out seed, and neither seed is trained on
-(`check_validation_seed`). `pyvision_jax.wiring.baselines` runs the evaluations.
+(`check_validation_seed`). `experiments.baseline_runs` runs the evaluations.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from pyvision_jax.eval.eval_summary import EvalSummary
+from experiments.eval_summary import EvalSummary
 
 BASELINES_DIR = "baselines"
 VALIDATION = "validation"

@@ -1,7 +1,7 @@
 """The untrained baseline every RL result must beat: the config's model sampled at fixed
 temperatures, the best chosen on a validation seed and reported on the held-out seed.
 
-    python benchmarks/temperature_baseline.py --workdir /tmp/temperature_baseline \
+    python -m experiments.temperature_baseline --workdir /tmp/temperature_baseline \
         [--temperatures 0.1,0.3,0.6,1.0] [--per-kind 8] [--k 2] [--validation-seed 777] [--config.x=y ...]
 
 Evaluates the config's own model (configs/tiny_cpu.py: the packaged SFT checkpoint) with the
@@ -12,8 +12,8 @@ ordinary evaluation (`wiring.evaluation.evaluate_checkpoint`) at every temperatu
 Nothing is chosen by the held-out seed. Accuracies come with 95 % bootstrap intervals over
 tasks, and the held-out comparison with the paired interval of the difference. Writes
 WORKDIR/results.json; every evaluation lies under WORKDIR/seed_<S>/T_<T> and a rerun reuses it.
-The seed checks, the choice and the evaluations are `pyvision_jax.eval.baselines` and
-`pyvision_jax.wiring.baselines` (which benchmarks/reproduce_dynamics.py runs too).
+The seed checks, the choice and the evaluations are `experiments.baselines` and
+`experiments.baseline_runs` (which `python -m experiments.reproduce_dynamics` runs too).
 """
 
 from __future__ import annotations
@@ -27,15 +27,14 @@ from typing import Any
 from absl import app, flags
 from ml_collections import config_flags
 
+from experiments.baseline_runs import synthetic_tasks, temperature_sweep, training_seeds
+from experiments.baselines import best_temperature, check_validation_seed, temperature_entry
+from experiments.eval_summary import EvalSummary
+from pyvision_jax import wiring
+from pyvision_jax.eval.bootstrap import paired_difference_interval
+from pyvision_jax.wiring.config_values import str_tuple
+
 ROOT = Path(__file__).resolve().parents[1]
-
-from pyvision_jax import wiring  # noqa: E402
-from pyvision_jax.eval.baselines import best_temperature, check_validation_seed, temperature_entry  # noqa: E402
-from pyvision_jax.eval.bootstrap import paired_difference_interval  # noqa: E402
-from pyvision_jax.eval.eval_summary import EvalSummary  # noqa: E402
-from pyvision_jax.wiring.baselines import synthetic_tasks, temperature_sweep, training_seeds  # noqa: E402
-from pyvision_jax.wiring.config_values import str_tuple  # noqa: E402
-
 _CONFIG = config_flags.DEFINE_config_file(
     "config", str(ROOT / "configs" / "tiny_cpu.py"), "Base config.", lock_config=True
 )

@@ -1,5 +1,5 @@
 """The starting policy's evaluations from a config: the validation and held-out sets
-(`eval.baselines.EvalSet`), their synthetic task files, one evaluation summarised
+(`experiments.baselines.EvalSet`), their synthetic task files, one evaluation summarised
 (`evaluate_summary`), and the fixed-temperature baselines (`temperature_sweep`,
 `temperature_baselines`).
 
@@ -17,8 +17,7 @@ from typing import Callable, Iterable
 
 import ml_collections
 
-from pyvision_jax.data import synthetic
-from pyvision_jax.eval.baselines import (
+from experiments.baselines import (
     BASELINES_DIR,
     HELDOUT,
     VALIDATION,
@@ -26,7 +25,8 @@ from pyvision_jax.eval.baselines import (
     TemperatureBaselines,
     check_validation_seed,
 )
-from pyvision_jax.eval.eval_summary import EvalSummary
+from experiments.eval_summary import EvalSummary
+from pyvision_jax.data import synthetic
 from pyvision_jax.wiring.config_values import str_tuple
 from pyvision_jax.wiring.evaluation import evaluate_checkpoint
 from pyvision_jax.wiring.settings import heldout_config

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from pyvision_jax.train import metric_names, metrics
+from pyvision_jax.run_logs import metric_names, metrics
 from tests.train.tensorboard_events import read_scalars
 
 

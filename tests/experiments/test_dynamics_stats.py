@@ -1,22 +1,22 @@
 """The pure parts of the learning results: plan shares, evaluation summaries, the temperature
-choice and seed checks (eval/baselines.py), early stopping, per-run statistics, tool-call
-ratios and the claim checks (eval/dynamics_stats.py)."""
+choice and seed checks (experiments/baselines.py), early stopping, per-run statistics, tool-call
+ratios and the claim checks (experiments/dynamics_stats.py)."""
 
 import json
 
 import pytest
 
-from pyvision_jax.eval.baselines import EvalSet, TemperatureBaselines, best_temperature, check_validation_seed
-from pyvision_jax.eval.dynamics_stats import (
+from experiments.baselines import EvalSet, TemperatureBaselines, best_temperature, check_validation_seed
+from experiments.dynamics_stats import (
     OVER_SEEDS,
     claim_checks,
     early_stop_step,
     run_statistics,
     tool_call_ratios,
 )
-from pyvision_jax.eval.eval_summary import EvalSummary
-from pyvision_jax.eval.plan_shares import mean_shares, plan_shares, response_text
-from pyvision_jax.train import metric_names as tags
+from experiments.eval_summary import EvalSummary
+from experiments.plan_shares import mean_shares, plan_shares, response_text
+from pyvision_jax.run_logs import metric_names as tags
 
 QUICK = "A quick glance.\n<code>\nquick()\n</code>"
 CAREFUL = ["<code>\nlook()\n</code>", "<code>\nmeasure()\n</code>", "<answer>red square</answer>"]

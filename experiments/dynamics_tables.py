@@ -1,4 +1,4 @@
-"""results.md of the ablation runs (records of `eval.dynamics_stats.run_records`): the best
+"""results.md of the ablation runs (records of `experiments.dynamics_stats.run_records`): the best
 fixed-temperature baseline, one table row per variant and seed (the recipe and its ablations,
 then the controls), and the checks of the learning claims."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from pyvision_jax.eval.ablations import CONTROL
+from experiments.ablations import CONTROL
 
 HEADER = (
     "| variant | seed | held-out start | early-stopped (step) | last | gain vs best T [95 % CI] | "
@@ -79,7 +79,7 @@ def ability_table(records: Sequence[Mapping[str, Any]]) -> str:
 
 
 def baseline_line(baselines: Mapping[str, Any], validation_seed: int, heldout_seed: int) -> str:
-    """The best fixed-temperature baseline (`eval.baselines.TemperatureBaselines.as_dict`)."""
+    """The best fixed-temperature baseline (`experiments.baselines.TemperatureBaselines.as_dict`)."""
     low, high = baselines["best_heldout_accuracy_ci95"]
     swept = ", ".join(
         f"T {v['temperature']:g}: {v['accuracy']:.3f} / {h['accuracy']:.3f}"
@@ -101,7 +101,7 @@ def _figure(value: Any) -> str:
 
 
 def claim_lines(claims: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """One markdown bullet per seed and check of `eval.dynamics_stats.claim_checks`."""
+    """One markdown bullet per seed and check of `experiments.dynamics_stats.claim_checks`."""
     lines = []
     for seed, checks in claims.items():
         for name, check in checks.items():

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from tensorboard.summary import Writer
 
-from pyvision_jax.train.event_file import SynchronousEventOutput
-from pyvision_jax.train.metric_names import (
+from pyvision_jax.run_logs.event_file import SynchronousEventOutput
+from pyvision_jax.run_logs.metric_names import (
     ACTOR_CLIPFRAC,
     ACTOR_GRAD_NORM,
     FILTER_GROUPS_KEPT,

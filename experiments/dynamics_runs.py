@@ -1,6 +1,6 @@
-"""The training-dynamics ablations run: each variant of `eval.ablations.VARIANTS` trained
+"""The training-dynamics ablations run: each variant of `experiments.ablations.VARIANTS` trained
 from the same start with the same tasks, once per seed, evaluated on the validation and the
-held-out set (`wiring.baselines`) at the start and every few steps.
+held-out set (`experiments.baseline_runs`) at the start and every few steps.
 
 Each run trains in WORKDIR/<variant>/seed_<S> (an ordinary trainer workdir: TensorBoard
 under tb/, the evaluations under validation/step_N and heldout/step_N, the segments' wall
@@ -20,13 +20,13 @@ from typing import Callable, Mapping, Sequence
 
 import ml_collections
 
-from pyvision_jax.eval.ablations import CURVES, Variant, eval_points, log_evaluations, read_curves
-from pyvision_jax.eval.baselines import EvalSet
-from pyvision_jax.eval.dynamics_stats import VariantRun
-from pyvision_jax.eval.eval_summary import EvalSummary
-from pyvision_jax.train import metric_names as tags
-from pyvision_jax.train.run_harness import TB_DIR
-from pyvision_jax.wiring.baselines import evaluate_summary, set_tasks
+from experiments.ablations import CURVES, Variant, eval_points, log_evaluations, read_curves
+from experiments.baseline_runs import evaluate_summary, set_tasks
+from experiments.baselines import EvalSet
+from experiments.dynamics_stats import VariantRun
+from experiments.eval_summary import EvalSummary
+from pyvision_jax.convert.run_layout import TB_DIR
+from pyvision_jax.run_logs import metric_names as tags
 from pyvision_jax.wiring.training import train
 
 WALL_TIME_FILE = "wall_time.json"

@@ -2,7 +2,7 @@
 recipe, its ablations and the controls, with early stopping on a validation set and bootstrap
 intervals over held-out tasks.
 
-    python benchmarks/reproduce_dynamics.py --workdir /tmp/dynamics [--steps 24] [--eval-every 6] \
+    python -m experiments.reproduce_dynamics --workdir /tmp/dynamics [--steps 24] [--eval-every 6] \
         [--variants full,no_tool_reward,std_norm,arrival_order,turns_2,random_reward,entropy_min] \
         [--seeds 0] [--temperatures 0.1,0.3,0.6,1.0] [--validation-seed 777] [--jobs 1] \
         [--config configs/tiny_cpu.py] [--config.x=y ...]
@@ -15,7 +15,7 @@ may be a training seed, nor the two the same. Nothing is ever chosen on the held
 1. Baselines: the config's starting model (no training) at each of --temperatures on both
    sets; the temperature best on validation (the first listed among equals) gives "the best
    fixed-temperature baseline", its held-out per-task accuracies.
-2. Runs: each variant of `pyvision_jax.eval.ablations.VARIANTS` (--variants: the recipe, its
+2. Runs: each variant of `experiments.ablations.VARIANTS` (--variants: the recipe, its
    ablations and the controls random_reward and entropy_min) trains GRPO from the same start
    for --steps steps once per seed of --seeds (`config.seed`), evaluated on both sets at the
    start (step 0: the starting model at eval.temperature) and every --eval-every steps and the
@@ -26,14 +26,14 @@ may be a training seed, nor the two the same. Nothing is ever chosen on the held
    jax_cache); a run that fails leaves the others' results, and this command then names it and
    exits 1 (a rerun resumes it). SIGTERM or Ctrl-C stops the running ones, each saving its
    checkpoint.
-3. Statistics per run (`eval.dynamics_stats`): held-out accuracy early-stopped and last with
+3. Statistics per run (`experiments.dynamics_stats`): held-out accuracy early-stopped and last with
    95 % bootstrap intervals over tasks, the paired interval of (early-stopped - best
    baseline) and of (last - start), tool calls per trajectory (held-out start and end, the
    training curve's last value) and their ratio to the full recipe's of the same seed, plan
    shares (`data.shape_plans.plan_of`) on held-out at the start, the early-stopped step and
    the end, wall time; and per seed the checks of the learning claims, with the tool-call claims
    checked again on the means over the seeds when there are several
-   (`eval.dynamics_stats.claim_checks`).
+   (`experiments.dynamics_stats.claim_checks`).
 
 Writes WORKDIR/validation/tasks and WORKDIR/heldout/tasks; WORKDIR/baselines/seed_<S>/T_<T>
 (the starting model's evaluations); WORKDIR/<variant>/seed_<S>/ (TensorBoard under tb/ with
@@ -58,24 +58,23 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
-ROOT = Path(__file__).resolve().parents[1]
-
-from pyvision_jax import wiring  # noqa: E402
-from pyvision_jax.eval.ablations import VARIANTS  # noqa: E402
-from pyvision_jax.eval.baselines import HELDOUT  # noqa: E402
-from pyvision_jax.eval.dynamics_figures import plot_dynamics, plot_plans  # noqa: E402
-from pyvision_jax.eval.dynamics_stats import claim_checks, run_records, statistics_by_run  # noqa: E402
-from pyvision_jax.eval.dynamics_tables import results_markdown  # noqa: E402
-from pyvision_jax.wiring.baselines import (  # noqa: E402
+from experiments.ablations import VARIANTS
+from experiments.baseline_runs import (
     heldout_set,
     start_evaluations,
     temperature_baselines,
     validation_set,
 )
-from pyvision_jax.wiring.compilation_cache import COMPILATION_CACHE_DIR  # noqa: E402
-from pyvision_jax.wiring.dynamics_runs import check_seeds, run_dir, run_variant  # noqa: E402
-from pyvision_jax.wiring.run_processes import Command, run_commands  # noqa: E402
+from experiments.baselines import HELDOUT
+from experiments.dynamics_figures import plot_dynamics, plot_plans
+from experiments.dynamics_runs import check_seeds, run_dir, run_variant
+from experiments.dynamics_stats import claim_checks, run_records, statistics_by_run
+from experiments.dynamics_tables import results_markdown
+from experiments.run_processes import Command, run_commands
+from pyvision_jax import wiring
+from pyvision_jax.wiring.compilation_cache import COMPILATION_CACHE_DIR
 
+ROOT = Path(__file__).resolve().parents[1]
 _CONFIG = config_flags.DEFINE_config_file(
     "config", str(ROOT / "configs" / "tiny_cpu.py"), "Base config.", lock_config=True
 )
@@ -94,6 +93,7 @@ _RUNS_ONLY = flags.DEFINE_bool(
     False,
     "Train and evaluate the runs, without results, tables or figures (what each --jobs process does).",
 )
+
 RUN_LOG = "reproduce.log"
 
 
@@ -104,12 +104,11 @@ def log(line: str) -> None:
 def train_in_processes(runs: list[tuple[str, int]], workdir: Path) -> None:
     """Trains and evaluates each (variant, seed) of `runs` in a process of its own, --jobs at a
     time; exits 1 naming every run that failed, after the others have finished."""
-    script = str(Path(__file__).resolve())
     commands = []
     for name, seed in runs:
         out_dir = run_dir(workdir, VARIANTS[name], seed)
         only_this = (f"--variants={name}", f"--seeds={seed}", "--jobs=1", "--runs-only")  # the last value wins
-        argv = (sys.executable, script, *sys.argv[1:], *only_this)
+        argv = (sys.executable, "-m", __spec__.name, *sys.argv[1:], *only_this)  # this module, from the same directory
         # a compilation cache per run: JAX writes its cache entries in place, so no two processes share one
         env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(out_dir / COMPILATION_CACHE_DIR)}
         commands.append(Command(f"{name} seed {seed}", argv, out_dir / RUN_LOG, env))

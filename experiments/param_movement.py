@@ -1,6 +1,6 @@
 """Which parameter groups an update moved, and by how much: two checkpoints compared.
 
-    python benchmarks/param_movement.py --before packaged:small_sft --after /tmp/run [--out movement.json] \
+    python -m experiments.param_movement --before packaged:small_sft --after /tmp/run [--out movement.json] \
         [--config configs/kinds_cpu.py]
 
 Either side is anything `launch/eval.py` loads (an HF directory, "packaged:NAME", a training
@@ -24,11 +24,10 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from pyvision_jax.wiring.evaluation import load_policy
+from pyvision_jax.wiring.model import hf_dir
+
 ROOT = Path(__file__).resolve().parents[1]
-
-from pyvision_jax.wiring.evaluation import load_policy  # noqa: E402
-from pyvision_jax.wiring.model import hf_dir  # noqa: E402
-
 _CONFIG = config_flags.DEFINE_config_file(
     "config", str(ROOT / "configs" / "kinds_cpu.py"), "Config (architecture).", lock_config=True
 )
@@ -44,6 +43,7 @@ GROUPS = (
     ("norms", "norm"),
     ("lm_head", "lm_head"),
 )
+
 QUANTILES = (0.1, 0.5, 0.9, 1.0)
 
 

@@ -1,5 +1,5 @@
-"""benchmarks/temperature_baseline.py end to end at tiny sizes and its seed refusals, and the
-arithmetic of benchmarks/param_movement.py."""
+"""`python -m experiments.temperature_baseline` end to end at tiny sizes and its seed refusals,
+and the arithmetic of experiments.param_movement."""
 
 import json
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.param_movement import group_of, parameter_movement
+from experiments.param_movement import group_of, parameter_movement
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,15 +46,17 @@ def test_parameter_movement_per_group_and_per_vocabulary_entry():
         parameter_movement(before, {"lm_head/kernel": before["lm_head/kernel"]})
 
 
-def test_temperature_baseline_at_tiny_sizes(tmp_path):
+def temperature_baseline(workdir, *flags: str, timeout_s: int) -> subprocess.CompletedProcess:
+    """`python -m experiments.temperature_baseline` on the tiny random-init model."""
+    config = str(REPO / "tests" / "tiny_random_cpu.py")
+    command = [sys.executable, "-m", "experiments.temperature_baseline", "--config", config, "--workdir", str(workdir)]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    command = [
-        sys.executable,
-        str(REPO / "benchmarks" / "temperature_baseline.py"),
-        "--config",
-        str(REPO / "tests" / "tiny_random_cpu.py"),
-        "--workdir",
-        str(tmp_path),
+    return subprocess.run([*command, *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_temperature_baseline_at_tiny_sizes(tmp_path):
+    result = temperature_baseline(
+        tmp_path,
         "--temperatures",
         "0.5,1.0",
         "--per-kind",
@@ -65,8 +67,8 @@ def test_temperature_baseline_at_tiny_sizes(tmp_path):
         "--config.eval.max_new_tokens_per_turn=8",
         "--config.eval.max_total_tokens=512",
         "--config.eval.max_tool_calls=1",
-    ]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        timeout_s=600,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert [e["temperature"] for e in results["validation"]] == [0.5, 1.0]
@@ -94,18 +96,6 @@ def test_temperature_baseline_at_tiny_sizes(tmp_path):
     ],
 )
 def test_temperature_baseline_refuses_a_heldout_or_training_validation_seed(tmp_path, seed, message):
-    command = [
-        sys.executable,
-        str(REPO / "benchmarks" / "temperature_baseline.py"),
-        "--config",
-        str(REPO / "tests" / "tiny_random_cpu.py"),
-        "--workdir",
-        str(tmp_path),
-        "--validation-seed",
-        str(seed),
-    ]
-    result = subprocess.run(
-        command, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True, timeout=300
-    )
+    result = temperature_baseline(tmp_path, "--validation-seed", str(seed), timeout_s=300)
     assert result.returncode != 0 and message in result.stderr
     assert not list(tmp_path.iterdir())  # refused before any task or evaluation

@@ -1,5 +1,5 @@
-"""The ablation variants (eval/ablations.py), their figures and tables, and
-benchmarks/reproduce_dynamics.py end to end on the tiny random-init model (two temperatures,
+"""The ablation variants (experiments/ablations.py), their figures and tables, and
+`python -m experiments.reproduce_dynamics` end to end on the tiny random-init model (two temperatures,
 two variants of two steps, evaluated at the start and the end) and its refusals."""
 
 import json
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pyvision_jax.eval.ablations import (
+from experiments.ablations import (
     CONTROL,
     CURVES,
     HELDOUT_ACCURACY,
@@ -23,13 +23,13 @@ from pyvision_jax.eval.ablations import (
     log_evaluations,
     read_curves,
 )
-from pyvision_jax.eval.baselines import EvalSet, TemperatureBaselines
-from pyvision_jax.eval.dynamics_figures import mean_curve, plot_dynamics, plot_plans
-from pyvision_jax.eval.dynamics_stats import VariantRun, claim_checks, early_stop_step, run_records, statistics_by_run
-from pyvision_jax.eval.dynamics_tables import results_markdown, results_table
-from pyvision_jax.eval.eval_summary import EvalSummary
-from pyvision_jax.train import metric_names as tags
-from pyvision_jax.wiring.dynamics_runs import variant_config
+from experiments.baselines import EvalSet, TemperatureBaselines
+from experiments.dynamics_figures import mean_curve, plot_dynamics, plot_plans
+from experiments.dynamics_runs import variant_config
+from experiments.dynamics_stats import VariantRun, claim_checks, early_stop_step, run_records, statistics_by_run
+from experiments.dynamics_tables import results_markdown, results_table
+from experiments.eval_summary import EvalSummary
+from pyvision_jax.run_logs import metric_names as tags
 from tests.eval.tiny_run import TINY
 from tests.tiny_random_cpu import get_config
 from tests.train.compilation_cache import COMPILATION_CACHE
@@ -170,7 +170,8 @@ def script_env():
 def tiny_command(workdir, *flags):
     return [
         sys.executable,
-        str(ROOT / "benchmarks" / "reproduce_dynamics.py"),
+        "-m",
+        "experiments.reproduce_dynamics",
         f"--workdir={workdir}",
         "--config",
         str(ROOT / "tests" / "tiny_random_cpu.py"),

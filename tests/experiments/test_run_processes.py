@@ -1,4 +1,4 @@
-"""wiring.run_processes: commands a few at a time, each with its output in its own log, a
+"""experiments.run_processes: commands a few at a time, each with its output in its own log, a
 failure that stops no other, and SIGTERM to the parent stopping the running commands."""
 
 import os
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pyvision_jax.wiring.run_processes import Command, run_commands
+from experiments.run_processes import Command, run_commands
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 120  # generous: on a loaded machine a python start can take seconds
 
 
@@ -122,7 +122,7 @@ def test_sigterm_stops_the_running_commands_and_starts_no_more(tmp_path):
     parent = f"""
         import sys
         from pathlib import Path
-        from pyvision_jax.wiring.run_processes import Command, run_commands
+        from experiments.run_processes import Command, run_commands
         here = Path({str(tmp_path)!r})
         commands = [
             Command("long", (sys.executable, "-c", {textwrap.dedent(child)!r}), here / "long.log"),
