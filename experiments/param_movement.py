@@ -24,6 +24,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from pyvision_jax.cli.entry import run_command
 from pyvision_jax.wiring.evaluation import load_policy
 from pyvision_jax.wiring.model import hf_dir
 
@@ -126,4 +127,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_command(__name__, main)

@@ -72,6 +72,7 @@ from experiments.dynamics_stats import claim_checks, run_records, statistics_by_
 from experiments.dynamics_tables import results_markdown
 from experiments.run_processes import Command, run_commands
 from pyvision_jax import wiring
+from pyvision_jax.cli.entry import run_command
 from pyvision_jax.wiring.compilation_cache import COMPILATION_CACHE_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,4 +211,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_command(__name__, main)

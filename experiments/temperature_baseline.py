@@ -31,6 +31,7 @@ from experiments.baseline_runs import synthetic_tasks, temperature_sweep, traini
 from experiments.baselines import best_temperature, check_validation_seed, temperature_entry
 from experiments.eval_summary import EvalSummary
 from pyvision_jax import wiring
+from pyvision_jax.cli.entry import run_command
 from pyvision_jax.eval.bootstrap import paired_difference_interval
 from pyvision_jax.wiring.config_values import str_tuple
 
@@ -103,4 +104,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_command(__name__, main)

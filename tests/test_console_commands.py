@@ -1,5 +1,5 @@
 """`pip install -e .` gives the five console commands; every command (those, their
-`launch/*.py` wrappers and `scripts/*.py`) answers --help with its usage and status 0; user
+`launch/*.py` wrappers, `scripts/*.py` and the runnable `benchmarks`/`experiments` modules) answers --help with its usage and status 0; user
 errors end a command with one line."""
 
 from __future__ import annotations
@@ -23,6 +23,13 @@ LAUNCH_FLAGS = {
 }
 """A flag of each command's own that its --help must list."""
 SCRIPTS = sorted(p.name for p in (ROOT / "scripts").glob("*.py"))
+RUNNABLE_MODULES = sorted(
+    ".".join(p.relative_to(ROOT).with_suffix("").parts)
+    for folder in ("benchmarks", "experiments")
+    for p in (ROOT / folder).rglob("*.py")
+    if 'if __name__ == "__main__":' in p.read_text(encoding="utf-8")
+)
+"""The benchmark and experiment modules a user runs (`python -m benchmarks.NAME`)."""
 
 
 def help_commands() -> dict[str, tuple[list[str], str]]:
@@ -37,6 +44,8 @@ def help_commands() -> dict[str, tuple[list[str], str]]:
         commands[f"launch/{path.name}"] = ([sys.executable, str(path), "--help"], LAUNCH_FLAGS[path.stem])
     for name in SCRIPTS:
         commands[f"scripts/{name}"] = ([sys.executable, str(ROOT / "scripts" / name), "--help"], "usage:")
+    for module in RUNNABLE_MODULES:
+        commands[module] = ([sys.executable, "-m", module, "--help"], "--")
     return commands
 
 
@@ -46,12 +55,14 @@ HELP_COMMANDS = help_commands()
 def test_every_command_is_checked():
     assert len(CONSOLE_COMMANDS) == 5 and set(LAUNCH_FLAGS) == {p.stem for p in (ROOT / "launch").glob("*.py")}
     assert {"build_tiny_tokenizer.py", "check_install_matrix.py"} <= set(SCRIPTS)
+    assert {"benchmarks.accelerator_suite", "experiments.reproduce_dynamics"} <= set(RUNNABLE_MODULES)
 
 
 @pytest.mark.parametrize("command", sorted(HELP_COMMANDS))
 def test_help_prints_the_usage_and_exits_zero(command):
     argv, expected = HELP_COMMANDS[command]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd="/")
+    cwd = ROOT if command in RUNNABLE_MODULES else "/"  # modules run from the repository root
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=cwd)
     assert done.returncode == 0 and "Traceback" not in done.stderr, (done.returncode, done.stderr[-2000:])
     assert expected in done.stdout, done.stdout[-2000:]
 
