@@ -1,6 +1,6 @@
 """`pip install -e .` gives the five console commands; every command (those, their
-`launch/*.py` wrappers, `scripts/*.py` and the runnable `benchmarks`/`experiments` modules) answers --help with its usage and status 0; user
-errors end a command with one line."""
+`launch/*.py` wrappers, `scripts/*.py` and the runnable `benchmarks`/`experiments` modules)
+answers --help with its usage and status 0; user errors end a command with one line."""
 
 from __future__ import annotations
 

@@ -65,6 +65,11 @@ DYNAMICS = {
 }
 PERFORMANCE_REASON = "{}: a benchmark at its documented sizes is a measurement; this runs it at {}"
 
+ROOFLINE_MINIATURE = {"--rows": "1", "--caches": "64", "--steps": "2", "--repeats": "1"} | {
+    "--bandwidth-mib": "8",
+    "--matmul-size": "128",
+}
+
 PLANS: dict[str, Miniature | CannotRun] = {
     # README.md
     "bash scripts/install.sh": CannotRun(
@@ -252,6 +257,12 @@ PLANS: dict[str, Miniature | CannotRun] = {
     ),
     "python -m experiments.param_movement --before packaged:small_sft --after /tmp/diag/whole": Miniature(),
     # docs/performance.md
+    ".venv/bin/python -m benchmarks.engine_roofline --models small --out engine_roofline_small.json": Miniature(
+        set=ROOFLINE_MINIATURE | {"--out": "{scratch}/roofline.json"}
+    ),
+    ".venv/bin/python -m benchmarks.engine_roofline --models 7b-slice --rows 1,8 --caches 512 --repeats 2": Miniature(
+        set=ROOFLINE_MINIATURE | {"--slice-layers": "1"}
+    ),
     ".venv/bin/python -m benchmarks.rl_kernels": Miniature(
         set={"--groups": "64", "--group-size": "4", "--batch": "4", "--length": "64", "--repeats": "2"}
         | {"--loss-repeats": "1"}
