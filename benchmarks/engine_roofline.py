@@ -31,6 +31,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from benchmarks.accelerator.measure import wall_times
 from pyvision_jax.models import KVCache, ModelConfig
 from pyvision_jax.models.qwen2_5_vl import init_params
 from pyvision_jax.rollout.decode_loop import decode_steps
@@ -39,13 +40,7 @@ from pyvision_jax.rollout.sampling import SamplingArrays
 
 def best_seconds(run: Callable[[], Any], repeats: int) -> float:
     """The fastest of `repeats` timed calls (each waited for), after one untimed call."""
-    jax.block_until_ready(run())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(run())
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(wall_times(run, warmup=1, count=repeats))
 
 
 def measure_bandwidth(mib: int, repeats: int) -> float:
