@@ -115,6 +115,29 @@ def test_a_restart_without_persistence_loses_no_group_and_trains_none_twice(tmp_
         server.stop()
 
 
+def test_after_a_restart_without_persistence_the_trainer_admits_groups_of_its_version(tmp_path):
+    """The restart loses the trainer's version key too; the trainer's queue writes it back
+    instead of reading 0 and dropping the groups put since (and those put again) as future."""
+    server = RedisServer(tmp_path, persistent=False)
+    try:
+        trainer = open_queue(server.url, consumer="trainer", max_staleness=2)
+        worker = open_queue(server.url, max_staleness=2)
+        trainer.set_trainer_version(7)
+        worker.put(scored_group("t0", 0, version=7))
+        server.kill()
+        server.restart()
+        worker.put(scored_group("t1", 0, version=7))  # t0 is put again too
+        assert trainer.trainer_version() == 7 and worker.trainer_version() == 7
+        items = trainer.get(max_groups=4, timeout=5)
+        trainer.ack([item.id for item in items])
+        assert sorted(TrajectoryGroup.from_bytes(item.payload).key for item in items) == ["t0#0", "t1#0"]
+        assert trainer.stats().dropped_future_total == 0
+        for closable in (trainer, worker):
+            closable.close()
+    finally:
+        server.stop()
+
+
 def test_an_outage_longer_than_outage_s_fails_with_one_line_naming_the_server(tmp_path):
     server = RedisServer(tmp_path)
     queue = open_queue(server.url, outage_s=1.0)

@@ -225,6 +225,7 @@ class RedisTrajectoryQueue(TrajectoryQueue):
         self._epoch: str | None = None  # the server's epoch at this producer's last put
         self._kept: dict[str, tuple[bytes, int]] = {}  # id -> (payload, version) put, not yet taken
         self._lost: list[tuple[bytes, int]] = []  # kept groups a restart without persistence lost
+        self._stored_version: int | None = None  # the version this client (the trainer's) last wrote
         self._keeping = threading.RLock()
         self._poll_s = min(_MAX_POLL_S, self.claim_idle_ms / 2000)
         self._claim_cursor: bytes | str = "0-0"
@@ -381,12 +382,19 @@ class RedisTrajectoryQueue(TrajectoryQueue):
     @_through_outages
     def _store_trainer_version(self, version: int) -> None:
         self._client.set(self._version_key, version)
+        self._stored_version = version
 
     @_through_outages
     def trainer_version(self) -> int:
         """The trainer's version; a producer also puts again here what a restart without
-        persistence lost, while there is room (workers poll this between groups, also paused)."""
+        persistence lost, while there is room (workers poll this between groups, also paused).
+
+        The trainer's own queue writes back the version such a restart lost: read as 0, it would
+        make the trainer drop every group put since as from the future."""
         value = self._client.get(self._version_key)
+        if value is None and self._stored_version is not None:
+            self._client.set(self._version_key, self._stored_version, nx=True)
+            value = self._client.get(self._version_key)
         if self._kept or self._lost:
             self._recover_lost(time.monotonic())
         return 0 if value is None else int(value)
