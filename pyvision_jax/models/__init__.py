@@ -1,6 +1,7 @@
 """Qwen2.5-VL in Flax NNX: vision tower, text decoder, M-RoPE position ids, sharding rules."""
 
 from pyvision_jax.models.config import ModelConfig, ModelConfigError, VisionConfig
+from pyvision_jax.models.kv_cache import KVCache
 from pyvision_jax.models.qwen2_5_vl import (
     ModelInputs,
     Qwen2_5_VL,
@@ -14,9 +15,10 @@ from pyvision_jax.models.qwen2_5_vl import (
     params_sharding,
     prefill,
     prepare_inputs,
+    stack_layers,
+    unstack_layers,
 )
 from pyvision_jax.models.rope_index import decode_position_ids, rope_index, rope_index_for
-from pyvision_jax.models.text import KVCache
 
 __all__ = [
     "ModelConfig",
@@ -35,6 +37,8 @@ __all__ = [
     "params_sharding",
     "prefill",
     "prepare_inputs",
+    "stack_layers",
+    "unstack_layers",
     "decode_position_ids",
     "rope_index",
     "rope_index_for",

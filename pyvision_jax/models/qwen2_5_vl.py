@@ -9,7 +9,7 @@ layout, then a jitted function merges the cached graphdef with the params and ru
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -17,9 +17,10 @@ import numpy as np
 from flax import nnx, struct
 
 from pyvision_jax.models.config import ModelConfig
+from pyvision_jax.models.kv_cache import KVCache
 from pyvision_jax.models.rope_index import rope_index_for
 from pyvision_jax.models.sharding import LOGICAL_AXIS_RULES, linear, logical_axes, param_shardings
-from pyvision_jax.models.text import KVCache, TextModel
+from pyvision_jax.models.text import TextModel
 from pyvision_jax.models.vision import VisionLayout, VisionTransformer, num_merged_tokens, vision_layout
 
 
@@ -84,11 +85,12 @@ class Qwen2_5_VL(nnx.Module):
         pixel_values: jax.Array | None = None,
         layout: VisionLayout | None = None,
         cache: KVCache | None = None,
+        layer_weights: Sequence[Any] | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """float32 logits [B, T, V] (and the updated cache when one is given)."""
         features = None if pixel_values is None else self.visual(pixel_values, layout)
         embeds = self.embed(input_ids, features)
-        hidden, cache = self.model(embeds, positions, attention_mask, cache)
+        hidden, cache = self.model(embeds, positions, attention_mask, cache, layer_weights=layer_weights)
         return self.lm_logits(hidden), cache
 
 
@@ -133,11 +135,39 @@ def init_params(config: ModelConfig, seed: int = 0, dtype: Any = jnp.float32) ->
     return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
-def _merge(config: ModelConfig, compute_dtype: str, params: Any) -> Qwen2_5_VL:
+def _merge(config: ModelConfig, compute_dtype: str, params: Any) -> tuple[Qwen2_5_VL, tuple | None]:
+    """The model holding `params`, and the decoder layers' own weights when `params` holds
+    them per layer (`unstack_layers`; the stacked module then holds empty placeholders)."""
     gdef, abstract = _abstract(config, compute_dtype)
+    layer_weights = params["model"]["layers"]
+    if isinstance(layer_weights, tuple):
+        placeholders = jax.tree.map(lambda x: jnp.zeros((0,), x.dtype), nnx.to_pure_dict(abstract["model"]["layers"]))
+        params = {**params, "model": {**params["model"], "layers": placeholders}}
+    else:
+        layer_weights = None
     state = jax.tree.map(lambda x: x, abstract)
     nnx.replace_by_pure_dict(state, params)
-    return nnx.merge(gdef, state)
+    return nnx.merge(gdef, state), layer_weights
+
+
+def unstack_layers(params: dict) -> dict:
+    """`params` with the decoder layers' stacked weights split into a tuple of per-layer
+    weights (copies): the form the engine decodes with, since slicing a layer out of the stack
+    inside a step copies its weights on every step. Accepted by `forward` with a cache."""
+    layers = params["model"]["layers"]
+    if isinstance(layers, tuple):
+        return params
+    count = jax.tree.leaves(layers)[0].shape[0]
+    split = tuple(jax.tree.map(lambda x, i=i: x[i], layers) for i in range(count))
+    return {**params, "model": {**params["model"], "layers": split}}
+
+
+def stack_layers(params: dict) -> dict:
+    """The inverse of `unstack_layers`: the model's usual params."""
+    layers = params["model"]["layers"]
+    if not isinstance(layers, tuple):
+        return params
+    return {**params, "model": {**params["model"], "layers": jax.tree.map(lambda *x: jnp.stack(x), *layers)}}
 
 
 # ---------------------------------------------------------------------- inputs
@@ -244,9 +274,19 @@ def prepare_inputs(
 def forward(
     config: ModelConfig, compute_dtype: str, params: Any, inputs: ModelInputs, cache: KVCache | None = None
 ) -> tuple[jax.Array, KVCache | None]:
-    """Pure jitted forward: (params, inputs[, cache]) -> (float32 logits [B, T, V], cache)."""
-    model = _merge(config, compute_dtype, params)
-    return model(inputs.input_ids, inputs.positions, inputs.attention_mask, inputs.pixel_values, inputs.layout, cache)
+    """Pure jitted forward: (params, inputs[, cache]) -> (float32 logits [B, T, V], cache).
+
+    With a cache, `params` may hold the decoder layers apart (`unstack_layers`)."""
+    model, layer_weights = _merge(config, compute_dtype, params)
+    return model(
+        inputs.input_ids,
+        inputs.positions,
+        inputs.attention_mask,
+        inputs.pixel_values,
+        inputs.layout,
+        cache,
+        layer_weights,
+    )
 
 
 def logits(config: ModelConfig, params: Any, inputs: Mapping[str, Any], compute_dtype: Any = jnp.float32) -> jax.Array:
@@ -277,12 +317,12 @@ def prefill(
 def _decode(
     config: ModelConfig, compute_dtype: str, params: Any, input_ids: jax.Array, cache: KVCache, deltas: jax.Array
 ) -> tuple[jax.Array, KVCache]:
-    model = _merge(config, compute_dtype, params)
+    model, layer_weights = _merge(config, compute_dtype, params)
     seen = jnp.sum(cache.valid, axis=-1).astype(jnp.int32)
     pos = seen[:, None] + deltas[:, None] + jnp.arange(input_ids.shape[1], dtype=jnp.int32)
     positions = jnp.broadcast_to(pos[None], (3,) + pos.shape)
     mask = jnp.ones(input_ids.shape, bool)
-    return model(input_ids, positions, mask, cache=cache)
+    return model(input_ids, positions, mask, cache=cache, layer_weights=layer_weights)
 
 
 def decode_step(

@@ -8,74 +8,20 @@ own. Padding therefore never changes the logits of real tokens.
 
 from __future__ import annotations
 
-import functools
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx, struct
+from flax import nnx
 
 from pyvision_jax.models.attention import attention, query_groups
 from pyvision_jax.models.blockwise_attention import MASK_VALUE
 from pyvision_jax.models.config import ModelConfig
+from pyvision_jax.models.kv_cache import KVCache, LayerCache
 from pyvision_jax.models.layer_scan import REMAT_POLICIES, check_remat, scan_layers, stacked
 from pyvision_jax.models.sharding import linear, shard_activation
 from pyvision_jax.models.vision import RMSNorm, apply_rotary
-
-
-@struct.dataclass
-class KVCache:
-    """Keys/values of all layers stacked [L, B, kv_heads, S, head_dim], slot validity [B, S],
-    next write slot.
-
-    Stacked like the decoder's parameters, so the layer scan carries the cache and writes
-    each layer's new columns in place. Heads-major, as attention reads them: a decode step
-    attends to the cache as it is, with no per-step transpose of keys and values."""
-
-    keys: jax.Array
-    values: jax.Array
-    valid: jax.Array
-    index: jax.Array
-
-    @classmethod
-    def init(cls, config: ModelConfig, batch: int, max_length: int, dtype: Any = jnp.float32) -> "KVCache":
-        shape = (config.num_hidden_layers, batch, config.num_key_value_heads, max_length, config.head_dim)
-        return cls(
-            keys=jnp.zeros(shape, dtype),
-            values=jnp.zeros(shape, dtype),
-            valid=jnp.zeros((batch, max_length), bool),
-            index=jnp.zeros((), jnp.int32),
-        )
-
-    @property
-    def max_length(self) -> int:
-        return self.valid.shape[1]
-
-
-@struct.dataclass
-class LayerCache:
-    """One decoder layer's access to the stacked cache inside the layer scan: the whole
-    [L, B, KVH, S, d] arrays (the scan's carry, updated in place), the layer and the column
-    where the call's tokens go."""
-
-    keys: jax.Array
-    values: jax.Array
-    layer: jax.Array
-    index: jax.Array
-
-    def write(self, k: jax.Array, v: jax.Array) -> "LayerCache":
-        """Stores new keys/values [B, t, KVH, d] of this layer at columns [index, index + t)."""
-        start = (self.layer, 0, 0, self.index, 0)
-        put = lambda cache, new: jax.lax.dynamic_update_slice(
-            cache, new.transpose(0, 2, 1, 3)[None].astype(cache.dtype), start
-        )
-        return self.replace(keys=put(self.keys, k), values=put(self.values, v))
-
-    def read(self) -> tuple[jax.Array, jax.Array]:
-        """This layer's keys and values [B, KVH, S, d]."""
-        take = lambda cache: jax.lax.dynamic_index_in_dim(cache, self.layer, keepdims=False)
-        return take(self.keys), take(self.values)
 
 
 def mrope_cos_sin(
@@ -94,46 +40,13 @@ def mrope_cos_sin(
     return jnp.cos(emb), jnp.sin(emb)
 
 
-def _scores_softmax(q: jax.Array, k: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
-    scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
-    return jax.nn.softmax(jnp.where(mask[:, None, None], scores, MASK_VALUE), axis=-1)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
-    """Heads-major q [B, KVH, G, T, d], k/v [B, KVH, S, d], mask [B, T, S] -> [B, KVH, G, T, d].
-
-    The hand-written gradient reads the [.., T, S] probabilities fewer times than autodiff
-    of the softmax does: dS = P * (dP - rowsum(dO * O)), masked entries zeroed.
-    """
-    return _attend_forward(q, k, v, mask, scale)[0]
-
-
-def _attend_forward(q, k, v, mask, scale):
-    probs = _scores_softmax(q, k, mask, scale)
-    out = jnp.einsum("bkgts,bksd->bkgtd", probs.astype(v.dtype), v)
-    return out, (q, k, v, mask, probs, out)
-
-
-def _attend_backward(scale, residuals, d_out):
-    q, k, v, mask, probs, out = residuals
-    d_v = jnp.einsum("bkgts,bkgtd->bksd", probs.astype(d_out.dtype), d_out)
-    d_probs = jnp.einsum("bkgtd,bksd->bkgts", d_out, v, preferred_element_type=jnp.float32)
-    row = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
-    d_scores = (jnp.where(mask[:, None, None], probs * (d_probs - row), 0.0) * scale).astype(q.dtype)
-    d_q = jnp.einsum("bkgts,bksd->bkgtd", d_scores, k)
-    d_k = jnp.einsum("bkgts,bkgtd->bksd", d_scores, q)
-    return d_q, d_k, d_v, None
-
-
-_attend.defvjp(_attend_forward, _attend_backward)
-
-
-def cached_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
-    """q [B, T, H, d], heads-major cached k/v [B, KVH, S, d], mask [B, T, S] -> [B, T, H, d];
-    fp32 softmax."""
+def cached_gqa_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+    """q [B, T, H, d] against one layer's cached keys [B, KVH, d, S] and values [B, KVH, S, d],
+    mask [B, T, S] -> [B, T, H, d]; fp32 softmax."""
     b, t, h, d = q.shape
-    out = _attend(query_groups(q, k.shape[1]), k, v, mask, scale)
+    scores = jnp.einsum("bkgtd,bkds->bkgts", query_groups(q, keys.shape[1]), keys, preferred_element_type=jnp.float32)
+    probs = jax.nn.softmax(jnp.where(mask[:, None, None], scores * scale, MASK_VALUE), axis=-1)
+    out = jnp.einsum("bkgts,bksd->bkgtd", probs.astype(values.dtype), values)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
@@ -172,8 +85,8 @@ class TextAttention(nnx.Module):
             out = self.attend(q, k, v, mask)
         else:
             cached = cached.write(k, v)
-            keys, values = cached.read()
-            out = cached_gqa_attention(q, keys.astype(q.dtype), values.astype(q.dtype), mask, self.head_dim**-0.5)
+            keys, values = cached.keys.astype(q.dtype), cached.values.astype(q.dtype)
+            out = cached_gqa_attention(q, keys, values, mask, self.head_dim**-0.5)
         return self.o_proj(out.reshape(b, t, -1)), cached
 
 
@@ -294,17 +207,21 @@ class TextModel(nnx.Module):
         cache: KVCache | None = None,
         segment_ids: jax.Array | None = None,
         remat: str = "none",
+        layer_weights: Sequence[Any] | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """embeds [B, T, D], positions [3, B, T], attention_mask [B, T] -> normed hidden [B, T, D].
 
         Without a cache, `segment_ids` [B, T] (packed rows: one id > 0 per trajectory) keep
         attention within each segment; by default each row is one segment. `remat` is the
-        layer scan's remat policy (models/layer_scan.py)."""
+        layer scan's remat policy (models/layer_scan.py). With a cache, the layers run one by one,
+        each on its own cache arrays, from `layer_weights` when given (see `layer_list`)."""
         cfg = self.config
         t = embeds.shape[1]
         cos, sin = mrope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
         attention_mask = attention_mask.astype(bool)
         if cache is None:
+            if layer_weights is not None:
+                raise ValueError("per-layer weights are for cached decoding; the cacheless pass scans the stack")
             segments = (
                 attention_mask.astype(jnp.int32)
                 if segment_ids is None
@@ -322,16 +239,28 @@ class TextModel(nnx.Module):
         query_slot = index + jnp.arange(t)
         key_slot = jnp.arange(cache.max_length)
         mask = (key_slot[None, :] <= query_slot[:, None])[None] & valid[:, None, :]
+        x, keys, values = embeds, [], []
+        for layer, layer_keys, layer_values in zip(self.layer_list(layer_weights), cache.keys, cache.values):
+            x, written = layer(x, cos, sin, mask, LayerCache(layer_keys, layer_values, index))
+            keys.append(written.keys)
+            values.append(written.values)
+        return self.norm(x), KVCache(keys=tuple(keys), values=tuple(values), valid=valid, index=index + t)
 
-        def cached_step(layer: DecoderLayer, carry: tuple, layer_index: jax.Array) -> tuple[tuple, None]:
-            x, keys, values = carry
-            x, written = layer(x, cos, sin, mask, LayerCache(keys, values, layer_index, index))
-            return (x, written.keys, written.values), None
+    def layer_list(self, layer_weights: Sequence[Any] | None = None) -> list[DecoderLayer]:
+        """The decoder layers one by one: from `layer_weights` (each layer's pure params, held
+        apart so that no step slices them out of the stacked arrays, which copies them) or
+        else sliced from the stack."""
+        graphdef, state = nnx.split(self.layers)
+        if layer_weights is None:
+            return [nnx.merge(graphdef, jax.tree.map(lambda x, i=i: x[i], state)) for i in range(len(self))]
+        if len(layer_weights) != len(self):
+            raise ValueError(f"{len(layer_weights)} layers' weights for a model of {len(self)} layers")
+        layers = []
+        for weights in layer_weights:
+            layer_state = jax.tree.map(lambda x: x, state)
+            nnx.replace_by_pure_dict(layer_state, weights)
+            layers.append(nnx.merge(graphdef, layer_state))
+        return layers
 
-        (x, keys, values), _ = scan_layers(
-            self.layers,
-            cached_step,
-            (embeds, cache.keys, cache.values),
-            jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32),
-        )
-        return self.norm(x), KVCache(keys=keys, values=values, valid=valid, index=index + t)
+    def __len__(self) -> int:
+        return self.config.num_hidden_layers

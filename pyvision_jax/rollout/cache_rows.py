@@ -46,23 +46,12 @@ def prefill_rows(
     leading padding columns then wrap to the end of the row, past the write index, as
     invalid columns that decoding overwrites."""
     batch, length = inputs.input_ids.shape
-    fresh = KVCache.init(config, batch, length, cache.keys.dtype)
+    fresh = KVCache.init(config, batch, length, cache.dtype)
     logits, fresh = forward(config, compute_dtype, params, inputs, fresh)
     tokens, logprobs = _first_tokens(logits, keys, settings)
-    rows = targets[:, None]
     columns = (start + jnp.arange(length)[None, :]) % cache.max_length
-
-    def place(big: jax.Array, small: jax.Array) -> jax.Array:
-        """Stacked heads-major [L, B, KVH, S, d]: indexing puts (row, column) first."""
-        small = small.transpose(1, 3, 0, 2, 4).astype(big.dtype)
-        return big.at[:, rows, :, columns].set(small, mode="drop")
-
-    valid = cache.valid.at[targets].set(False, mode="drop")
-    valid = valid.at[rows, columns].set(fresh.valid, mode="drop")
-    cache = KVCache(
-        keys=place(cache.keys, fresh.keys), values=place(cache.values, fresh.values), valid=valid, index=cache.index
-    )
-    return cache, tokens, logprobs
+    cleared = cache.replace(valid=cache.valid.at[targets].set(False, mode="drop"))
+    return cleared.scatter(targets[:, None], columns, fresh), tokens, logprobs
 
 
 def extend_rows(
@@ -88,30 +77,13 @@ def extend_rows(
     [b, T, V], first tokens, their logprobs)."""
     length = inputs.input_ids.shape[1]
     columns = cache.max_length
-    take = lambda x, axis: jnp.take(x, targets, axis=axis, mode="clip")
-    keys_rows, values_rows, valid_rows = compact_columns(
-        take(cache.keys, 1),
-        take(cache.values, 1),
-        take(cache.valid, 0),
-        keep,
-        jnp.asarray(columns, jnp.int32),
-        columns + length,
-    )
-    work = KVCache(keys=keys_rows, values=values_rows, valid=valid_rows, index=jnp.asarray(columns, jnp.int32))
-    logits, work = forward(config, compute_dtype, params, inputs, work)
+    rows = cache.map_rows(lambda x: jnp.take(x, targets, axis=0, mode="clip"))
+    work = compact_columns(rows, keep, jnp.asarray(columns, jnp.int32), columns + length)
+    logits, work = forward(config, compute_dtype, params, inputs, work.replace(index=jnp.asarray(columns, jnp.int32)))
     tokens, logprobs = _first_tokens(logits, keys, settings)
     filled = keep + jnp.sum(inputs.attention_mask, axis=1).astype(keep.dtype)
-    keys_rows, values_rows, valid_rows = compact_columns(
-        work.keys, work.values, work.valid, filled, cache.index, columns
-    )
-    put = lambda big, rows: big.at[:, targets].set(rows.astype(big.dtype), mode="drop")
-    cache = KVCache(
-        keys=put(cache.keys, keys_rows),
-        values=put(cache.values, values_rows),
-        valid=cache.valid.at[targets].set(valid_rows, mode="drop"),
-        index=cache.index,
-    )
-    return cache, logits, tokens, logprobs
+    rows = compact_columns(work, filled, cache.index, columns)
+    return cache.put_rows(targets, rows), logits, tokens, logprobs
 
 
 def extend_tokens(

@@ -1,6 +1,10 @@
 """The engine's decode dispatch: one compiled loop of up to ``max_steps`` decode steps over
 the first rows of the cache, which stops as soon as every row has ended.
 
+With fewer rows than the cache holds, the dispatch works on a copy of those rows and writes
+back only the ``max_steps`` columns from the write index on, which are all it changes (the
+engine leaves that many free columns after the index).
+
 Step t feeds each live row its last token at position ``positions + t`` and draws the next
 with ``fold_in(key, counts + t)`` (``counts``: the tokens the request has so far), the key
 a single-step dispatch uses for that token, so the tokens do not depend on how many steps
@@ -46,8 +50,10 @@ def decode_steps(
     first `drawn` entries."""
     rows = tokens.shape[0]
     typed_keys = jax.random.wrap_key_data(keys)
-    full = cache
-    cache = KVCache(keys=full.keys[:, :rows], values=full.values[:, :rows], valid=full.valid[:rows], index=full.index)
+    full, start_column = cache, cache.index
+    partial = rows < full.valid.shape[0]
+    if partial:
+        cache = full.window(rows, jnp.zeros((), jnp.int32), full.max_length)
 
     def running(carry: tuple) -> jax.Array:
         step, _, _, live, *_ = carry
@@ -76,10 +82,6 @@ def decode_steps(
         jnp.zeros((rows, max_steps), jnp.float32),
     )
     steps, cache, _, _, drawn, out_tokens, out_logprobs = jax.lax.while_loop(running, step_once, start)
-    cache = KVCache(
-        keys=full.keys.at[:, :rows].set(cache.keys),
-        values=full.values.at[:, :rows].set(cache.values),
-        valid=full.valid.at[:rows].set(cache.valid),
-        index=cache.index,
-    )
+    if partial:  # only the dispatch's columns changed: write back those
+        cache = full.put_window(start_column, cache.window(rows, start_column, max_steps).replace(index=cache.index))
     return cache, out_tokens, out_logprobs, drawn, steps

@@ -48,14 +48,14 @@ from __future__ import annotations
 import threading
 from collections import Counter, deque
 from functools import partial
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pyvision_jax.agent.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
-from pyvision_jax.models import ModelConfig, ModelInputs, prepare_inputs
+from pyvision_jax.models import ModelConfig, ModelInputs, prepare_inputs, stack_layers, unstack_layers
 from pyvision_jax.models.rope_index import decode_position_ids
 from pyvision_jax.models.vision import window_units
 from pyvision_jax.rollout.cache_rows import counting, extend_tokens, prefill_rows
@@ -73,7 +73,7 @@ from pyvision_jax.rollout.prompt_block import prompt_block, suffix_positions
 from pyvision_jax.rollout.request_images import image_patches
 from pyvision_jax.rollout.sampling import SamplingArrays
 from pyvision_jax.rollout.slot_cache import SlotCache, smallest_bucket
-from pyvision_jax.rollout.weights.named_params import params_like
+from pyvision_jax.rollout.weights.named_params import params_from_named, params_like
 
 DEFAULT_LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -146,7 +146,7 @@ class JaxEngine:
         )
         self._slots: list[DecodingSlot | HeldContext | None] = [None] * max_batch
         self._clock = 0
-        self._params = jax.tree.map(jnp.asarray, params)
+        self._params = unstack_layers(jax.tree.map(jnp.asarray, params))
         self._version = int(version)
         self._lock = threading.Lock()
         self._seed_source = np.random.default_rng()
@@ -167,7 +167,8 @@ class JaxEngine:
 
     @property
     def params(self) -> Any:
-        return self._params
+        """The weights as the model's usual params (a stacked copy of the engine's own)."""
+        return stack_layers(self._params)
 
     @property
     def held_slots(self) -> int:
@@ -187,7 +188,9 @@ class JaxEngine:
         ``weights`` is a params pytree like the one the engine was built with, or an
         iterable of (Hub or transformers-v5 tensor name, array in HF layout) pairs.
         """
-        new_params = params_like(self.config, weights, self._params)
+        if not isinstance(weights, Mapping):
+            weights = params_from_named(self.config, weights)
+        new_params = params_like(self.config, unstack_layers(weights), self._params)
         with self._lock:
             self._params = new_params
             self._version = int(version)

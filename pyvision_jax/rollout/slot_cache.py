@@ -39,24 +39,19 @@ def smallest_bucket(value: int, buckets: Sequence[int]) -> int | None:
     return buckets[position] if position < len(buckets) else None
 
 
-def compact_columns(
-    keys: jax.Array, values: jax.Array, valid: jax.Array, keep: jax.Array, end: jax.Array, length: int
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+def compact_columns(cache: KVCache, keep: jax.Array, end: jax.Array, length: int) -> KVCache:
     """Rows of `length` columns holding each row's first keep[b] valid columns, in order, at
-    columns [end - keep[b], end); every other column is invalid.
+    columns [end - keep[b], end); every other column is invalid (keep [B]).
 
-    keys/values are stacked heads-major [L, B, KVH, S, d], valid [B, S], keep [B]; the values
-    are moved, never recomputed, so attention over a compacted row gives the same logits.
-    """
-    batch, columns = valid.shape
-    keep = jnp.minimum(keep, jnp.sum(valid, axis=1))
-    order = jnp.argsort(~valid, axis=1, stable=True)  # valid columns first, in column order
+    The values are moved, never recomputed, so attention over a compacted row gives the same
+    logits. The index is the cache's."""
+    columns = cache.max_length
+    keep = jnp.minimum(keep, jnp.sum(cache.valid, axis=1))
+    order = jnp.argsort(~cache.valid, axis=1, stable=True)  # valid columns first, in column order
     rank = jnp.arange(length)[None, :] - (end - keep)[:, None]
     inside = (rank >= 0) & (rank < keep[:, None])
     source = jnp.take_along_axis(order, jnp.clip(rank, 0, columns - 1), axis=1)
-    rows = jnp.arange(batch)[:, None]
-    gather = lambda x: x[:, rows, :, source].transpose(2, 0, 3, 1, 4)
-    return gather(keys), gather(values), inside
+    return cache.gather_columns(source).replace(valid=inside)
 
 
 class SlotCache:
@@ -162,21 +157,17 @@ class SlotCache:
         """Every row's first keep[row] valid columns moved to end at `index`, the new write
         column."""
         self.trace_counts["compact"] += 1
-        keys, values, valid = compact_columns(cache.keys, cache.values, cache.valid, keep, index, cache.max_length)
-        return KVCache(keys=keys, values=values, valid=valid, index=index)
+        return compact_columns(cache, keep, index, cache.max_length).replace(index=index)
 
     def _permute_impl(self, cache: KVCache, order: jax.Array) -> KVCache:
         """Gathers the rows of keys, values and validity in `order`."""
         self.trace_counts["permute"] += 1
-        return KVCache(
-            keys=cache.keys[:, order], values=cache.values[:, order], valid=cache.valid[order], index=cache.index
-        )
+        return cache.map_rows(lambda x: x[order])
 
     def _grow_impl(self, cache: KVCache, length: int) -> KVCache:
         """The same cache with `length` columns (new ones empty and invalid)."""
         self.trace_counts["grow"] += 1
         extra = length - cache.max_length
-        pad = lambda x, axis: jnp.pad(x, [(0, extra) if a == axis else (0, 0) for a in range(x.ndim)])
-        return KVCache(
-            keys=pad(cache.keys, 3), values=pad(cache.values, 3), valid=pad(cache.valid, 1), index=cache.index
+        return cache.map_columns(
+            lambda x, axis: jnp.pad(x, [(0, extra) if a == axis else (0, 0) for a in range(x.ndim)])
         )

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pyvision_jax.agent.engine import GenerationRequest, SamplingParams
-from pyvision_jax.models import KVCache, ModelConfig, prefill, prepare_inputs
+from pyvision_jax.models import KVCache, ModelConfig, logits, prepare_inputs, unstack_layers
 from pyvision_jax.models.rope_index import decode_position_ids
 from pyvision_jax.processing import preprocess_images
 from pyvision_jax.rollout.cache_rows import extend_rows, prefill_rows
@@ -47,20 +47,26 @@ def patches(images):
 
 
 def full_prefill_logits(config, params, request):
-    """Logits [T, V] of the whole prompt prefilled into a fresh cache (the engine without
-    continuation), left-padded to one block length."""
+    """Logits [T, V] of the model's forward pass (no cache) over the whole prompt,
+    left-padded to one block length."""
     inputs, _, length = prompt_block(
         config, [request.prompt_token_ids], [patches(request.images)], [request.image_grid_thw], (2 * BLOCK,), (1,)
     )
-    out, _, _ = prefill(config, params, inputs, length)
-    return np.asarray(out)[0, length - len(request.prompt_token_ids) :]
+    return np.asarray(logits(config, params, inputs))[0, length - len(request.prompt_token_ids) :]
+
+
+def row_keys(cache, row):
+    """Every layer's keys of one cache row, stacked."""
+    return np.stack([np.asarray(keys[row]) for keys in cache.keys])
 
 
 def test_three_turns_with_images_continue_with_the_logits_of_a_full_prefill(model, tokenizer):
     """Row 1 holds an episode; each turn appends the last token, a tool response with new
     images and the next prompt to its context. The appended block's logits equal the full
-    prefill's at every new token (<= 1e-5); the other row is left as it was."""
+    prefill's at every new token (<= 1e-5); the other row is left as it was. The engine's
+    functions run on the per-layer weights it holds; the reference is the forward pass."""
     config, params = model
+    layered = unstack_layers(params)
     images = [random_image(k, size) for k, size in enumerate([(56, 56), (56, 112), (112, 56), (56, 56)])]
     prompt, grids = with_images(config, tokenizer, "Question about", images[:1], " the picture?")
     turn_images = [images[:1], images[1:2], images[2:]]
@@ -69,13 +75,13 @@ def test_three_turns_with_images_continue_with_the_logits_of_a_full_prefill(mode
     other_inputs, _ = prepare_inputs(config, other)
     keys = jnp.zeros((1, 2), jnp.uint32)
     cache, _, _ = prefill_rows(
-        config, "float32", params, cache, other_inputs, jnp.array([0]), jnp.asarray(160 - BLOCK), keys, GREEDY
+        config, "float32", layered, cache, other_inputs, jnp.array([0]), jnp.asarray(160 - BLOCK), keys, GREEDY
     )
     request = GenerationRequest("e", prompt, images=tuple(turn_images[0]), image_grid_thw=grids)
     inputs, _, _ = prompt_block(config, [prompt], [patches(turn_images[0])], [np.array(grids)], (BLOCK,), (1,))
     model_inputs, deltas = prepare_inputs(config, inputs)
     cache, first, _ = prefill_rows(
-        config, "float32", params, cache, model_inputs, jnp.array([1]), jnp.asarray(160 - BLOCK), keys, GREEDY
+        config, "float32", layered, cache, model_inputs, jnp.array([1]), jnp.asarray(160 - BLOCK), keys, GREEDY
     )
     position = int(decode_position_ids(deltas, [len(prompt)])[0, 0, 0])
     for turn in (1, 2):
@@ -84,7 +90,7 @@ def test_three_turns_with_images_continue_with_the_logits_of_a_full_prefill(mode
             config,
             "float32",
             6,
-            params,
+            layered,
             cache,
             jnp.array([0, int(first[0])]),
             jnp.array([0, position]),
@@ -106,11 +112,8 @@ def test_three_turns_with_images_continue_with_the_logits_of_a_full_prefill(mode
         )
         if turn == 2:  # the slot cache compacts every row to a new write index in between
             kept = jnp.array([int(other["attention_mask"].sum()), len(held.token_ids)])
-            new_keys, new_values, valid = compact_columns(
-                cache.keys, cache.values, cache.valid, kept, jnp.asarray(200), COLUMNS
-            )
-            cache = KVCache(keys=new_keys, values=new_values, valid=valid, index=jnp.asarray(200, jnp.int32))
-        before_other = np.asarray(cache.keys[:, 0])
+            cache = compact_columns(cache, kept, jnp.asarray(200), COLUMNS).replace(index=jnp.asarray(200, jnp.int32))
+        before_other = row_keys(cache, 0)
         ids, grids = with_images(config, tokenizer, " tool output:", turn_images[turn], " next step?")
         request = GenerationRequest(
             "e",
@@ -125,11 +128,11 @@ def test_three_turns_with_images_continue_with_the_logits_of_a_full_prefill(mode
         inputs["position_ids"], [position] = suffix_positions(config, [request], [reused], batch, length)
         model_inputs, _ = prepare_inputs(config, inputs)
         cache, logits, first, _ = extend_rows(
-            config, "float32", params, cache, model_inputs, jnp.array([1]), jnp.array([reused]), keys, GREEDY
+            config, "float32", layered, cache, model_inputs, jnp.array([1]), jnp.array([reused]), keys, GREEDY
         )
         expected = full_prefill_logits(config, params, request)[reused:]
         np.testing.assert_allclose(np.asarray(logits)[0, -len(suffix) :], expected, atol=1e-5, rtol=0)
-        np.testing.assert_array_equal(np.asarray(cache.keys[:, 0]), before_other)
+        np.testing.assert_array_equal(row_keys(cache, 0), before_other)
         assert int(np.asarray(cache.valid[1]).sum()) == len(request.prompt_token_ids)
 
 
