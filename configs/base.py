@@ -91,6 +91,8 @@ def get_config() -> ml_collections.ConfigDict:
     # every row has ended; 1: one step per dispatch)
     c.rollout.kv_continuation = True  # JAX engine: a finished request's slot keeps its KV for the episode's next
     # turn, which prefills only its new tokens (False: every turn in full)
+    c.rollout.live_span = True  # JAX engine: a decode dispatch attends to the smallest cache length bucket
+    # holding its rows' contexts (False: to the whole cache)
     c.rollout.wait_timeout_s = 1800.0  # give up when no group arrives for this long
     c.rollout.publish_every = 1  # external mode: export weights every N steps
     c.rollout.weights_dir = ""  # external mode: shared weights directory (default WORKDIR/weights)

@@ -10,6 +10,7 @@ rows of a batch) and raw PRNG key data [b, 2]; token 0 of a request is drawn wit
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -107,8 +108,9 @@ def extend_tokens(
 def counting(counts: Counter[str], name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn`, adding one to counts[name] each time it runs: under `jax.jit`, each trace."""
 
-    def traced(*args: Any) -> Any:
+    @functools.wraps(fn)
+    def traced(*args: Any, **kwargs: Any) -> Any:
         counts[name] += 1
-        return fn(*args)
+        return fn(*args, **kwargs)
 
     return traced

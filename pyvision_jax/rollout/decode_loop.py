@@ -1,9 +1,13 @@
 """The engine's decode dispatch: one compiled loop of up to ``max_steps`` decode steps over
 the first rows of the cache, which stops as soon as every row has ended.
 
-With fewer rows than the cache holds, the dispatch works on a copy of those rows and writes
-back only the ``max_steps`` columns from the write index on, which are all it changes (the
-engine leaves that many free columns after the index).
+Live span. Every live row's context ends at the write index, so a dispatch need attend only
+to the columns from its longest context's start to the index plus ``max_steps``: with a
+``span`` (a static bucket) shorter than the cache, or fewer rows than the cache holds, the
+dispatch copies those rows' last ``span`` columns out once, runs its steps on the copy, and
+writes back only the ``max_steps`` columns from the write index on, which are all it changes
+(the engine leaves that many free columns after the index). Positions are carried, not
+derived from columns, so the window changes no logits.
 
 Step t feeds each live row its last token at position ``positions + t`` and draws the next
 with ``fold_in(key, counts + t)`` (``counts``: the tokens the request has so far), the key
@@ -40,8 +44,11 @@ def decode_steps(
     keys: jax.Array,
     stop_mask: jax.Array,
     settings: SamplingArrays,
+    span: int = 0,
 ) -> tuple[KVCache, jax.Array, jax.Array, jax.Array, jax.Array]:
-    """Decodes the first len(tokens) rows of `cache` (the others are kept as they are).
+    """Decodes the first len(tokens) rows of `cache` (the others are kept as they are),
+    attending to the `span` columns (static; 0: all) that end `max_steps` after the write
+    index, which must hold every live row's context.
 
     tokens, positions, live, counts, limits [r] are each row's last token (not yet in the
     cache), its M-RoPE position, whether it decodes, its tokens so far and its token limit;
@@ -50,10 +57,12 @@ def decode_steps(
     first `drawn` entries."""
     rows = tokens.shape[0]
     typed_keys = jax.random.wrap_key_data(keys)
-    full, start_column = cache, cache.index
-    partial = rows < full.valid.shape[0]
-    if partial:
-        cache = full.window(rows, jnp.zeros((), jnp.int32), full.max_length)
+    full = cache
+    span = full.max_length if span <= 0 else min(span, full.max_length)
+    windowed = rows < full.valid.shape[0] or span < full.max_length
+    if windowed:
+        first = jnp.clip(full.index + max_steps - span, 0, full.max_length - span)
+        cache = full.window(rows, first, span).replace(index=full.index - first)
 
     def running(carry: tuple) -> jax.Array:
         step, _, _, live, *_ = carry
@@ -82,6 +91,7 @@ def decode_steps(
         jnp.zeros((rows, max_steps), jnp.float32),
     )
     steps, cache, _, _, drawn, out_tokens, out_logprobs = jax.lax.while_loop(running, step_once, start)
-    if partial:  # only the dispatch's columns changed: write back those
-        cache = full.put_window(start_column, cache.window(rows, start_column, max_steps).replace(index=cache.index))
+    if windowed:  # only the dispatch's columns changed: write back those
+        written = cache.window(rows, full.index - first, max_steps).replace(index=cache.index + first)
+        cache = full.put_window(full.index, written)
     return cache, out_tokens, out_logprobs, drawn, steps

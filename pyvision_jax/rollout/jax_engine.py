@@ -96,7 +96,8 @@ class JaxEngine:
     request (module docstring); off, every request is prefilled in full. The new tokens of a
     continued request (a tool response and the next prompt: usually short) are padded to one
     of ``extension_buckets`` (those below the smallest length bucket), or else of the length
-    buckets.
+    buckets. With ``live_span`` a decode dispatch attends only to the smallest cache length
+    bucket of columns holding its rows' contexts (``decode_loop``), not to the whole cache.
     """
 
     def __init__(
@@ -117,6 +118,7 @@ class JaxEngine:
         eos_token_ids: Iterable[int] | None = None,
         kv_continuation: bool = True,
         extension_buckets: Sequence[int] = (64, 256),
+        live_span: bool = True,
     ):
         if max_batch < 1:
             raise ValueError(f"JaxEngine: max_batch must be >= 1, got {max_batch}")
@@ -132,6 +134,7 @@ class JaxEngine:
         self.extension_buckets = tuple(sorted({int(b) for b in extension_buckets if 0 < b < buckets[0]} | set(buckets)))
         self.decode_chunk = decode_chunk
         self.kv_continuation = bool(kv_continuation)
+        self.live_span = bool(live_span)
         self.compute_dtype = jnp.dtype(compute_dtype).name
         self.cache_dtype = jnp.dtype(cache_dtype or compute_dtype)
         self.eos_token_ids = frozenset(
@@ -156,7 +159,9 @@ class JaxEngine:
         self._prefill = jax.jit(counting(counts, "prefill", partial(prefill_rows, config, dtype)), donate_argnums=(1,))
         self._extend = jax.jit(counting(counts, "extend", partial(extend_tokens, config, dtype)), donate_argnums=(1,))
         self._decode = jax.jit(
-            counting(counts, "decode", partial(decode_steps, config, dtype, decode_chunk)), donate_argnums=(1,)
+            counting(counts, "decode", partial(decode_steps, config, dtype, decode_chunk)),
+            donate_argnums=(1,),
+            static_argnames=("span",),
         )
 
     # ------------------------------------------------------------------ Engine protocol
@@ -429,6 +434,7 @@ class JaxEngine:
             jnp.asarray(np.stack([s.job.key if s else np.zeros(2, np.uint32) for s in running])),
             stop_mask,
             settings,
+            span=self._decode_span(running),
         )
         steps = int(steps)
         self._kv.index += steps
@@ -445,6 +451,15 @@ class JaxEngine:
                     break
             else:
                 self._kv.content[i] = slot.context
+
+    def _decode_span(self, running: list[DecodingSlot | None]) -> int:
+        """The columns a decode dispatch attends to: the cache length bucket holding the
+        longest live context and the dispatch's new columns (the whole cache without
+        ``live_span``)."""
+        if not self.live_span:
+            return self._kv.cache.max_length
+        longest = max(s.context for s in running if s is not None)
+        return min(self._kv.capacity(longest + self.decode_chunk), self._kv.cache.max_length)
 
     def _accept(
         self,

@@ -52,6 +52,7 @@ def jax_engine(
         length_buckets=int_tuple(r.length_buckets, "rollout.length_buckets"),
         decode_chunk=r.decode_chunk,
         kv_continuation=bool(r.kv_continuation),
+        live_span=bool(r.live_span),
         min_cache_length=int(max_total_tokens),
         compute_dtype=config.model.compute_dtype,
         version=version,

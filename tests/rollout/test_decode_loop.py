@@ -141,3 +141,32 @@ def test_rows_that_end_in_the_loop_write_no_more_valid_columns(model, tokenizer)
     assert int(steps) == 8 and np.asarray(drawn).tolist() == [2, 8]
     assert (np.asarray(cache.valid).sum(1) - before).tolist() == [2, 8]
     assert int(cache.index) == 16 + 8
+
+
+def test_attending_to_the_live_span_samples_what_attending_to_the_whole_cache_samples(model, tokenizer):
+    """Short contexts in a long cache, more requests than slots and a continuation call: the
+    dispatches attend to a window of the cache's last columns (fewer than it has), with the
+    same tokens and logprobs (<= 1e-5) as dispatches over the whole cache."""
+    engines = {live: engine_with(model, tokenizer, 8, live_span=live) for live in (False, True)}
+    requests = [
+        GenerationRequest(f"r{i}", text_ids(tokenizer, f"request {i} says"), max_new_tokens=limit)
+        for i, limit in enumerate((5, 30, 17, 3, 25, 11))
+    ]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=30, seed=5)
+    spans = []
+    engine = engines[True]
+    decode = engine._decode_span
+    engine._decode_span = lambda running: spans.append(decode(running)) or spans[-1]
+    for _ in range(2):
+        results = {live: e.generate(requests, sampling) for live, e in engines.items()}
+        for whole, live in zip(results[False], results[True]):
+            assert whole.token_ids == live.token_ids and whole.finish_reason == live.finish_reason
+            np.testing.assert_allclose(whole.logprobs, live.logprobs, atol=1e-5, rtol=0)
+        requests = [
+            GenerationRequest(
+                r.request_id, r.prompt_token_ids + out.token_ids + text_ids(tokenizer, " ok"), max_new_tokens=20
+            )
+            for r, out in zip(requests, results[True])
+        ]
+    cache_length = engine._kv.cache.max_length
+    assert min(spans) < cache_length, (spans, cache_length)
