@@ -41,6 +41,7 @@ from ml_collections import config_flags
 
 from pyvision_jax.agent.engine import Engine, GenerationRequest, SamplingParams
 from pyvision_jax.cli.entry import run_command
+from pyvision_jax.cli.user_errors import bad_input_exits
 from pyvision_jax.convert import save_hf
 from pyvision_jax.wiring import jax_engine, load_model, load_tokenizer, tokenizer_dir, vllm_engine, vllm_model_dir
 
@@ -161,12 +162,19 @@ class VllmChild:
             self.process.wait()
 
 
-def vllm_python() -> str:
-    if _VLLM_PYTHON.value:
-        return _VLLM_PYTHON.value
-    if importlib.util.find_spec("vllm") is not None:
-        return sys.executable
-    return str(ROOT / ".venv-vllm" / "bin" / "python")
+def checked_vllm_python() -> str:
+    """--vllm-python, or its default; ValueError when vllm cannot be found there."""
+    python = _VLLM_PYTHON.value
+    if not python:
+        has_vllm = importlib.util.find_spec("vllm") is not None
+        python = sys.executable if has_vllm else str(ROOT / ".venv-vllm" / "bin" / "python")
+    finds_vllm = [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"]
+    if not Path(python).is_file() or subprocess.run(finds_vllm).returncode != 0:
+        raise ValueError(
+            f"--vllm-python={python}: no Python with vllm there; make the fleet environment "
+            "(bash scripts/install_fleet.sh cpu) or name its python"
+        )
+    return python
 
 
 # ---------------------------------------------------------------------- the run
@@ -199,25 +207,22 @@ def main(argv: list[str]) -> None:
     if _VLLM_CHILD.value:
         serve_vllm(Path(_VLLM_CHILD.value))
         return
-    python = vllm_python()
-    has_vllm = [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"]
-    if not Path(python).is_file() or subprocess.run(has_vllm).returncode != 0:
-        raise app.UsageError(
-            f"--vllm-python={python}: no Python with vllm there; make the fleet environment "
-            "(bash scripts/install_fleet.sh cpu) or name its python"
-        )
     config = _CONFIG.value
     with config.unlocked():
         config.rollout.max_batch = _REQUESTS.value
-    max_total = int(config.episode.max_total_tokens)
-    tokenizer = load_tokenizer(config)
-    pass_prompts = prompts(tokenizer, _REQUESTS.value, 1 + _REPEATS.value)
-    lengths = [len(ids) for batch in pass_prompts for ids in batch]
-    if max(lengths) + _MAX_TOKENS.value > max_total:
-        raise app.UsageError(
-            f"--max-tokens={_MAX_TOKENS.value}: prompts of up to {max(lengths)} tokens plus it exceed "
-            f"episode.max_total_tokens={max_total}"
-        )
+    with bad_input_exits("benchmarks.engine_vs_vllm"):
+        python = checked_vllm_python()
+        if min(_REQUESTS.value, _MAX_TOKENS.value, _REPEATS.value) < 1:
+            raise ValueError("--requests, --max-tokens and --repeats must be >= 1")
+        tokenizer = load_tokenizer(config)
+        pass_prompts = prompts(tokenizer, _REQUESTS.value, 1 + _REPEATS.value)
+        lengths = [len(ids) for batch in pass_prompts for ids in batch]
+        max_total = int(config.episode.max_total_tokens)
+        if max(lengths) + _MAX_TOKENS.value > max_total:
+            raise ValueError(
+                f"--max-tokens={_MAX_TOKENS.value}: prompts of up to {max(lengths)} tokens plus it exceed "
+                f"episode.max_total_tokens={max_total}"
+            )
     model, params = load_model(config)
     with tempfile.TemporaryDirectory(prefix="engine-vs-vllm-") as tmp:
         export = save_hf(model, jax.tree.map(np.asarray, params), Path(tmp) / "export", progress=False)
