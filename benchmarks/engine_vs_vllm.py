@@ -106,7 +106,7 @@ def summary(passes: list[dict[str, Any]]) -> dict[str, Any]:
 
 def serve_vllm(spec_path: Path) -> None:
     """The child: builds the vLLM engine, says it is ready, then runs one timed pass for each
-    seed read from stdin, answering one JSON line each on its original stdout (everything else
+    pass index read from stdin, answering one JSON line each on its original stdout (everything else
     printed goes to stderr)."""
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
@@ -148,8 +148,8 @@ class VllmChild:
             raise RuntimeError(f"the vLLM process ({self.python}) exited with status {code}; its errors are above")
         return json.loads(line)
 
-    def run_pass(self, seed: int) -> dict[str, Any]:
-        self.process.stdin.write(f"{seed}\n")
+    def run_pass(self, index: int) -> dict[str, Any]:
+        self.process.stdin.write(f"{index}\n")
         self.process.stdin.flush()
         return self._answer()
 
