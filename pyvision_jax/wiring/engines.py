@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +40,11 @@ def jax_engine(
     *,
     version: int,
     max_total_tokens: int,
+    eos_token_ids: Iterable[int] | None = None,
 ) -> Engine:
     """The in-process JAX sampler with the config's rollout shapes, its KV cache long enough
-    for `max_total_tokens`."""
+    for `max_total_tokens`; `eos_token_ids` end a sequence (None: the tokenizer's end-of-turn
+    ids; () generates to the token limit, as benchmarks do)."""
     r = config.rollout
     return JaxEngine(
         model,
@@ -56,6 +58,7 @@ def jax_engine(
         min_cache_length=int(max_total_tokens),
         compute_dtype=config.model.compute_dtype,
         version=version,
+        eos_token_ids=eos_token_ids,
     )
 
 
@@ -111,11 +114,17 @@ def vllm_model_dir(
 
 
 def vllm_engine(
-    config: ml_collections.ConfigDict, model_dir: str | os.PathLike, *, version: int, max_total_tokens: int
+    config: ml_collections.ConfigDict,
+    model_dir: str | os.PathLike,
+    *,
+    version: int,
+    max_total_tokens: int,
+    eos_token_ids: Iterable[int] | None = None,
 ) -> Engine:
     """A `VllmEngine` on `model_dir` with the fleet's sizing: `rollout.max_batch` sequences in
     flight (vLLM's max_num_seqs), a KV cache of `rollout.vllm_kv_cache_mb` (0: vLLM sizes it
-    from `rollout.vllm_gpu_memory_utilization` of the GPU), `rollout.vllm_enforce_eager`."""
+    from `rollout.vllm_gpu_memory_utilization` of the GPU), `rollout.vllm_enforce_eager`;
+    `eos_token_ids` as in `jax_engine`."""
     require_vllm()
     from pyvision_jax.rollout.vllm_engine import VllmEngine
 
@@ -133,5 +142,6 @@ def vllm_engine(
         max_images_per_prompt=int(config.episode.max_images) + 1,
         kv_cache_memory_bytes=kv_mb << 20 if kv_mb else None,
         seed=int(config.seed),
+        eos_token_ids=eos_token_ids,
         llm_kwargs=options,
     )
