@@ -20,10 +20,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import ml_collections
 
+from experiments.baseline_runs import set_tasks
+from experiments.baselines import BASELINES_DIR, EvalSet, TemperatureBaselines
 from experiments.eval_summary import EvalSummary, accuracy_by
 from pyvision_jax.agent.engine import Engine
 from pyvision_jax.data.shape_plans import scripted_plan
-from pyvision_jax.data.tasks import Task
+from pyvision_jax.data.shape_tasks import DATA_SOURCE as SHAPES_SOURCE
+from pyvision_jax.data.tasks import Task, load_tasks
 from pyvision_jax.eval.bootstrap import accuracy_interval
 from pyvision_jax.eval.policy import LoadedPolicy
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
@@ -131,12 +134,12 @@ def best_of(policies: Sequence[FixedPolicy]) -> FixedPolicy:
 def input_independent_baselines(
     constants: Sequence[FixedPolicy], plans: Sequence[FixedPolicy], temperatures: Sequence[FixedPolicy]
 ) -> dict[str, Any]:
-    """Every input-independent baseline and the best of each kind, chosen on validation; the
-    best of all is what a policy that reads its input has to beat."""
+    """Every input-independent baseline and the best of each kind (of the kinds given), chosen on
+    validation; the best of all is what a policy that reads its input has to beat."""
     best = {
-        "best_constant": best_of(constants),
-        "best_mixture": best_of(plans),
-        "best_temperature": best_of(temperatures),
+        key: best_of(policies)
+        for key, policies in (("best_constant", constants), ("best_mixture", plans), ("best_temperature", temperatures))
+        if policies
     }
     return {
         "constants": [p.as_dict() for p in constants],
@@ -145,3 +148,40 @@ def input_independent_baselines(
         **{key: policy.as_dict() for key, policy in best.items()},
         "best_input_independent": best_of(list(best.values())).as_dict(),
     }
+
+
+def fixed_policy_baselines(
+    config: ml_collections.ConfigDict,
+    workdir: str | os.PathLike,
+    validation: EvalSet,
+    heldout: EvalSet,
+    temperatures: TemperatureBaselines,
+) -> dict[str, Any]:
+    """`input_independent_baselines` of a config's validation and held-out sets (their tasks in
+    WORKDIR/<set>/tasks): the fixed temperatures already evaluated, each constant answer where
+    every task is multiple-choice, and each plan forced on every task where every task is a
+    shapes task (evaluations in WORKDIR/baselines/forced/seed_<S>/<plan>, reused on a rerun)."""
+    paths = {s.name: set_tasks(config, workdir, s) for s in (validation, heldout)}
+    tasks = {name: load_tasks(path).tasks for name, path in paths.items()}
+    v_tasks, h_tasks = tasks[validation.name], tasks[heldout.name]
+    abilities = abilities_of(v_tasks, h_tasks)
+    every = (*v_tasks, *h_tasks)
+    constants = (
+        [constant_answer(a, v_tasks, h_tasks) for a in ANSWERS]
+        if all(t.answer_type == "multiple_choice" for t in every)
+        else []
+    )
+    plans = []
+    if all(t.data_source == SHAPES_SOURCE for t in every):
+        root = Path(workdir) / BASELINES_DIR / "forced"
+        for plan in FORCED_PLANS:
+            runs = [
+                evaluate_forced_plan(config, paths[s.name], root / f"seed_{s.seed}" / plan, plan)
+                for s in (validation, heldout)
+            ]
+            plans.append(evaluated(f"plan {plan}", *runs, abilities))
+    fixed = [
+        evaluated(f"T {t:g}", temperatures.validation[t], temperatures.heldout[t], abilities)
+        for t in temperatures.validation
+    ]
+    return input_independent_baselines(constants, plans, fixed)

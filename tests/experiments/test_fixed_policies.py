@@ -10,6 +10,7 @@ from fractions import Fraction
 import pytest
 
 from configs import shapes_adaptive_cpu
+from experiments.baselines import EvalSet, TemperatureBaselines
 from experiments.fixed_policies import (
     FORCED_PLANS,
     FixedPolicy,
@@ -18,6 +19,7 @@ from experiments.fixed_policies import (
     constant_answer,
     evaluate_forced_plan,
     evaluated,
+    fixed_policy_baselines,
     input_independent_baselines,
 )
 from experiments.plan_accuracy import Cell, careful_right, helper_reading
@@ -89,3 +91,16 @@ def test_a_constant_answer_scores_multiple_choice_tasks_only(forced):
     numeric = dataclasses.replace(tasks[0], answer_type="numeric", answer="3")
     with pytest.raises(ValueError, match=f"task {tasks[0].id} is numeric"):
         constant_answer("A", [numeric], tasks)
+
+
+def test_a_configs_sets_get_every_kind_of_input_independent_baseline(forced, tmp_path):
+    (_, v_runs), (_, h_runs) = forced["validation"], forced["heldout"]
+    validation, heldout = EvalSet("validation", 5, 6, 1), EvalSet("heldout", 6, 6, 1)
+    temperatures = TemperatureBaselines(validation, heldout, {1.0: v_runs["quick"]}, {1.0: h_runs["quick"]})
+    report = fixed_policy_baselines(shapes_adaptive_cpu.get_config(), tmp_path, validation, heldout, temperatures)
+    assert (tmp_path / "baselines" / "forced" / "seed_6" / "careful" / "results.json").is_file()
+    assert [p["name"] for p in report["constants"]] == ["answer A", "answer B", "answer C", "answer D"]
+    assert [p["heldout_accuracy"] for p in report["forced_plans"]] == [h_runs[p].accuracy for p in FORCED_PLANS]
+    assert report["best_temperature"]["name"] == "T 1" and report["temperatures"][0]["plans"]["quick"] == 1.0
+    names = {report[key]["name"] for key in ("best_constant", "best_mixture", "best_temperature")}
+    assert report["best_input_independent"]["name"] in names
