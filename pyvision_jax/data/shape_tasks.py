@@ -11,11 +11,12 @@ options named "<colour> <shape>". Two families alternate (even indices hard, odd
   listed first (a position bias that pays an untooled guess of "A").
 
 The sandbox helpers (configs/sandbox/shape_tools.py) make the plans of `data.shape_plans`; each
-prints an option's letter, which the answer copies: `quick()` guesses (right on about a third of
-tasks); `look()` then `measure()` reads the shape from how much of its bounding box the object
+prints an option's letter, which the answer copies: `quick()` guesses (a letter of the pixels'
+sum: "A" on purple objects, otherwise any of A-C; right on 4/9 of easy tasks and 1/3 of hard
+ones); `look()` then `measure()` reads the shape from how much of its bounding box the object
 fills (right on every easy task, and on hard ones except tilted squares, whose fill reads as a
-triangle's: about 87 %); an untooled guess of "A" is right on every easy task and the hard
-tasks' circles. Every file depends only on (seed, index).
+triangle's: 9 in 10); an untooled guess of "A" is right on every easy task and the hard tasks'
+circles. Every file depends only on (seed, index).
 
 The "shapes_cluttered" kind is the same tasks with a stray speck in the far corner of one easy
 image in ten (`CLUTTER_SHARE`): measuring reads the speck into the object's bounding box and
