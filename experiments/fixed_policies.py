@@ -27,7 +27,7 @@ from pyvision_jax.agent.engine import Engine
 from pyvision_jax.data.shape_plans import scripted_plan
 from pyvision_jax.data.shape_tasks import DATA_SOURCE as SHAPES_SOURCE
 from pyvision_jax.data.tasks import Task, load_tasks
-from pyvision_jax.eval.bootstrap import accuracy_interval
+from pyvision_jax.eval.bootstrap import accuracy_interval, paired_difference_interval
 from pyvision_jax.eval.policy import LoadedPolicy
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 from pyvision_jax.train.sft_synthetic import plan_script
@@ -73,14 +73,15 @@ def evaluate_forced_plan(
 @dataclasses.dataclass(frozen=True)
 class FixedPolicy:
     """One input-independent policy's per-task accuracies on the validation and the held-out
-    tasks (task id -> accuracy), the tasks' abilities (task id -> ability) and its plan shares
-    (empty for a constant answer, which follows no plan)."""
+    tasks (task id -> accuracy), the tasks' abilities (task id -> ability) and its held-out plan
+    shares, over all tasks and by ability (empty for a constant answer, which follows no plan)."""
 
     name: str
     validation: Mapping[str, float]
     heldout: Mapping[str, float]
     abilities: Mapping[str, str]
     plans: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    plans_by_ability: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
 
     @property
     def validation_accuracy(self) -> float:
@@ -96,7 +97,14 @@ class FixedPolicy:
             "heldout_accuracy_ci95": interval.as_list(),
             "heldout_accuracy_by_ability": accuracy_by(self.heldout, self.abilities),
             "plans": dict(self.plans),
+            "plans_by_ability": {ability: dict(shares) for ability, shares in self.plans_by_ability.items()},
         }
+
+    def gain_of(self, run: EvalSummary) -> dict[str, Any]:
+        """A held-out evaluation's accuracy minus this policy's on the same tasks, with its
+        paired 95 % bootstrap interval."""
+        interval = paired_difference_interval(self.heldout, run.per_task)
+        return {"baseline": self.name, "estimate": interval.estimate, "ci95": interval.as_list()}
 
 
 def abilities_of(*task_sets: Iterable[Task]) -> dict[str, str]:
@@ -121,7 +129,9 @@ def constant_answer(answer: str, validation: Sequence[Task], heldout: Sequence[T
 def evaluated(name: str, validation: EvalSummary, heldout: EvalSummary, abilities: Mapping[str, str]) -> FixedPolicy:
     """A fixed policy's two evaluations (a forced plan's, `evaluate_forced_plan`, or the starting
     policy's at a fixed temperature) as a `FixedPolicy`."""
-    return FixedPolicy(name, validation.per_task, heldout.per_task, abilities, dict(heldout.plans))
+    return FixedPolicy(
+        name, validation.per_task, heldout.per_task, abilities, dict(heldout.plans), heldout.plans_by_ability
+    )
 
 
 def best_of(policies: Sequence[FixedPolicy]) -> FixedPolicy:

@@ -74,6 +74,11 @@ def test_the_best_input_independent_baseline_is_chosen_on_validation(forced):
     assert best["heldout_accuracy_ci95"][0] <= best["heldout_accuracy"] <= best["heldout_accuracy_ci95"][1]
     assert set(best["heldout_accuracy_by_ability"]) == {t.ability for t in heldout}
     assert [p["name"] for p in report["forced_plans"]] == ["plan quick", "plan careful", "plan guess"]
+    assert all(shares["careful"] == 1.0 for shares in report["forced_plans"][1]["plans_by_ability"].values())
+    gain = plans[0].gain_of(h_runs["careful"])
+    assert gain["baseline"] == "plan quick"
+    assert gain["estimate"] == pytest.approx(h_runs["careful"].accuracy - h_runs["quick"].accuracy)
+    assert gain["ci95"][0] <= gain["estimate"] <= gain["ci95"][1]
 
 
 def test_ties_go_to_the_first_listed_and_bad_input_is_named():
