@@ -12,9 +12,10 @@ what each plan answers there:
 - careful: `measure()` reads the shape from the share of its bounding box the object fills. The
   fill follows from the geometry over the generator's whole range (a circle pi / 4, a square
   turned by a 1 / (|cos a| + |sin a|)^2, a triangle's likewise; with a speck, at most the
-  object's and the speck's area over the smallest box that holds both), and the helper's own
-  `shape()` reads every fill of that range; the range has one reading on every cell (else
-  `ValueError`), so the plan is right there always or never.
+  object's and the speck's area over the smallest box that holds both), widened by
+  `RASTER_SLACK` for the pixels, and the helper's own `shape()` reads every fill of that range;
+  the range has one reading on every cell (else `ValueError`), so the plan is right there
+  always or never.
 - guess: the answer "A"; a constant answer is right where it is the right letter.
 - quick: `quick()` prints "ABC"[(sum of the pixels it samples) mod 3]. The background's and
   the speck's channel sums are multiples of 3, so the letter is that of (n x the colour's
@@ -66,6 +67,10 @@ NOTE = (
     "colours whose channel sum is not a multiple of 3 (experiments/plan_accuracy.py)."
 )
 _GRID = 121
+RASTER_SLACK = 0.03
+"""A bound on how far a drawn object's pixels fill their box off its geometry at the generator's
+sizes (70-110 pixels; a circle of 70 fills 0.782 of its pixel box, pi / 4 = 0.785): every fill
+is read at its value and this far either side."""
 """Points at which a range of sizes or angles is evaluated (every 0.25 degrees of a tilt)."""
 
 
@@ -137,7 +142,7 @@ def fills(cell: Cell) -> list[float]:
 
 def helper_reading() -> Callable[[float], str]:
     """`shape()` of the sandbox helpers as a function of the fill: it runs the helper's own code
-    on a mask whose bounding box is the whole mask and of which `fill` is set."""
+    on a mask whose bounding box is the whole mask and of which `fill` is set (to 1/200)."""
     namespace: dict[str, Any] = {"np": np}
     exec(compile(SHAPE_TOOLS.read_text(), str(SHAPE_TOOLS), "exec"), namespace)
 
@@ -154,7 +159,8 @@ def helper_reading() -> Callable[[float], str]:
 
 def careful_right(cell: Cell, reading: Callable[[float], str]) -> bool:
     """Whether `measure()`'s letter is the answer on every task of the cell."""
-    readings = {reading(f) for f in fills(cell)}
+    near = (-RASTER_SLACK, 0.0, RASTER_SLACK)
+    readings = {reading(min(max(f + d, 0.0), 1.0)) for f in fills(cell) for d in near}
     if len(readings) != 1:
         raise ValueError(f"{SHAPE_TOOLS}: shape() reads the {cell.ability} {cell.shape}s as any of {sorted(readings)}")
     return "ABC"[HARD_SHAPES.index(readings.pop())] == cell.answer
