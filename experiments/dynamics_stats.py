@@ -89,6 +89,11 @@ def run_statistics(
         },
         "plans": {"start": dict(start.plans), "early_stopped": dict(stopped.plans), "last": dict(end.plans)},
         "plans_by_ability": {"start": _by_ability(start), "last": _by_ability(end)},
+        "accuracy_by_ability": {
+            "start": dict(start.accuracy_by_ability),
+            "early_stopped": dict(stopped.accuracy_by_ability),
+            "last": dict(end.accuracy_by_ability),
+        },
     }
 
 

@@ -62,18 +62,28 @@ def _shares(shares: Mapping[str, float] | None) -> str:
     return " / ".join(f"{shares.get(plan, 0.0):.2f}" for plan in ("quick", "careful", "guess"))
 
 
+def _family_accuracy(value: float | None) -> str:
+    return "" if value is None else f" ({value:.2f})"
+
+
 def ability_table(records: Sequence[Mapping[str, Any]]) -> str:
-    """Markdown: each run's held-out plan shares (quick / careful / guess) by task ability, at
-    the start and the end; empty when no evaluation recorded abilities."""
+    """Markdown: each run's held-out plan shares (quick / careful / guess) and accuracy by task
+    ability, at the start and the end; empty when no evaluation recorded abilities."""
     abilities = sorted({a for r in records for a in r["statistics"].get("plans_by_ability", {}).get("last", {})})
     if not abilities:
         return ""
-    header = "| variant | seed | " + " | ".join(f"{a}: start -> end" for a in abilities) + " |"
+    header = "| variant | seed | " + " | ".join(f"{a}: start -> end (accuracy)" for a in abilities) + " |"
     lines = [header, "| " + " | ".join(["---"] * (len(abilities) + 2)) + " |"]
     for r in records:
         by = r["statistics"].get("plans_by_ability", {})
         start, last = by.get("start", {}), by.get("last", {})
-        cells = [f"{_shares(start.get(a))} -> {_shares(last.get(a))}" for a in abilities]
+        right = r["statistics"].get("accuracy_by_ability", {})
+        right_start, right_last = right.get("start", {}), right.get("last", {})
+        cells = [
+            f"{_shares(start.get(a))}{_family_accuracy(right_start.get(a))} -> {_shares(last.get(a))}"
+            f"{_family_accuracy(right_last.get(a))}"
+            for a in abilities
+        ]
         lines.append(f"| {r['name']} | {r['seed']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -1,7 +1,8 @@
 """What the learning statistics need of one finished evaluation directory (`eval.evaluate`
 output): the headline figures of results.json, and from trajectories.jsonl the per-task
 accuracies (the unit of the bootstrap, `eval.bootstrap`) and the plan shares
-(`experiments.plan_shares`), over all rollouts and by the tasks' ability (a shapes task's family)."""
+(`experiments.plan_shares`), over all rollouts and by the tasks' ability (a shapes task's
+family), with the accuracy by ability."""
 
 from __future__ import annotations
 
@@ -31,22 +32,25 @@ class EvalSummary:
     pass_at_k: float = 0.0
     end_reasons: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     plans_by_ability: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    accuracy_by_ability: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_records(
         cls, results: Mapping[str, Any], records: list[Mapping[str, Any]], out_dir: str | os.PathLike
     ) -> "EvalSummary":
         """From an evaluation's results.json dict and its trajectories.jsonl records."""
+        per_task = record_task_accuracies(records)
         return cls(
             accuracy=float(results["accuracy"]),
             tool_calls=float(results["tool_calls"]["mean"]),
-            per_task=record_task_accuracies(records),
+            per_task=per_task,
             plans=plan_shares(response_text(r) for r in records),
             num_rollouts=int(results["num_rollouts"]),
             out_dir=str(out_dir),
             pass_at_k=float(results.get("pass_at_k", 0.0)),
             end_reasons=dict(results.get("end_reasons", {})),
             plans_by_ability=plan_shares_by((r.get("ability", ""), response_text(r)) for r in records),
+            accuracy_by_ability=accuracy_by(per_task, {r["task_id"]: r.get("ability", "") for r in records}),
         )
 
     @classmethod
@@ -75,6 +79,7 @@ class EvalSummary:
             "tool_calls": self.tool_calls,
             "plans": dict(self.plans),
             "plans_by_ability": {ability: dict(shares) for ability, shares in self.plans_by_ability.items()},
+            "accuracy_by_ability": dict(self.accuracy_by_ability),
             "end_reasons": dict(self.end_reasons),
             "num_rollouts": self.num_rollouts,
             "out_dir": self.out_dir,
@@ -82,6 +87,15 @@ class EvalSummary:
         if per_task:
             out["per_task"] = dict(self.per_task)
         return out
+
+
+def accuracy_by(per_task: Mapping[str, float], labels: Mapping[str, str]) -> dict[str, float]:
+    """{label: mean accuracy of its tasks} over per-task accuracies, each task labelled (e.g. by
+    its ability, the family of a shapes task), labels in sorted order."""
+    grouped: dict[str, list[float]] = {}
+    for task, accuracy in per_task.items():
+        grouped.setdefault(labels[task], []).append(accuracy)
+    return {label: sum(grouped[label]) / len(grouped[label]) for label in sorted(grouped)}
 
 
 def slim_records(path: Path) -> Iterator[dict[str, Any]]:

@@ -25,17 +25,26 @@ MEASURE_THOUGHT = "Now measure its shape."
 GUESS_THOUGHT = "I can answer directly."
 
 
+def scripted_plan(plan: str) -> SolutionPlan:
+    """The scripted trajectory of one plan ("quick", "careful" or "guess"), the same on every task."""
+    if plan == "guess":
+        return SolutionPlan((f"{GUESS_THOUGHT}\n" + answer_turn("A"),), "shapes/guess", True)
+    if plan == "careful":
+        turns = (code_turn(LOOK_THOUGHT, "look()"), code_turn(MEASURE_THOUGHT, "measure()"), answer_turn(RESULT_SLOT))
+        return SolutionPlan(turns, "shapes/careful", False)
+    if plan == "quick":
+        return SolutionPlan((code_turn(QUICK_THOUGHT, "quick()"), answer_turn(RESULT_SLOT)), "shapes/quick", True)
+    raise ValueError(f"unknown shapes plan {plan!r}; expected one of {PLANS[:3]}")
+
+
 def shape_plan(task: Task, rng: np.random.Generator, *, guess_share: float, careful_share: float) -> SolutionPlan:
     """One scripted trajectory of a shapes task (see the module docstring)."""
     if min(guess_share, careful_share) < 0 or guess_share + careful_share > 1:
         raise ValueError(f"guess_share {guess_share} and careful_share {careful_share} must be >= 0 with a sum <= 1")
     draw = float(rng.random())
     if draw < guess_share:
-        return SolutionPlan((f"{GUESS_THOUGHT}\n" + answer_turn("A"),), "shapes/guess", True)
-    if draw < guess_share + careful_share:
-        turns = (code_turn(LOOK_THOUGHT, "look()"), code_turn(MEASURE_THOUGHT, "measure()"), answer_turn(RESULT_SLOT))
-        return SolutionPlan(turns, "shapes/careful", False)
-    return SolutionPlan((code_turn(QUICK_THOUGHT, "quick()"), answer_turn(RESULT_SLOT)), "shapes/quick", True)
+        return scripted_plan("guess")
+    return scripted_plan("careful" if draw < guess_share + careful_share else "quick")
 
 
 def plan_of(response: str) -> str:

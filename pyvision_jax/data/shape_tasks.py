@@ -11,11 +11,12 @@ options named "<colour> <shape>". Two families alternate (even indices hard, odd
   listed first (a position bias that pays an untooled guess of "A").
 
 The sandbox helpers (configs/sandbox/shape_tools.py) make the plans of `data.shape_plans`; each
-prints an option's letter, which the answer copies: `quick()` guesses (right on about a third of
-tasks); `look()` then `measure()` reads the shape from how much of its bounding box the object
+prints an option's letter, which the answer copies: `quick()` guesses (a letter of the pixels'
+sum: "A" on purple objects, otherwise any of A-C; right on 4/9 of easy tasks and 1/3 of hard
+ones); `look()` then `measure()` reads the shape from how much of its bounding box the object
 fills (right on every easy task, and on hard ones except tilted squares, whose fill reads as a
-triangle's: about 87 %); an untooled guess of "A" is right on every easy task and the hard
-tasks' circles. Every file depends only on (seed, index).
+triangle's: 9 in 10); an untooled guess of "A" is right on every easy task and the hard tasks'
+circles. Every file depends only on (seed, index).
 
 The "shapes_cluttered" kind is the same tasks with a stray speck in the far corner of one easy
 image in ten (`CLUTTER_SHARE`): measuring reads the speck into the object's bounding box and
@@ -24,15 +25,25 @@ task family for the tool-reward ablation: with the tool bonus of 0.1 a call, the
 still out-earns the guess on it, 0.9 x 1.2 against 1; without it, the guess wins, 1 against 0.9).
 
 The "shapes_direct" kind is the toy where answering directly pays on most tasks, as on the
-paper's benchmarks: one task in four is hard (`DIRECT_HARD_EVERY`) and three easy images in ten
-carry the speck (`DIRECT_CLUTTER_SHARE`). Averaged over tasks, an untooled guess is then right
-more often than the careful plan (0.83 against 0.74), so under the accuracy reward alone a policy
-that does not tell the families apart gains by dropping the tools; with the tool bonus the
-careful plan earns more (0.74 x 1.2 = 0.89), and it is still the best plan on the hard family.
+paper's benchmarks: one task in four is hard and three easy images in ten carry the speck.
+Averaged over the generator's tasks, an untooled guess is then right more often than the careful
+plan (5/6 = 0.833 against 3/4 = 0.750), so under the accuracy reward alone a policy that does
+not tell the families apart gains by dropping the tools; with the tool bonus the careful plan
+earns more (0.750 x 1.2 = 0.900), and it is still the best plan on the hard family (0.9 against
+1/3).
+
+The "shapes_adaptive" kind is the toy where choosing the plan by family pays: half the tasks
+hard, as in "shapes", and four easy images in ten with the speck. No plan and no constant answer
+is right on more than 3/4 of its tasks (the careful plan: 0.6 on easy tasks, 0.9 on hard ones;
+the guess: 1 and 1/3), while guessing on the easy family and measuring on the hard one is right
+on 0.95.
+
+(Exact figures of every kind, per family: `python -m experiments.plan_accuracy`.)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -46,15 +57,35 @@ KIND = "shapes"
 CLUTTERED_KIND = "shapes_cluttered"
 CLUTTER_SHARE = 0.1
 DIRECT_KIND = "shapes_direct"
-DIRECT_HARD_EVERY = 4
-DIRECT_CLUTTER_SHARE = 0.3
+ADAPTIVE_KIND = "shapes_adaptive"
 SPECK_SIZE = 6
 SPECK_COLOUR = (70, 70, 70)
 DATA_SOURCE = "synthetic_shapes"
 HARD_SHAPES = ("circle", "square", "triangle")
 TILT_SHARE = 0.3
+TILT_DEGREES = (30.0, 60.0)
+OBJECT_SIZES = (70.0, 110.0)
+"""The range of an object's bounding-box side; its centre lies 3/4 of that side from every edge."""
+CANVAS = 224
 _KIND_CODE = 4
 _LETTERS = "ABCD"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeLayout:
+    """How a shapes kind mixes its tasks: task `index` is hard when `hard_every` divides it, and
+    an easy image carries the speck with probability `clutter_share`."""
+
+    hard_every: int
+    clutter_share: float
+
+
+LAYOUTS: dict[str, ShapeLayout] = {
+    KIND: ShapeLayout(2, 0.0),
+    CLUTTERED_KIND: ShapeLayout(2, CLUTTER_SHARE),
+    DIRECT_KIND: ShapeLayout(4, 0.3),
+    ADAPTIVE_KIND: ShapeLayout(2, 0.4),
+}
 
 
 def family_of(index: int, hard_every: int = 2) -> str:
@@ -96,7 +127,7 @@ def shape_task(
     out_dir: Path,
     seed: int,
     index: int,
-    canvas: int = 224,
+    canvas: int = CANVAS,
     *,
     kind: str = KIND,
     clutter_share: float = 0.0,
@@ -111,8 +142,8 @@ def shape_task(
     colour = _pick(rng, list(COLOURS))
     shape = _pick(rng, HARD_SHAPES) if family == "hard" else "circle"
     tilted = family == "hard" and bool(rng.random() < TILT_SHARE)
-    angle = math.radians(float(rng.uniform(30, 60))) if tilted else 0.0
-    size = float(rng.uniform(70, 110))
+    angle = math.radians(float(rng.uniform(*TILT_DEGREES))) if tilted else 0.0
+    size = float(rng.uniform(*OBJECT_SIZES))
     margin = size * 0.75
     cx, cy = (float(v) for v in rng.uniform(margin, canvas - margin, size=2))
     image = Image.new("RGB", (canvas, canvas), BACKGROUND)
@@ -140,14 +171,13 @@ def shape_task(
     )
 
 
-def _generate(
-    kind: str, out_dir: str | Path, num_tasks: int, seed: int, clutter_share: float, hard_every: int = 2
-) -> Path:
+def _generate(kind: str, out_dir: str | Path, num_tasks: int, seed: int) -> Path:
+    layout = LAYOUTS[kind]
     out_dir = Path(out_dir)
     media_dir = out_dir / kind
     media_dir.mkdir(parents=True, exist_ok=True)
     tasks = [
-        shape_task(media_dir, seed, i, kind=kind, clutter_share=clutter_share, hard_every=hard_every)
+        shape_task(media_dir, seed, i, kind=kind, clutter_share=layout.clutter_share, hard_every=layout.hard_every)
         for i in range(num_tasks)
     ]
     path = out_dir / f"{kind}.jsonl"
@@ -157,14 +187,19 @@ def _generate(
 
 def generate_shapes(out_dir: str | Path, num_tasks: int, seed: int, *, progress: bool = False) -> Path:
     """Writes `num_tasks` shape tasks (half hard, half easy) and ``shapes.jsonl``; returns its path."""
-    return _generate(KIND, out_dir, num_tasks, seed, 0.0)
+    return _generate(KIND, out_dir, num_tasks, seed)
 
 
 def generate_cluttered_shapes(out_dir: str | Path, num_tasks: int, seed: int, *, progress: bool = False) -> Path:
     """The same tasks with a speck on one easy image in ten, and ``shapes_cluttered.jsonl``."""
-    return _generate(CLUTTERED_KIND, out_dir, num_tasks, seed, CLUTTER_SHARE)
+    return _generate(CLUTTERED_KIND, out_dir, num_tasks, seed)
 
 
 def generate_direct_shapes(out_dir: str | Path, num_tasks: int, seed: int, *, progress: bool = False) -> Path:
     """One hard task in four and a speck on three easy images in ten, and ``shapes_direct.jsonl``."""
-    return _generate(DIRECT_KIND, out_dir, num_tasks, seed, DIRECT_CLUTTER_SHARE, DIRECT_HARD_EVERY)
+    return _generate(DIRECT_KIND, out_dir, num_tasks, seed)
+
+
+def generate_adaptive_shapes(out_dir: str | Path, num_tasks: int, seed: int, *, progress: bool = False) -> Path:
+    """Half the tasks hard and a speck on four easy images in ten, and ``shapes_adaptive.jsonl``."""
+    return _generate(ADAPTIVE_KIND, out_dir, num_tasks, seed)

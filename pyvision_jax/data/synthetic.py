@@ -7,7 +7,9 @@
   <colour> objects appear" (numeric) or "which colour appears first" (multiple choice);
 - shapes: one object, "which object is it" (`data.shape_tasks`: the mode-selection toy);
   shapes_cluttered: the same with a speck on some easy images, where measuring misleads;
-  shapes_direct: fewer hard tasks and more specks, so that answering directly pays on average.
+  shapes_direct: fewer hard tasks and more specks, so that answering directly pays on average;
+  shapes_adaptive: half the tasks hard and more specks still, so that only choosing the plan by
+  family pays.
 
 Every file depends only on (seed, kind, index): each task draws from its own
 ``numpy.random.default_rng([seed, kind, index])``. Videos are H.264 (yuv420p) written by the
@@ -26,7 +28,12 @@ from PIL import Image, ImageDraw
 from tqdm import tqdm
 
 from pyvision_jax.data.drawing import BACKGROUND, COLOURS, SHAPES, draw_shape
-from pyvision_jax.data.shape_tasks import generate_cluttered_shapes, generate_direct_shapes, generate_shapes
+from pyvision_jax.data.shape_tasks import (
+    generate_adaptive_shapes,
+    generate_cluttered_shapes,
+    generate_direct_shapes,
+    generate_shapes,
+)
 from pyvision_jax.data.tasks import Task, load_tasks, write_tasks_jsonl
 
 QUADRANTS = ("top-left", "top-right", "bottom-left", "bottom-right")
@@ -318,6 +325,7 @@ GENERATORS: dict[str, Callable[..., Path]] = {
     "shapes": generate_shapes,
     "shapes_cluttered": generate_cluttered_shapes,
     "shapes_direct": generate_direct_shapes,
+    "shapes_adaptive": generate_adaptive_shapes,
 }
 DEFAULT_KINDS = ("visual_search", "counting", "video")
 

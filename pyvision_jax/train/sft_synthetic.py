@@ -15,7 +15,7 @@ import shutil
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -46,11 +46,12 @@ class SyntheticSftReport:
     strategies: dict[str, int]
 
 
-def _plan_script(plans: dict[str, SolutionPlan], tokenizer: Any):
-    """The ScriptedEngine script: the plan's turn, the answer filled with the last printed text."""
+def plan_script(plan_for: Callable[[str], SolutionPlan], tokenizer: Any):
+    """The ScriptedEngine script: the turn of the request's plan (`plan_for(request id)`), the
+    answer filled with the last printed text."""
 
     def respond(request: GenerationRequest, turn: int) -> str:
-        text = plans[request.request_id].turns[turn]
+        text = plan_for(request.request_id).turns[turn]
         if RESULT_SLOT in text:
             context = tokenizer.decode(list(request.prompt_token_ids), skip_special_tokens=False)
             printed = TEXT_RESULT.findall(context)
@@ -129,7 +130,7 @@ def run_plans(
     """The episode of every plan (keys `"{task id}/{k}"` of `tasks`), in plan order."""
     by_id = {task.id: task for task in tasks}
     jobs = [(by_id[key.rsplit("/", 1)[0]], int(key.rsplit("/", 1)[1])) for key in plans]
-    engine = ScriptedEngine(tokenizer, _plan_script(plans, tokenizer), merge_size=episode.merge_size)
+    engine = ScriptedEngine(tokenizer, plan_script(plans.__getitem__, tokenizer), merge_size=episode.merge_size)
     return EpisodeRunner(engine, tokenizer, sandboxes, episode).run_trajectories(jobs, progress=progress)
 
 

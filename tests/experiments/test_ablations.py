@@ -71,6 +71,7 @@ def summary(per_task, tool_calls=1.0, careful=0.25):
         len(per_task),
         "/x",
         plans_by_ability=by_ability,
+        accuracy_by_ability={"shapes_easy": 1.0 - careful, "shapes_hard": careful},
     )
 
 
@@ -143,9 +144,12 @@ def test_figures_and_tables(tmp_path):
     markdown = results_markdown(records, baselines_record(), checks, 777, 4242)
     assert markdown.startswith("Best fixed temperature T 0.6 (chosen on validation seed 777): held-out (seed 4242)")
     assert "- seed_0 random_reward: FAIL (last_minus_start 0.250, max_change 0.030)" in markdown
-    assert "| variant | seed | shapes_easy: start -> end | shapes_hard: start -> end |" in markdown
     assert (
-        "| full | 0 | 0.50 / 0.00 / 0.50 -> 0.25 / 0.00 / 0.75 | 0.50 / 0.25 / 0.25 -> 0.25 / 0.50 / 0.25 |" in markdown
+        "| variant | seed | shapes_easy: start -> end (accuracy) | shapes_hard: start -> end (accuracy) |" in markdown
+    )
+    assert (
+        "| full | 0 | 0.50 / 0.00 / 0.50 (0.75) -> 0.25 / 0.00 / 0.75 (0.50) | "
+        "0.50 / 0.25 / 0.25 (0.25) -> 0.25 / 0.50 / 0.25 (0.50) |" in markdown
     )
 
 

@@ -57,8 +57,10 @@ def test_eval_summary_from_an_evaluation_directory(tmp_path):
     assert list(got.plans_by_ability) == ["shapes_easy", "shapes_hard"]
     assert got.plans_by_ability["shapes_easy"] == {"quick": 0.5, "careful": 0.0, "guess": 0.5, "other": 0.0}
     assert got.plans_by_ability["shapes_hard"] == {"quick": 0.0, "careful": 0.5, "guess": 0.5, "other": 0.0}
+    assert got.accuracy_by_ability == {"shapes_easy": 0.5, "shapes_hard": 1.0}
     entry = got.as_dict(per_task=True)
     assert entry["plans_by_ability"]["shapes_hard"]["careful"] == 0.5
+    assert entry["accuracy_by_ability"] == {"shapes_easy": 0.5, "shapes_hard": 1.0}
     assert entry["accuracy"] == 0.75 and entry["per_task"] == {"a": 0.5, "b": 1.0} and entry["out_dir"] == str(tmp_path)
     assert entry["accuracy_ci95"][0] <= 0.75 <= entry["accuracy_ci95"][1]
     (tmp_path / "results.json").write_text(json.dumps({**results, "complete": False}))

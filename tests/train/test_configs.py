@@ -7,6 +7,7 @@ from configs import (
     pyvision_image_7b,
     pyvision_image_7b_v5p8,
     pyvision_video_7b,
+    shapes_adaptive_cpu,
     shapes_cluttered_cpu,
     shapes_direct_cpu,
     tiny_cpu,
@@ -63,7 +64,12 @@ def test_v5p8_config_is_the_image_recipe_on_four_chips():
 
 
 @pytest.mark.parametrize(
-    "module, kind", [(shapes_cluttered_cpu, "shapes_cluttered"), (shapes_direct_cpu, "shapes_direct")]
+    "module, kind",
+    [
+        (shapes_cluttered_cpu, "shapes_cluttered"),
+        (shapes_direct_cpu, "shapes_direct"),
+        (shapes_adaptive_cpu, "shapes_adaptive"),
+    ],
 )
 def test_the_toy_configs_are_the_embedded_default_on_their_toy(module, kind, tmp_path):
     c, default = module.get_config(), tiny_cpu.get_config()
