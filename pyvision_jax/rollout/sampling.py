@@ -16,6 +16,12 @@ unfiltered distribution (a point mass would always give 0 and tell the trainer n
 
 The settings are traced scalars, so changing them never recompiles; the sort needed by the
 filters only runs when one of them is enabled.
+
+A sampled token is drawn by inverting the cumulative distribution with one uniform per row
+(from that row's key), not with noise per vocabulary entry: the vocabulary is cut into blocks,
+the first block whose running total exceeds ``u * total`` is found from the block totals, and
+the token is found inside that one block. Tokens of probability 0 are never drawn, whatever the
+round-off.
 """
 
 from __future__ import annotations
@@ -68,15 +74,67 @@ def sampling_log_probs(logits: jax.Array, settings: SamplingArrays) -> jax.Array
     return jax.nn.log_softmax(tempered, axis=-1)
 
 
+def _first_above(running: jax.Array, probs: jax.Array, threshold: jax.Array) -> jax.Array:
+    """Per row, the first index whose running total [B, n] exceeds threshold [B] among entries
+    of probability > 0, else the last entry of probability > 0 (threshold past the total by
+    round-off)."""
+    positive = probs > 0
+    above = (running > threshold[:, None]) & positive
+    last_positive = running.shape[-1] - 1 - jnp.argmax(positive[:, ::-1], axis=-1)
+    return jnp.where(jnp.any(above, axis=-1), jnp.argmax(above, axis=-1), last_positive)
+
+
+def _block_size(vocab: int) -> int:
+    """Block length for the two-level search: the whole row when short, else the largest
+    divisor of the vocabulary in [64, 512] (no ragged last block), else 512."""
+    if vocab <= 512:
+        return vocab
+    return next((size for size in range(512, 63, -1) if vocab % size == 0), 512)
+
+
+def inverse_cdf_tokens(log_probs: jax.Array, uniforms: jax.Array) -> jax.Array:
+    """Token ids [B] int32 drawn from log p [B, V] by uniforms [B] in [0, 1): per row the first
+    token whose cumulative probability exceeds u times the row's total (of probability > 0)."""
+    rows, vocab = log_probs.shape
+    block = _block_size(vocab)
+    whole = vocab // block
+    totals = jnp.sum(jnp.exp(log_probs[:, : whole * block]).reshape(rows, whole, block), axis=-1)
+    if whole * block < vocab:  # a ragged last block
+        tail = jnp.sum(jnp.exp(log_probs[:, whole * block :]), axis=-1, keepdims=True)
+        totals = jnp.concatenate([totals, tail], axis=-1)
+    running = jnp.cumsum(totals, axis=-1)
+    threshold = uniforms * running[:, -1]
+    chosen = _first_above(running, totals, threshold)
+    row = jnp.arange(rows)
+    remaining = threshold - (running - totals)[row, chosen]
+    begin = chosen * block
+    start = jnp.minimum(begin, vocab - block)  # the ragged block is read as the last `block` entries
+    index = start[:, None] + jnp.arange(block)[None, :]
+    probs = jnp.where(index >= begin[:, None], jnp.exp(jnp.take_along_axis(log_probs, index, axis=-1)), 0.0)
+    tokens = start + _first_above(jnp.cumsum(probs, axis=-1), probs, remaining)
+    # Unreachable unless exp rounds differently between the two levels; the row's mode then
+    # stands in (a cond, since an argmax over the vocabulary costs more than the draw).
+    drawable = jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0] > -jnp.inf
+    tokens = jax.lax.cond(
+        jnp.all(drawable), lambda: tokens, lambda: jnp.where(drawable, tokens, jnp.argmax(log_probs, axis=-1))
+    )
+    return tokens.astype(jnp.int32)
+
+
 def sample_tokens(logits: jax.Array, keys: jax.Array, settings: SamplingArrays) -> tuple[jax.Array, jax.Array]:
     """Draws one token per row of logits [B, V] with typed PRNG keys [B].
 
     Returns (token ids [B] int32, their logprobs [B] float32 under the sampling distribution).
     """
     log_probs = sampling_log_probs(logits, settings)
+
+    def draw() -> jax.Array:
+        uniforms = jax.vmap(lambda key: jax.random.uniform(key, (), jnp.float32))(keys)
+        return inverse_cdf_tokens(log_probs, uniforms)
+
     tokens = jax.lax.cond(
         settings.temperature <= 0,
         lambda: jnp.argmax(logits, axis=-1).astype(jnp.int32),
-        lambda: jax.vmap(jax.random.categorical)(keys, log_probs).astype(jnp.int32),
+        draw,
     )
     return tokens, jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]
