@@ -23,6 +23,7 @@ time over the roofline.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from functools import partial
@@ -132,15 +133,61 @@ def decode_step_seconds(
     return seconds / steps
 
 
+@dataclasses.dataclass(frozen=True)
+class MachineLimits:
+    bandwidth: float
+    """Bytes per second."""
+    matmul_rate: float
+    """FLOP/s in the compute dtype."""
+    dispatch_floor: float
+    """Seconds."""
+
+
+def measure_limits(dtype: Any, bandwidth_mib: int, matmul_size: int, repeats: int) -> MachineLimits:
+    return MachineLimits(
+        measure_bandwidth(bandwidth_mib, repeats),
+        measure_matmul_rate(dtype, matmul_size, repeats),
+        measure_dispatch_floor(),
+    )
+
+
+def roofline_point(
+    config: ModelConfig,
+    params: dict,
+    dtype: Any,
+    rows: int,
+    cache_length: int,
+    steps: int,
+    repeats: int,
+    limits: MachineLimits,
+) -> dict:
+    """One rows x cache length: the decode step's time, its roofline and their ratio."""
+    dtype = jnp.dtype(dtype)
+    read, flops = step_cost(config, params, rows, cache_length, dtype.itemsize)
+    memory_s, compute_s = read / limits.bandwidth, flops / limits.matmul_rate
+    roofline = max(memory_s, compute_s, limits.dispatch_floor / steps)
+    bound = "memory" if roofline == memory_s else "compute" if roofline == compute_s else "dispatch"
+    layered = unstack_layers(params)  # the form the engine decodes with
+    seconds = decode_step_seconds(config, layered, dtype, rows, cache_length, steps, repeats)
+    return dict(
+        rows=rows,
+        cache=cache_length,
+        step_s=seconds,
+        roofline_s=roofline,
+        bytes=read,
+        flops=flops,
+        bound=bound,
+        ratio=seconds / roofline,
+    )
+
+
 def run(args: argparse.Namespace) -> dict:
     dtype = jnp.dtype(args.dtype)
     print(f"devices: {jax.devices()}")
-    bandwidth = measure_bandwidth(args.bandwidth_mib, args.repeats)
-    matmul_rate = measure_matmul_rate(dtype, args.matmul_size, args.repeats)
-    floor = measure_dispatch_floor()
+    limits = measure_limits(dtype, args.bandwidth_mib, args.matmul_size, args.repeats)
     print(
-        f"bandwidth {bandwidth / 1e9:.1f} GB/s, {dtype.name} matmul {matmul_rate / 1e9:.1f} GFLOP/s, "
-        f"dispatch floor {floor * 1e6:.0f} us"
+        f"bandwidth {limits.bandwidth / 1e9:.1f} GB/s, {dtype.name} matmul {limits.matmul_rate / 1e9:.1f} GFLOP/s, "
+        f"dispatch floor {limits.dispatch_floor * 1e6:.0f} us"
     )
     rows_list = [int(r) for r in args.rows.split(",")]
     caches = [int(c) for c in args.caches.split(",")]
@@ -150,40 +197,22 @@ def run(args: argparse.Namespace) -> dict:
     for name in args.models.split(","):
         config = model_config(name, args.slice_layers)
         params = init_params(config, dtype=dtype)
-        layered = unstack_layers(params)  # the form the engine decodes with
         for cache_length in caches:
             for rows in rows_list:
-                read, flops = step_cost(config, params, rows, cache_length, dtype.itemsize)
-                memory_s, compute_s = read / bandwidth, flops / matmul_rate
-                roofline = max(memory_s, compute_s, floor / args.steps)
-                bound = "memory" if roofline == memory_s else "compute" if roofline == compute_s else "dispatch"
-                seconds = decode_step_seconds(config, layered, dtype, rows, cache_length, args.steps, args.repeats)
-                ratio = seconds / roofline
+                point = roofline_point(config, params, dtype, rows, cache_length, args.steps, args.repeats, limits)
                 print(
-                    f"| {name} | {rows} | {cache_length} | {seconds * 1e3:.3f} | {roofline * 1e3:.3f} | "
-                    f"{bound} | {ratio:.2f}x |",
+                    f"| {name} | {rows} | {cache_length} | {point['step_s'] * 1e3:.3f} | "
+                    f"{point['roofline_s'] * 1e3:.3f} | {point['bound']} | {point['ratio']:.2f}x |",
                     flush=True,
                 )
-                results.append(
-                    dict(
-                        model=name,
-                        rows=rows,
-                        cache=cache_length,
-                        step_s=seconds,
-                        roofline_s=roofline,
-                        bytes=read,
-                        flops=flops,
-                        bound=bound,
-                        ratio=ratio,
-                    )
-                )
-        del params, layered
+                results.append(dict(model=name, **point))
+        del params
     summary = dict(
         devices=[str(d) for d in jax.devices()],
         dtype=dtype.name,
-        bandwidth_bytes_s=bandwidth,
-        matmul_flops_s=matmul_rate,
-        dispatch_floor_s=floor,
+        bandwidth_bytes_s=limits.bandwidth,
+        matmul_flops_s=limits.matmul_rate,
+        dispatch_floor_s=limits.dispatch_floor,
         steps_per_dispatch=args.steps,
         decode=results,
     )

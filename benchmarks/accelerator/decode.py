@@ -5,6 +5,10 @@ model and on a slice (a few decoder layers) of a released model's width.
 One call generates `new_tokens` per request, prefill included; a call with one new token is
 the prefill alone, so decode tokens/s = batch x (new_tokens - 1) / (generate - prefill).
 Each figure is the best of `repeats` calls after two warm-up calls (compilation).
+
+Then the engine's decode step against its roofline (benchmarks/engine_roofline.py: the step's
+time over the larger of the bytes it reads over the measured bandwidth and its FLOPs over the
+measured matmul rate) at `roofline_rows` rows and each of `roofline_caches`.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from benchmarks.accelerator.parity import SMALL_SFT
 from benchmarks.accelerator.records import SectionLog
 from benchmarks.accelerator.sizes import DecodeSizes, SuiteSizes
 from benchmarks.accelerator.weights import random_params
+from benchmarks.engine_roofline import MachineLimits, measure_limits, roofline_point
 from pyvision_jax.agent.engine import GenerationRequest, SamplingParams
 from pyvision_jax.convert import load_hf
 from pyvision_jax.models import ModelConfig
@@ -82,8 +87,24 @@ def decode_rates(config: ModelConfig, params: Any, sizes: DecodeSizes) -> dict[s
     }
 
 
+def roofline_ratios(config: ModelConfig, params: Any, sizes: DecodeSizes, limits: MachineLimits) -> dict[str, Any]:
+    points = [
+        roofline_point(
+            config, params, sizes.dtype, sizes.roofline_rows, cache, sizes.decode_chunk, sizes.repeats, limits
+        )
+        for cache in sizes.roofline_caches
+    ]
+    return {
+        "bandwidth_bytes_s": limits.bandwidth,
+        "matmul_flops_s": limits.matmul_rate,
+        "dispatch_floor_s": limits.dispatch_floor,
+        "points": points,
+    }
+
+
 def run(sizes: SuiteSizes, log: SectionLog) -> None:
     dec = sizes.decode
+    limits = measure_limits(dec.dtype, dec.bandwidth_mib, dec.matmul, max(dec.repeats, 2))
     wide = ModelConfig.preset(dec.slice_preset).replace(num_hidden_layers=dec.slice_depth)
     models = (
         ("small", lambda: load_hf(SMALL_SFT, dtype=dec.dtype, progress=False)),
@@ -92,11 +113,15 @@ def run(sizes: SuiteSizes, log: SectionLog) -> None:
     for name, load in models:
         config, params = load()
         result = decode_rates(config, params, dec)
+        result["roofline"] = roofline_ratios(config, params, dec, limits)
         del params
         log.record(
             name,
             result,
             f"batch {dec.batch}, prompt {dec.prompt} + {dec.new_tokens} new: "
             f"{result['tokens_per_s']:,.0f} tok/s with prefill, {result['decode_tokens_per_s']:,.0f} decode "
-            f"tok/s (first call {result['first_call_s']:.1f} s)",
+            f"tok/s (first call {result['first_call_s']:.1f} s); decode step / roofline "
+            + ", ".join(
+                f"{p['ratio']:.2f}x at {p['rows']} rows, cache {p['cache']}" for p in result["roofline"]["points"]
+            ),
         )

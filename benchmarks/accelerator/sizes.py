@@ -55,6 +55,12 @@ class DecodeSizes:
     dtype: str
     decode_chunk: int
     repeats: int
+    roofline_rows: int
+    roofline_caches: tuple[int, ...]
+    """The decode step against its roofline (benchmarks/engine_roofline.py) at these rows x
+    cache lengths, with the bandwidth and matmul rate measured on these sizes."""
+    bandwidth_mib: int
+    matmul: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +101,10 @@ _CPU = SuiteSizes(
         dtype="float32",
         decode_chunk=8,
         repeats=1,
+        roofline_rows=4,
+        roofline_caches=(64,),
+        bandwidth_mib=64,
+        matmul=256,
     ),
     budgets_s=(("parity", 90.0), ("step", 150.0), ("attention", 90.0), ("decode", 90.0)),
     xla_flags="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
@@ -118,6 +128,10 @@ _GPU = SuiteSizes(
         dtype="bfloat16",
         decode_chunk=16,
         repeats=2,
+        roofline_rows=32,
+        roofline_caches=(1024,),
+        bandwidth_mib=1024,
+        matmul=8192,
     ),
     budgets_s=(("parity", 45.0), ("step", 255.0), ("attention", 60.0), ("decode", 70.0)),
 )

@@ -83,6 +83,11 @@ def test_decode_reports_tokens_per_second_of_both_models(suite_run):
     for case in decode.values():
         assert case["tokens_per_s"] > 0 and case["decode_tokens_per_s"] > 0
         assert case["compiles"]["prefill"] >= 1 and case["compiles"]["decode"] >= 1
+        roofline = case["roofline"]
+        assert roofline["bandwidth_bytes_s"] > 0 and roofline["matmul_flops_s"] > 0
+        [point] = roofline["points"]  # the CPU size: one rows x cache point
+        assert (point["rows"], point["cache"]) == (4, 64) and point["bytes"] > 0
+        assert point["ratio"] == pytest.approx(point["step_s"] / point["roofline_s"])
 
 
 def test_a_section_past_its_time_limit_is_stopped_and_named(tmp_path):
