@@ -46,6 +46,7 @@ decode steps per dispatch or cache continuation it gets.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter, deque
 from functools import partial
 from typing import Any, Iterable, Sequence
@@ -55,9 +56,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from pyvision_jax.agent.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
-from pyvision_jax.models import ModelConfig, ModelInputs, prepare_inputs
+from pyvision_jax.models import ModelConfig
 from pyvision_jax.models.rope_index import decode_position_ids
-from pyvision_jax.models.vision import window_units
 from pyvision_jax.rollout.cache_rows import counting, extend_tokens, prefill_rows
 from pyvision_jax.rollout.decode_loop import decode_steps
 from pyvision_jax.rollout.engine_requests import (
@@ -67,12 +67,14 @@ from pyvision_jax.rollout.engine_requests import (
     finish_reason,
     prepare_requests,
 )
+from pyvision_jax.rollout.engine_warm_up import WarmUp, warm_up
 from pyvision_jax.rollout.held_context import HeldContext, reusable_prefix
 from pyvision_jax.rollout.incremental_text import IncrementalText
 from pyvision_jax.rollout.prompt_block import prompt_block, suffix_positions
 from pyvision_jax.rollout.request_images import image_patches
 from pyvision_jax.rollout.sampling import SamplingArrays
 from pyvision_jax.rollout.slot_cache import SlotCache, smallest_bucket
+from pyvision_jax.rollout.vision_floors import VisionFloors, image_floors
 from pyvision_jax.rollout.weights.named_params import params_like
 
 DEFAULT_LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -96,7 +98,8 @@ class JaxEngine:
     request (module docstring); off, every request is prefilled in full. The new tokens of a
     continued request (a tool response and the next prompt: usually short) are padded to one
     of ``extension_buckets`` (those below the smallest length bucket), or else of the length
-    buckets.
+    buckets. ``image_tokens_per_row`` > 0 fixes the vision layout sizes of blocks with images
+    (``vision_floors.image_floors``) so that ``warm_up`` compiles them too.
     """
 
     def __init__(
@@ -117,6 +120,7 @@ class JaxEngine:
         eos_token_ids: Iterable[int] | None = None,
         kv_continuation: bool = True,
         extension_buckets: Sequence[int] = (64, 256),
+        image_tokens_per_row: int = 0,
     ):
         if max_batch < 1:
             raise ValueError(f"JaxEngine: max_batch must be >= 1, got {max_batch}")
@@ -141,6 +145,7 @@ class JaxEngine:
         self.trace_counts: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()
         self.token_counts: Counter[str] = Counter()  # "prefilled", "reused" prompt tokens; "generated"
+        self.seconds: Counter[str] = Counter()  # host wall time of the "prefill", "extend", "decode" calls
         self._kv = SlotCache(
             config, max_batch, buckets, decode_chunk, self.cache_dtype, min_cache_length, self.trace_counts, self.calls
         )
@@ -150,7 +155,8 @@ class JaxEngine:
         self._version = int(version)
         self._lock = threading.Lock()
         self._seed_source = np.random.default_rng()
-        self._vision_floor: dict[tuple[str, int], tuple[int, int]] = {}  # (kind, batch) -> (windows, merged)
+        floors = image_tokens_per_row and image_floors(config, self.prefill_batches, image_tokens_per_row)
+        self._vision = VisionFloors(config, floors or None)
         # (params, cache, ...) -> (cache, ...): the cache is donated; traces are counted
         dtype, counts = self.compute_dtype, self.trace_counts
         self._prefill = jax.jit(counting(counts, "prefill", partial(prefill_rows, config, dtype)), donate_argnums=(1,))
@@ -180,6 +186,18 @@ class JaxEngine:
         placement adds one; ``trace_counts`` only sees retraces)."""
         functions = {"prefill": self._prefill, "extend": self._extend, "decode": self._decode}
         return {name: fn._cache_size() for name, fn in functions.items()} | self._kv.compile_counts
+
+    @property
+    def compiles(self) -> int:
+        """All compiled executables of the engine's jitted functions (a timed round adds none
+        after ``warm_up``)."""
+        return sum(self.compile_counts.values())
+
+    def warm_up(self) -> WarmUp:
+        """Compiles every shape the engine can dispatch (``engine_warm_up``), blocks with images
+        at the vision floors when it has some (``image_tokens_per_row``); the state is unchanged."""
+        with self._lock:
+            return warm_up(self, images=bool(self._vision.floors))
 
     def update_weights(self, weights: Any, version: int) -> None:
         """Swaps in new weights (same tree, shapes; cast to the current dtypes).
@@ -296,10 +314,11 @@ class JaxEngine:
     ) -> None:
         """Prefills `joining` into the free slots `rows` and takes their first tokens."""
         inputs, batch, length = self._block(joining, [0] * len(joining), self.length_buckets)
-        model_inputs, deltas = self._prepare_held(("prefill", batch), inputs)
+        model_inputs, deltas = self._vision.prepare(("prefill", batch), inputs)
         prompt_lengths = [len(j.request.prompt_token_ids) for j in joining]
         self._kv.hold_block(length)
         self._kv.make_room(max(prompt_lengths), 0)
+        began = time.perf_counter()
         self._kv.cache, tokens, logprobs = self._prefill(
             self._params,
             self._kv.cache,
@@ -309,6 +328,8 @@ class JaxEngine:
             self._keys(joining, batch),
             settings,
         )
+        tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)  # waits for the call
+        self.seconds["prefill"] += time.perf_counter() - began
         self.calls["prefill"] += 1
         self.token_counts["prefilled"] += sum(prompt_lengths)
         starts = decode_position_ids(deltas, inputs["attention_mask"].sum(-1))[0, :, 0]
@@ -329,10 +350,11 @@ class JaxEngine:
         inputs["position_ids"], starts = suffix_positions(
             self.config, [j.request for j in joining], [j.reused for j in joining], batch, length
         )
-        model_inputs, _ = self._prepare_held(("extend", batch), inputs)
+        model_inputs, _ = self._vision.prepare(("extend", batch), inputs)
         keep = np.zeros(batch, np.int32)
         keep[: len(joining)] = [j.reused for j in joining]
         self._kv.make_room(max(len(j.request.prompt_token_ids) for j in joining), 0)
+        began = time.perf_counter()
         self._kv.cache, tokens, logprobs = self._extend(
             self._params,
             self._kv.cache,
@@ -342,6 +364,8 @@ class JaxEngine:
             self._keys(joining, batch),
             settings,
         )
+        tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)  # waits for the call
+        self.seconds["extend"] += time.perf_counter() - began
         self.calls["extend"] += 1
         self.token_counts["reused"] += int(keep.sum())
         self.token_counts["prefilled"] += sum(len(j.request.prompt_token_ids) - j.reused for j in joining)
@@ -362,14 +386,13 @@ class JaxEngine:
         joining: list[PreparedRequest],
         rows: list[int],
         starts: Sequence[int],
-        tokens: jax.Array,
-        logprobs: jax.Array,
+        tokens: np.ndarray,
+        logprobs: np.ndarray,
         params: SamplingParams,
         results: list[GenerationResult | None],
         version: int,
     ) -> None:
         """Puts the prefilled requests in their slots with their first tokens."""
-        tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
         for k, (job, row) in enumerate(zip(joining, rows)):
             self._slots[row] = DecodingSlot(
                 job,
@@ -379,20 +402,6 @@ class JaxEngine:
             )
             self._kv.content[row] = len(job.request.prompt_token_ids)
             self._accept(row, int(tokens[k]), float(logprobs[k]), params, results, version)
-
-    def _prepare_held(self, kind: tuple[str, int], inputs: dict) -> tuple[ModelInputs, np.ndarray]:
-        """Model inputs whose vision buckets never shrink for a (kind, batch size): the
-        number of images varies from batch to batch, and each new vision shape would
-        compile the prefill anew."""
-        model_inputs, deltas = prepare_inputs(self.config, inputs, *self._vision_floor.get(kind, (1, 1)))
-        if model_inputs.layout is not None:
-            vision = self.config.vision
-            slots_per_window = window_units(vision) ** 2 * vision.merge_unit
-            self._vision_floor[kind] = (
-                model_inputs.layout.patch_index.shape[0] // slots_per_window,
-                model_inputs.layout.merged_index.shape[0],
-            )
-        return model_inputs, deltas
 
     def _decode_chunk(
         self,
@@ -415,6 +424,7 @@ class JaxEngine:
         running = [s if isinstance(s, DecodingSlot) else None for s in slots[:rows]]
         live = np.array([s is not None for s in running])
         column = lambda value, dtype=np.int32: np.array([value(s) if s else 0 for s in running], dtype)
+        began = time.perf_counter()
         self._kv.cache, new_tokens, new_logprobs, drawn, steps = self._decode(
             self._params,
             self._kv.cache,
@@ -427,11 +437,12 @@ class JaxEngine:
             stop_mask,
             settings,
         )
+        new_tokens, new_logprobs, drawn = np.asarray(new_tokens), np.asarray(new_logprobs), np.asarray(drawn)
         steps = int(steps)
+        self.seconds["decode"] += time.perf_counter() - began
         self._kv.index += steps
         self.calls["decode"] += 1
         self.calls["decode_steps"] += steps
-        new_tokens, new_logprobs, drawn = np.asarray(new_tokens), np.asarray(new_logprobs), np.asarray(drawn)
         for i, slot in enumerate(running):
             if slot is None:
                 continue
