@@ -5,6 +5,7 @@ directory vLLM loads a checkpoint from."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shutil
 from collections.abc import Sequence
@@ -18,6 +19,8 @@ from pyvision_jax.models import ModelConfig
 from pyvision_jax.rollout.jax_engine import JaxEngine
 from pyvision_jax.rollout.vllm_engine import write_preprocessor_config
 from pyvision_jax.wiring.config_values import int_tuple
+
+logger = logging.getLogger(__name__)
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 TOKENIZER_FILES = (
@@ -42,9 +45,12 @@ def jax_engine(
     max_total_tokens: int,
 ) -> Engine:
     """The in-process JAX sampler with the config's rollout shapes, its KV cache long enough
-    for `max_total_tokens`."""
+    for `max_total_tokens`. With `rollout.warm_up` it compiles every shape it can dispatch
+    first, blocks with images sized for one `episode.image_max_pixels` image per row."""
     r = config.rollout
-    return JaxEngine(
+    vision = model.vision
+    image_tokens = config.episode.image_max_pixels // (vision.patch_size * vision.spatial_merge_size) ** 2
+    engine = JaxEngine(
         model,
         params,
         tokenizer,
@@ -55,7 +61,12 @@ def jax_engine(
         min_cache_length=int(max_total_tokens),
         compute_dtype=config.model.compute_dtype,
         version=version,
+        image_tokens_per_row=image_tokens if r.warm_up else 0,
     )
+    if r.warm_up:
+        done = engine.warm_up()
+        logger.info("JAX engine warm-up: %d executables compiled in %.1f s", done.compiles, done.seconds)
+    return engine
 
 
 def require_vllm() -> None:
