@@ -54,11 +54,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 PHASES = ("prefill", "extend", "decode")
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # one per XLA compile or persistent-cache load
+COMPILE_EVENTS = (  # a compilation's stages: tracing to a jaxpr, lowering to MLIR, the backend's compile
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    BACKEND_COMPILE,
+)
 
 
 class CompileClock:
-    """Counts the process's XLA backend compilations and their seconds (a `jax.monitoring`
-    listener, registered once)."""
+    """Counts the process's XLA backend compilations and the seconds of every compilation
+    stage (a `jax.monitoring` listener, registered once)."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -66,8 +71,8 @@ class CompileClock:
         jax.monitoring.register_event_duration_secs_listener(self._record)
 
     def _record(self, event: str, duration: float, **_: Any) -> None:
-        if event == BACKEND_COMPILE:
-            self.count += 1
+        if event in COMPILE_EVENTS:
+            self.count += event == BACKEND_COMPILE
             self.seconds += duration
 
     def reading(self) -> tuple[int, float]:
@@ -198,8 +203,8 @@ def print_rounds(results: list[dict[str, Any]]) -> None:
             )
     print("\n(seconds; build: the engine's construction, its warm-up included; round 0: the warm-up round;")
     print(" prefill / extend / decode: the engine's jitted calls up to their results, compilation included;")
-    print(" compiles: the engine's new executables; xla / compile s: every XLA compile or persistent-cache")
-    print(" load of the process, and its seconds; outside: the round's time outside `generate`)")
+    print(" compiles: the engine's new executables; xla: every XLA compile or persistent-cache load of the")
+    print(" process; compile s: their seconds with tracing and lowering; outside: the time outside `generate`)")
 
 
 def main() -> None:
