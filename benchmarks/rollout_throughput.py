@@ -4,8 +4,8 @@ group size, concurrency and engine shapes.
 
     .venv/bin/python -m benchmarks.rollout_throughput [--rounds 2] [--tasks 8] [--out results.json]
 
-Variants (each a fresh engine and sandbox pool, one warm-up round that compiles, then
-`--rounds` timed rounds on the same tasks and seeds):
+Variants (each a fresh engine and sandbox pool, one warm-up round, round 0, then `--rounds`
+timed rounds on the same tasks and seeds; all but the last with `rollout.warm_up` off):
 - `baseline`: a fresh bubblewrap and Python per sandbox, every turn prefilled in full, one
   decode step per dispatch;
 - `decode_chunk_8`: the same with 8 decode steps per dispatch in one compiled loop that stops
@@ -39,19 +39,30 @@ from pyvision_jax import wiring
 from pyvision_jax.agent.engine import Engine, GenerationRequest, GenerationResult, SamplingParams
 from pyvision_jax.data.task_order import TaskShard
 
+COLD = {"rollout.warm_up": False}
 VARIANTS: dict[str, dict[str, Any]] = {
-    "baseline": {"sandbox.fork_runtimes": False, "rollout.kv_continuation": False, "rollout.decode_chunk": 1},
-    "decode_chunk_8": {"sandbox.fork_runtimes": False, "rollout.kv_continuation": False, "rollout.decode_chunk": 8},
-    "+forked_sandboxes": {"sandbox.fork_runtimes": True, "rollout.kv_continuation": False, "rollout.decode_chunk": 1},
-    "+kv_continuation": {"sandbox.fork_runtimes": True, "rollout.kv_continuation": True, "rollout.decode_chunk": 1},
-    "all": {"sandbox.fork_runtimes": True, "rollout.kv_continuation": True, "rollout.decode_chunk": 8},
-    "all+warm_up": {
+    "baseline": {"sandbox.fork_runtimes": False, "rollout.kv_continuation": False, "rollout.decode_chunk": 1, **COLD},
+    "decode_chunk_8": {
+        "sandbox.fork_runtimes": False,
+        "rollout.kv_continuation": False,
+        "rollout.decode_chunk": 8,
+        **COLD,
+    },
+    "+forked_sandboxes": {
+        "sandbox.fork_runtimes": True,
+        "rollout.kv_continuation": False,
+        "rollout.decode_chunk": 1,
+        **COLD,
+    },
+    "+kv_continuation": {
         "sandbox.fork_runtimes": True,
         "rollout.kv_continuation": True,
-        "rollout.decode_chunk": 8,
-        "rollout.warm_up": True,
+        "rollout.decode_chunk": 1,
+        **COLD,
     },
+    "all": {"sandbox.fork_runtimes": True, "rollout.kv_continuation": True, "rollout.decode_chunk": 8, **COLD},
 }
+VARIANTS["all+warm_up"] = VARIANTS["all"] | {"rollout.warm_up": True}
 PHASES = ("prefill", "extend", "decode")
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # one per XLA compile or persistent-cache load
 COMPILE_EVENTS = (  # a compilation's stages: tracing to a jaxpr, lowering to MLIR, the backend's compile
