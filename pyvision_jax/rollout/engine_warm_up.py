@@ -44,15 +44,15 @@ def cache_lengths(length_buckets: tuple[int, ...], decode_chunk: int, min_length
 
 def _block_inputs(config: ModelConfig, batch: int, length: int, image: bool) -> dict:
     """Processor-style inputs of a block: one real token per row (the last), and with
-    `image` one small image (a single merge unit) in row 0."""
+    `image` one small image (a single merge unit) ending row 0 (a block of 3 tokens or more)."""
     ids = np.full((batch, length), config.pad_token_id, np.int32)
     mask = np.zeros((batch, length), bool)
     mask[:, -1] = True
     inputs = {"input_ids": ids, "attention_mask": mask}
     if image:
         merge = config.vision.spatial_merge_size
-        ids[0, -4:] = (config.vision_start_token_id, config.image_token_id, config.vision_end_token_id, 0)
-        mask[0, -4:] = True
+        ids[0, -3:] = (config.vision_start_token_id, config.image_token_id, config.vision_end_token_id)
+        mask[0, -3:] = True
         inputs["pixel_values"] = np.zeros((merge * merge, config.vision.patch_dim), np.float32)
         inputs["image_grid_thw"] = np.array([[1, merge, merge]], np.int64)
     return inputs
@@ -75,12 +75,12 @@ def warm_up(engine: Any, images: bool) -> WarmUp:
         cache = KVCache.init(config, engine.max_batch, length, kv.dtype)
         for image in (False, True) if images else (False,):
             for batch in engine.prefill_batches:
-                for bucket in (b for b in engine.length_buckets if b <= length):
+                for bucket in (b for b in engine.length_buckets if b <= length and (b >= 3 or not image)):
                     inputs, _ = engine._vision.prepare(("prefill", batch), _block_inputs(config, batch, bucket, image))
                     start = jnp.asarray(length - bucket, jnp.int32)
                     cache, *_ = engine._prefill(params, cache, inputs, outside(batch), start, keys(batch), settings)
                     calls += 1
-                for bucket in engine.extension_buckets:
+                for bucket in (b for b in engine.extension_buckets if b >= 3 or not image):
                     inputs, _ = engine._vision.prepare(("extend", batch), _block_inputs(config, batch, bucket, image))
                     keep = jnp.zeros(batch, jnp.int32)
                     cache, *_ = engine._extend(params, cache, inputs, outside(batch), keep, keys(batch), settings)
