@@ -7,7 +7,7 @@ prefilled in batches of 1, 2, 4, ... up to ``max_batch`` rows; decoding runs the
 compiled loop, ``pyvision_jax.rollout.decode_loop``, that stops early once every row has
 ended); the cache length S is one of the length buckets plus ``decode_chunk``. New prompt
 lengths, new requests and new weights within those shapes never recompile (``trace_counts``
-counts the traces of every jitted function).
+counts the traces of every jitted function), and ``warm_up`` compiles them all before serving.
 
 Cache layout: see ``pyvision_jax.rollout.slot_cache`` (every row's columns end before one
 shared write column; rows are compacted together, and the cache grows only when that is not
