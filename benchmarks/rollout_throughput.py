@@ -4,17 +4,22 @@ group size, concurrency and engine shapes.
 
     .venv/bin/python -m benchmarks.rollout_throughput [--rounds 2] [--tasks 8] [--out results.json]
 
-Variants (each a fresh engine and sandbox pool, one warm-up round that compiles, then
-`--rounds` timed rounds on the same tasks and seeds):
+Variants (each a fresh engine and sandbox pool, one warm-up round, round 0, then `--rounds`
+timed rounds on the same tasks and seeds; all but the last with `rollout.warm_up` off):
 - `baseline`: a fresh bubblewrap and Python per sandbox, every turn prefilled in full, one
   decode step per dispatch;
 - `decode_chunk_8`: the same with 8 decode steps per dispatch in one compiled loop that stops
   once every row has ended;
 - `+forked_sandboxes`, `+kv_continuation`: the improvements added one at a time;
-- `all`: forked sandboxes, KV continuation and 8 decode steps per dispatch (the defaults).
+- `all`: forked sandboxes, KV continuation and 8 decode steps per dispatch (the defaults);
+- `all+warm_up`: the same with `rollout.warm_up`, the engine compiling every shape it can
+  dispatch when built (its compiles and seconds are reported).
 It prints episodes/s and generated tokens/s per variant with the ratio to `baseline`, and where
-each round's time goes: inside the engine (`generate` calls) and outside it (sandbox starts and
-tool runs the engine waited for, grading, the episode driver).
+each round's time goes: the engine's prefill, extension and decode calls (host timers around
+each jitted call up to its results), the XLA compilations of the round (the engine's new
+executables, and every backend compile the process made with its seconds, from
+`jax.monitoring`) and the time outside the engine (sandbox starts and tool runs the engine
+waited for, grading, the episode driver).
 """
 
 from __future__ import annotations
@@ -27,18 +32,62 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from configs.kinds_cpu import get_config
 from pyvision_jax import wiring
 from pyvision_jax.agent.engine import Engine, GenerationRequest, GenerationResult, SamplingParams
 from pyvision_jax.data.task_order import TaskShard
 
+COLD = {"rollout.warm_up": False}
 VARIANTS: dict[str, dict[str, Any]] = {
-    "baseline": {"sandbox.fork_runtimes": False, "rollout.kv_continuation": False, "rollout.decode_chunk": 1},
-    "decode_chunk_8": {"sandbox.fork_runtimes": False, "rollout.kv_continuation": False, "rollout.decode_chunk": 8},
-    "+forked_sandboxes": {"sandbox.fork_runtimes": True, "rollout.kv_continuation": False, "rollout.decode_chunk": 1},
-    "+kv_continuation": {"sandbox.fork_runtimes": True, "rollout.kv_continuation": True, "rollout.decode_chunk": 1},
-    "all": {"sandbox.fork_runtimes": True, "rollout.kv_continuation": True, "rollout.decode_chunk": 8},
+    "baseline": {"sandbox.fork_runtimes": False, "rollout.kv_continuation": False, "rollout.decode_chunk": 1, **COLD},
+    "decode_chunk_8": {
+        "sandbox.fork_runtimes": False,
+        "rollout.kv_continuation": False,
+        "rollout.decode_chunk": 8,
+        **COLD,
+    },
+    "+forked_sandboxes": {
+        "sandbox.fork_runtimes": True,
+        "rollout.kv_continuation": False,
+        "rollout.decode_chunk": 1,
+        **COLD,
+    },
+    "+kv_continuation": {
+        "sandbox.fork_runtimes": True,
+        "rollout.kv_continuation": True,
+        "rollout.decode_chunk": 1,
+        **COLD,
+    },
+    "all": {"sandbox.fork_runtimes": True, "rollout.kv_continuation": True, "rollout.decode_chunk": 8, **COLD},
 }
+VARIANTS["all+warm_up"] = VARIANTS["all"] | {"rollout.warm_up": True}
+PHASES = ("prefill", "extend", "decode")
+BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # one per XLA compile or persistent-cache load
+COMPILE_EVENTS = (  # a compilation's stages: tracing to a jaxpr, lowering to MLIR, the backend's compile
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    BACKEND_COMPILE,
+)
+
+
+class CompileClock:
+    """Counts the process's XLA backend compilations and the seconds of every compilation
+    stage (a `jax.monitoring` listener, registered once)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+        jax.monitoring.register_event_duration_secs_listener(self._record)
+
+    def _record(self, event: str, duration: float, **_: Any) -> None:
+        if event in COMPILE_EVENTS:
+            self.count += event == BACKEND_COMPILE
+            self.seconds += duration
+
+    def reading(self) -> tuple[int, float]:
+        return self.count, self.seconds
 
 
 class TimedEngine:
@@ -73,43 +122,57 @@ def variant_config(overrides: dict[str, Any]):
     return config
 
 
-def run_variant(name: str, overrides: dict[str, Any], workdir: Path, tasks: int, rounds: int) -> dict[str, Any]:
+def run_round(producer: Any, engine: TimedEngine, items: list, clock: CompileClock) -> dict[str, Any]:
+    """One `produce` of `items`, with where its time went."""
+    inner = engine.engine
+    engine.busy_s, engine.calls = 0.0, 0
+    compiled, (xla_compiles, compile_s) = inner.compiles, clock.reading()
+    tokens_before, seconds_before = dict(inner.token_counts), dict(inner.seconds)
+    start = time.perf_counter()
+    groups = producer.produce(items)
+    wall = time.perf_counter() - start
+    counts = {k: v - tokens_before.get(k, 0) for k, v in inner.token_counts.items()}
+    trajectories = [t for g in groups for t in g.trajectories]
+    return {
+        "wall_s": wall,
+        "episodes": len(trajectories),
+        "generated_tokens": sum(int(t.loss_mask.sum()) for t in trajectories),
+        "engine_s": engine.busy_s,
+        "outside_engine_s": wall - engine.busy_s,
+        **{f"{phase}_s": inner.seconds[phase] - seconds_before.get(phase, 0.0) for phase in PHASES},
+        "engine_calls": engine.calls,
+        "tool_s": sum(t.timings.get("tool_s", 0.0) for t in trajectories),
+        "tool_calls": sum(t.num_tool_calls for t in trajectories),
+        "prefilled_tokens": counts.get("prefilled", 0),
+        "reused_tokens": counts.get("reused", 0),
+        "compiles": inner.compiles - compiled,
+        "xla_compiles": clock.count - xla_compiles,
+        "compile_s": clock.seconds - compile_s,
+    }
+
+
+def run_variant(
+    name: str, overrides: dict[str, Any], workdir: Path, tasks: int, rounds: int, clock: CompileClock
+) -> dict[str, Any]:
     config = variant_config(overrides)
     tokenizer = wiring.load_tokenizer(config)
     model, params = wiring.load_model(config)
+    before, start = clock.reading(), time.perf_counter()
     engine = TimedEngine(
         wiring.jax_engine(config, model, params, tokenizer, version=0, max_total_tokens=config.episode.max_total_tokens)
     )
+    built = {
+        "s": time.perf_counter() - start,
+        "compiles": engine.engine.compiles,
+        "xla_compiles": clock.count - before[0],
+        "compile_s": clock.seconds - before[1],
+    }
     shard = TaskShard(wiring.training_tasks(config, workdir), wiring.task_order_seed(config))
     items = shard.take(0, tasks)
     with wiring.sandbox_pool(config) as sandboxes:
         producer = wiring.producer(config, engine, tokenizer, sandboxes, wiring.episode_config(config, model))
-        producer.produce(items)  # warm-up: compiles every shape the timed rounds use
-        timed = []
-        for _ in range(rounds):
-            engine.busy_s, engine.calls = 0.0, 0
-            compiled = sum(engine.engine.compile_counts.values())
-            tokens_before = dict(engine.engine.token_counts)
-            start = time.perf_counter()
-            groups = producer.produce(items)
-            wall = time.perf_counter() - start
-            counts = {k: v - tokens_before.get(k, 0) for k, v in engine.engine.token_counts.items()}
-            trajectories = [t for g in groups for t in g.trajectories]
-            generated = sum(int(t.loss_mask.sum()) for t in trajectories)
-            timed.append(
-                {
-                    "wall_s": wall,
-                    "episodes": len(trajectories),
-                    "generated_tokens": generated,
-                    "engine_s": engine.busy_s,
-                    "engine_calls": engine.calls,
-                    "tool_s": sum(t.timings.get("tool_s", 0.0) for t in trajectories),
-                    "tool_calls": sum(t.num_tool_calls for t in trajectories),
-                    "prefilled_tokens": counts.get("prefilled", 0),
-                    "reused_tokens": counts.get("reused", 0),
-                    "compiles": sum(engine.engine.compile_counts.values()) - compiled,
-                }
-            )
+        warm_round = run_round(producer, engine, items, clock)  # compiles what the engine's warm-up did not
+        timed = [run_round(producer, engine, items, clock) for _ in range(rounds)]
     wall = sum(r["wall_s"] for r in timed)
     episodes = sum(r["episodes"] for r in timed)
     tokens = sum(r["generated_tokens"] for r in timed)
@@ -126,8 +189,33 @@ def run_variant(name: str, overrides: dict[str, Any], workdir: Path, tasks: int,
         "prefilled_tokens": sum(r["prefilled_tokens"] for r in timed),
         "reused_tokens": sum(r["reused_tokens"] for r in timed),
         "compiles_in_timed_rounds": sum(r["compiles"] for r in timed),
+        "engine_build": built,
+        "warm_up_round": warm_round,
         "rounds": timed,
     }
+
+
+def print_rounds(results: list[dict[str, Any]]) -> None:
+    """Per variant and round (0: the warm-up round): wall time, the engine's calls, compiles
+    and the time outside the engine."""
+    header = ("variant", "round", "wall s", "prefill", "extend", "decode", "compiles", "xla", "compile s", "outside")
+    print("\n{:<18} {:>5} {:>7} {:>7} {:>7} {:>7} {:>8} {:>5} {:>9} {:>7}".format(*header))
+    for r in results:
+        build = r["engine_build"]
+        print(
+            f"{r['name']:<18} {'build':>5} {build['s']:>7.1f} {'':>7} {'':>7} {'':>7} {build['compiles']:>8d} "
+            f"{build['xla_compiles']:>5d} {build['compile_s']:>9.1f}"
+        )
+        for index, row in enumerate([r["warm_up_round"], *r["rounds"]]):
+            print(
+                f"{r['name']:<18} {index:>5d} {row['wall_s']:>7.1f} {row['prefill_s']:>7.1f} {row['extend_s']:>7.1f} "
+                f"{row['decode_s']:>7.1f} {row['compiles']:>8d} {row['xla_compiles']:>5d} {row['compile_s']:>9.1f} "
+                f"{row['outside_engine_s']:>7.1f}"
+            )
+    print("\n(seconds; build: the engine's construction, its warm-up included; round 0: the warm-up round;")
+    print(" prefill / extend / decode: the engine's jitted calls up to their results, compilation included;")
+    print(" compiles: the engine's new executables; xla: every XLA compile or persistent-cache load of the")
+    print(" process; compile s: their seconds with tracing and lowering; outside: the time outside `generate`)")
 
 
 def main() -> None:
@@ -149,7 +237,8 @@ def main() -> None:
         f"producer: {tasks} tasks x G={base.rl.group_size} per round, max_concurrent "
         f"{base.episode.max_concurrent}, max_batch {base.rollout.max_batch}, {args.rounds} timed round(s) per variant"
     )
-    results = [run_variant(name, VARIANTS[name], workdir, tasks, args.rounds) for name in names]
+    clock = CompileClock()
+    results = [run_variant(name, VARIANTS[name], workdir, tasks, args.rounds, clock) for name in names]
     reference = next((r for r in results if r["name"] == "baseline"), results[0])
     header = ("variant", "episodes/s", "tokens/s", "ratio", "engine", "calls", "tool s/ep", "prefilled", "reused")
     print("\n{:<18} {:>10} {:>9} {:>6} {:>6} {:>5} {:>9} {:>9} {:>7} compiles".format(*header))
@@ -164,6 +253,7 @@ def main() -> None:
     print("\n(engine: share of the round's wall time inside `generate`; the rest is sandbox starts and tool runs")
     print(" the engine waited for, grading and the episode driver; tool s/ep: sandbox time per episode;")
     print(" prefilled / reused: prompt tokens prefilled and taken from a held cache; compiles: in timed rounds)")
+    print_rounds(results)
     if args.out:
         Path(args.out).write_text(json.dumps({"tasks": tasks, "rounds": args.rounds, "results": results}, indent=1))
         print(f"results: {args.out}")

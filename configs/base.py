@@ -93,6 +93,8 @@ def get_config() -> ml_collections.ConfigDict:
     # turn, which prefills only its new tokens (False: every turn in full)
     c.rollout.live_span = True  # JAX engine: a decode dispatch attends to the smallest cache length bucket
     # holding its rows' contexts (False: to the whole cache)
+    c.rollout.warm_up = False  # JAX engine: compile every prefill/extension/decode shape when built (images sized
+    # for one episode.image_max_pixels image per row), so no generate call compiles after it
     c.rollout.wait_timeout_s = 1800.0  # give up when no group arrives for this long
     c.rollout.publish_every = 1  # external mode: export weights every N steps
     c.rollout.weights_dir = ""  # external mode: shared weights directory (default WORKDIR/weights)

@@ -124,3 +124,15 @@ def test_reward_controls_reach_the_selection_and_entropy_min_needs_an_entropy_te
             wiring.grpo_settings(config)
     else:
         assert wiring.grpo_settings(config).step.loss.entropy_coef == 0.0
+
+
+@pytest.mark.parametrize("warm_up", [False, True])
+def test_rollout_warm_up_compiles_the_jax_engines_shapes_images_included_when_built(warm_up):
+    config = tiny_config()
+    config.rollout.max_batch, config.rollout.length_buckets, config.rollout.warm_up = 1, (64,), warm_up
+    model, params = wiring.load_model(config)
+    engine = wiring.jax_engine(config, model, params, wiring.load_tokenizer(config), version=0, max_total_tokens=64)
+    # one batch size, one length bucket and extension bucket, one cache length: text and image blocks
+    expected = {"prefill": 2, "extend": 2, "decode": 1, "compact": 1, "permute": 1, "grow": 0}
+    assert engine.compile_counts == (expected if warm_up else dict.fromkeys(expected, 0))
+    assert not engine.calls

@@ -7,7 +7,7 @@ prefilled in batches of 1, 2, 4, ... up to ``max_batch`` rows; decoding runs the
 compiled loop, ``pyvision_jax.rollout.decode_loop``, that stops early once every row has
 ended); the cache length S is one of the length buckets plus ``decode_chunk``. New prompt
 lengths, new requests and new weights within those shapes never recompile (``trace_counts``
-counts the traces of every jitted function).
+counts the traces of every jitted function), and ``warm_up`` compiles them all before serving.
 
 Cache layout: see ``pyvision_jax.rollout.slot_cache`` (every row's columns end before one
 shared write column; rows are compacted together, and the cache grows only when that is not
@@ -46,18 +46,18 @@ decode steps per dispatch or cache continuation it gets.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter, deque
 from functools import partial
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pyvision_jax.agent.engine import GenerationRequest, GenerationResult, SamplingParams, end_of_turn_ids
-from pyvision_jax.models import ModelConfig, ModelInputs, prepare_inputs, stack_layers, unstack_layers
+from pyvision_jax.models import ModelConfig, stack_layers, unstack_layers
 from pyvision_jax.models.rope_index import decode_position_ids
-from pyvision_jax.models.vision import window_units
 from pyvision_jax.rollout.cache_rows import counting, extend_tokens, prefill_rows
 from pyvision_jax.rollout.decode_loop import decode_steps
 from pyvision_jax.rollout.engine_requests import (
@@ -67,13 +67,15 @@ from pyvision_jax.rollout.engine_requests import (
     finish_reason,
     prepare_requests,
 )
+from pyvision_jax.rollout.engine_warm_up import WarmUp, warm_up
 from pyvision_jax.rollout.held_context import HeldContext, reusable_prefix
 from pyvision_jax.rollout.incremental_text import IncrementalText
 from pyvision_jax.rollout.prompt_block import prompt_block, suffix_positions
 from pyvision_jax.rollout.request_images import image_patches
 from pyvision_jax.rollout.sampling import SamplingArrays
 from pyvision_jax.rollout.slot_cache import SlotCache, smallest_bucket
-from pyvision_jax.rollout.weights.named_params import params_from_named, params_like
+from pyvision_jax.rollout.vision_floors import VisionFloors, image_floors
+from pyvision_jax.rollout.weights.named_params import params_like
 
 DEFAULT_LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -98,6 +100,8 @@ class JaxEngine:
     of ``extension_buckets`` (those below the smallest length bucket), or else of the length
     buckets. With ``live_span`` a decode dispatch attends only to the smallest cache length
     bucket of columns holding its rows' contexts (``decode_loop``), not to the whole cache.
+    ``image_tokens_per_row`` > 0 fixes the vision layout sizes of blocks with images
+    (``vision_floors.image_floors``) so that ``warm_up`` compiles them too.
     """
 
     def __init__(
@@ -119,6 +123,7 @@ class JaxEngine:
         kv_continuation: bool = True,
         extension_buckets: Sequence[int] = (64, 256),
         live_span: bool = True,
+        image_tokens_per_row: int = 0,
     ):
         if max_batch < 1:
             raise ValueError(f"JaxEngine: max_batch must be >= 1, got {max_batch}")
@@ -144,6 +149,7 @@ class JaxEngine:
         self.trace_counts: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()
         self.token_counts: Counter[str] = Counter()  # "prefilled", "reused" prompt tokens; "generated"
+        self.seconds: Counter[str] = Counter()  # host wall time of the "prefill", "extend", "decode" calls
         self._kv = SlotCache(
             config, max_batch, buckets, decode_chunk, self.cache_dtype, min_cache_length, self.trace_counts, self.calls
         )
@@ -153,7 +159,8 @@ class JaxEngine:
         self._version = int(version)
         self._lock = threading.Lock()
         self._seed_source = np.random.default_rng()
-        self._vision_floor: dict[tuple[str, int], tuple[int, int]] = {}  # (kind, batch) -> (windows, merged)
+        floors = image_tokens_per_row and image_floors(config, self.prefill_batches, image_tokens_per_row)
+        self._vision = VisionFloors(config, floors or None)
         # (params, cache, ...) -> (cache, ...): the cache is donated; traces are counted
         dtype, counts = self.compute_dtype, self.trace_counts
         self._prefill = jax.jit(counting(counts, "prefill", partial(prefill_rows, config, dtype)), donate_argnums=(1,))
@@ -187,15 +194,25 @@ class JaxEngine:
         functions = {"prefill": self._prefill, "extend": self._extend, "decode": self._decode}
         return {name: fn._cache_size() for name, fn in functions.items()} | self._kv.compile_counts
 
+    @property
+    def compiles(self) -> int:
+        """All compiled executables of the engine's jitted functions (a timed round adds none
+        after ``warm_up``)."""
+        return sum(self.compile_counts.values())
+
+    def warm_up(self) -> WarmUp:
+        """Compiles every shape the engine can dispatch (``engine_warm_up``), blocks with images
+        at the vision floors when it has some (``image_tokens_per_row``); the state is unchanged."""
+        with self._lock:
+            return warm_up(self, images=bool(self._vision.floors))
+
     def update_weights(self, weights: Any, version: int) -> None:
         """Swaps in new weights (same tree, shapes; cast to the current dtypes).
 
         ``weights`` is a params pytree like the one the engine was built with, or an
         iterable of (Hub or transformers-v5 tensor name, array in HF layout) pairs.
         """
-        if not isinstance(weights, Mapping):
-            weights = params_from_named(self.config, weights)
-        new_params = params_like(self.config, unstack_layers(weights), self._params)
+        new_params = params_like(self.config, weights, self._params)
         with self._lock:
             self._params = new_params
             self._version = int(version)
@@ -304,10 +321,11 @@ class JaxEngine:
     ) -> None:
         """Prefills `joining` into the free slots `rows` and takes their first tokens."""
         inputs, batch, length = self._block(joining, [0] * len(joining), self.length_buckets)
-        model_inputs, deltas = self._prepare_held(("prefill", batch), inputs)
+        model_inputs, deltas = self._vision.prepare(("prefill", batch), inputs)
         prompt_lengths = [len(j.request.prompt_token_ids) for j in joining]
         self._kv.hold_block(length)
         self._kv.make_room(max(prompt_lengths), 0)
+        began = time.perf_counter()
         self._kv.cache, tokens, logprobs = self._prefill(
             self._params,
             self._kv.cache,
@@ -317,6 +335,8 @@ class JaxEngine:
             self._keys(joining, batch),
             settings,
         )
+        tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)  # waits for the call
+        self.seconds["prefill"] += time.perf_counter() - began
         self.calls["prefill"] += 1
         self.token_counts["prefilled"] += sum(prompt_lengths)
         starts = decode_position_ids(deltas, inputs["attention_mask"].sum(-1))[0, :, 0]
@@ -337,10 +357,11 @@ class JaxEngine:
         inputs["position_ids"], starts = suffix_positions(
             self.config, [j.request for j in joining], [j.reused for j in joining], batch, length
         )
-        model_inputs, _ = self._prepare_held(("extend", batch), inputs)
+        model_inputs, _ = self._vision.prepare(("extend", batch), inputs)
         keep = np.zeros(batch, np.int32)
         keep[: len(joining)] = [j.reused for j in joining]
         self._kv.make_room(max(len(j.request.prompt_token_ids) for j in joining), 0)
+        began = time.perf_counter()
         self._kv.cache, tokens, logprobs = self._extend(
             self._params,
             self._kv.cache,
@@ -350,6 +371,8 @@ class JaxEngine:
             self._keys(joining, batch),
             settings,
         )
+        tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)  # waits for the call
+        self.seconds["extend"] += time.perf_counter() - began
         self.calls["extend"] += 1
         self.token_counts["reused"] += int(keep.sum())
         self.token_counts["prefilled"] += sum(len(j.request.prompt_token_ids) - j.reused for j in joining)
@@ -370,14 +393,13 @@ class JaxEngine:
         joining: list[PreparedRequest],
         rows: list[int],
         starts: Sequence[int],
-        tokens: jax.Array,
-        logprobs: jax.Array,
+        tokens: np.ndarray,
+        logprobs: np.ndarray,
         params: SamplingParams,
         results: list[GenerationResult | None],
         version: int,
     ) -> None:
         """Puts the prefilled requests in their slots with their first tokens."""
-        tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
         for k, (job, row) in enumerate(zip(joining, rows)):
             self._slots[row] = DecodingSlot(
                 job,
@@ -387,20 +409,6 @@ class JaxEngine:
             )
             self._kv.content[row] = len(job.request.prompt_token_ids)
             self._accept(row, int(tokens[k]), float(logprobs[k]), params, results, version)
-
-    def _prepare_held(self, kind: tuple[str, int], inputs: dict) -> tuple[ModelInputs, np.ndarray]:
-        """Model inputs whose vision buckets never shrink for a (kind, batch size): the
-        number of images varies from batch to batch, and each new vision shape would
-        compile the prefill anew."""
-        model_inputs, deltas = prepare_inputs(self.config, inputs, *self._vision_floor.get(kind, (1, 1)))
-        if model_inputs.layout is not None:
-            vision = self.config.vision
-            slots_per_window = window_units(vision) ** 2 * vision.merge_unit
-            self._vision_floor[kind] = (
-                model_inputs.layout.patch_index.shape[0] // slots_per_window,
-                model_inputs.layout.merged_index.shape[0],
-            )
-        return model_inputs, deltas
 
     def _decode_chunk(
         self,
@@ -423,6 +431,7 @@ class JaxEngine:
         running = [s if isinstance(s, DecodingSlot) else None for s in slots[:rows]]
         live = np.array([s is not None for s in running])
         column = lambda value, dtype=np.int32: np.array([value(s) if s else 0 for s in running], dtype)
+        began = time.perf_counter()
         self._kv.cache, new_tokens, new_logprobs, drawn, steps = self._decode(
             self._params,
             self._kv.cache,
@@ -434,13 +443,14 @@ class JaxEngine:
             jnp.asarray(np.stack([s.job.key if s else np.zeros(2, np.uint32) for s in running])),
             stop_mask,
             settings,
-            span=self._decode_span(running),
+            span=self._kv.span(max(s.context for s in running if s)) if self.live_span else 0,
         )
+        new_tokens, new_logprobs, drawn = np.asarray(new_tokens), np.asarray(new_logprobs), np.asarray(drawn)
         steps = int(steps)
+        self.seconds["decode"] += time.perf_counter() - began
         self._kv.index += steps
         self.calls["decode"] += 1
         self.calls["decode_steps"] += steps
-        new_tokens, new_logprobs, drawn = np.asarray(new_tokens), np.asarray(new_logprobs), np.asarray(drawn)
         for i, slot in enumerate(running):
             if slot is None:
                 continue
@@ -451,15 +461,6 @@ class JaxEngine:
                     break
             else:
                 self._kv.content[i] = slot.context
-
-    def _decode_span(self, running: list[DecodingSlot | None]) -> int:
-        """The columns a decode dispatch attends to: the cache length bucket holding the
-        longest live context and the dispatch's new columns (the whole cache without
-        ``live_span``)."""
-        if not self.live_span:
-            return self._kv.cache.max_length
-        longest = max(s.context for s in running if s is not None)
-        return min(self._kv.capacity(longest + self.decode_chunk), self._kv.cache.max_length)
 
     def _accept(
         self,

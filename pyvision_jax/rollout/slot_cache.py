@@ -109,6 +109,12 @@ class SlotCache:
             )
         return bucket + self.decode_chunk
 
+    def span(self, longest_context: int) -> int:
+        """The columns a decode dispatch attends to when its rows' contexts have at most
+        `longest_context` tokens: the smallest cache length holding them and the dispatch's
+        new columns, at most the whole cache."""
+        return min(self.capacity(longest_context + self.decode_chunk), self.cache.max_length)
+
     def reset(self, longest_prompt: int) -> None:
         """Sizes the cache for a call's longest prompt bucket. With no row kept, a cache of
         another size is replaced (a cache of the right size is reused as it is, since joining

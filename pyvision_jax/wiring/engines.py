@@ -5,6 +5,7 @@ directory vLLM loads a checkpoint from."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shutil
 from collections.abc import Iterable, Sequence
@@ -18,6 +19,8 @@ from pyvision_jax.models import ModelConfig
 from pyvision_jax.rollout.jax_engine import JaxEngine
 from pyvision_jax.rollout.vllm_engine import write_preprocessor_config
 from pyvision_jax.wiring.config_values import int_tuple
+
+logger = logging.getLogger(__name__)
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 TOKENIZER_FILES = (
@@ -44,9 +47,13 @@ def jax_engine(
 ) -> Engine:
     """The in-process JAX sampler with the config's rollout shapes, its KV cache long enough
     for `max_total_tokens`; `eos_token_ids` end a sequence (None: the tokenizer's end-of-turn
-    ids; () generates to the token limit, as benchmarks do)."""
+    ids; () generates to the token limit, as benchmarks do). With `rollout.warm_up` it compiles
+    every shape it can dispatch first, blocks with images sized for one `episode.image_max_pixels`
+    image per row."""
     r = config.rollout
-    return JaxEngine(
+    vision = model.vision
+    image_tokens = config.episode.image_max_pixels // (vision.patch_size * vision.spatial_merge_size) ** 2
+    engine = JaxEngine(
         model,
         params,
         tokenizer,
@@ -59,7 +66,12 @@ def jax_engine(
         compute_dtype=config.model.compute_dtype,
         version=version,
         eos_token_ids=eos_token_ids,
+        image_tokens_per_row=image_tokens if r.warm_up else 0,
     )
+    if r.warm_up:
+        done = engine.warm_up()
+        logger.info("JAX engine warm-up: %d executables compiled in %.1f s", done.compiles, done.seconds)
+    return engine
 
 
 def require_vllm() -> None:

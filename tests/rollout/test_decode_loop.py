@@ -155,8 +155,8 @@ def test_attending_to_the_live_span_samples_what_attending_to_the_whole_cache_sa
     sampling = SamplingParams(temperature=1.0, max_new_tokens=30, seed=5)
     spans = []
     engine = engines[True]
-    decode = engine._decode_span
-    engine._decode_span = lambda running: spans.append(decode(running)) or spans[-1]
+    span = engine._kv.span
+    engine._kv.span = lambda longest: spans.append(span(longest)) or spans[-1]
     for _ in range(2):
         results = {live: e.generate(requests, sampling) for live, e in engines.items()}
         for whole, live in zip(results[False], results[True]):

@@ -14,7 +14,7 @@ import numpy as np
 from pyvision_jax.convert.hf_config import hf_config_dict
 from pyvision_jax.convert.names import TensorKind, hub_name, is_tied_lm_head, tensor_kind
 from pyvision_jax.convert.tree import stack_tensors
-from pyvision_jax.models import ModelConfig
+from pyvision_jax.models import ModelConfig, unstack_layers
 
 
 def params_from_named(config: ModelConfig, named: Iterable[tuple[str, Any]]) -> dict:
@@ -41,9 +41,12 @@ def params_from_named(config: ModelConfig, named: Iterable[tuple[str, Any]]) -> 
 def params_like(config: ModelConfig, weights: Any, current: Any) -> Any:
     """`weights` (a params tree, or (HF name, array) pairs) as a tree like `current`: the same
     structure and shapes (checked, naming the leaf), cast to its dtypes and placed where its
-    leaves are."""
+    leaves are. Where `current` holds the decoder layers apart (``models.unstack_layers``, the
+    JAX engine's form), so do the result's."""
     if not isinstance(weights, Mapping):
         weights = params_from_named(config, weights)
+    if isinstance(current["model"]["layers"], tuple):
+        weights = unstack_layers(weights)
     if jax.tree.structure(weights) != jax.tree.structure(current):
         raise ValueError(
             "update_weights: the new weights' tree differs from the engine's "
