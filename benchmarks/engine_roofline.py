@@ -102,8 +102,9 @@ def step_cost(config: ModelConfig, params: dict, rows: int, cache_length: int, c
 
 def decode_step_seconds(
     config: ModelConfig, params: dict, dtype: Any, rows: int, cache_length: int, steps: int, repeats: int
-) -> float:
-    """Per-step seconds of the engine's compiled decode dispatch, every row live throughout."""
+) -> tuple[float, int]:
+    """(Per-step seconds of the engine's compiled decode dispatch, every row live throughout;
+    executables compiled by the timed calls, after the first call compiled.)"""
     run = jax.jit(partial(decode_steps, config, jnp.dtype(dtype).name, steps), donate_argnums=(1,))
     start_column = cache_length - steps - 1
     cache = KVCache.init(config, rows, cache_length, dtype)
@@ -127,10 +128,12 @@ def decode_step_seconds(
         state["cache"] = out[0].replace(index=jnp.asarray(start_column, jnp.int32))
         return out
 
+    dispatch()[4].block_until_ready()  # compiles
+    compiled = run._cache_size()
     seconds = best_seconds(dispatch, repeats)
     steps_run = int(dispatch()[4])
     assert steps_run == steps, f"the dispatch ran {steps_run} of {steps} steps"
-    return seconds / steps
+    return seconds / steps, run._cache_size() - compiled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +171,7 @@ def roofline_point(
     roofline = max(memory_s, compute_s, limits.dispatch_floor / steps)
     bound = "memory" if roofline == memory_s else "compute" if roofline == compute_s else "dispatch"
     layered = unstack_layers(params)  # the form the engine decodes with
-    seconds = decode_step_seconds(config, layered, dtype, rows, cache_length, steps, repeats)
+    seconds, compiles = decode_step_seconds(config, layered, dtype, rows, cache_length, steps, repeats)
     return dict(
         rows=rows,
         cache=cache_length,
@@ -178,6 +181,7 @@ def roofline_point(
         flops=flops,
         bound=bound,
         ratio=seconds / roofline,
+        compiles_timed=compiles,
     )
 
 
@@ -192,8 +196,8 @@ def run(args: argparse.Namespace) -> dict:
     rows_list = [int(r) for r in args.rows.split(",")]
     caches = [int(c) for c in args.caches.split(",")]
     results: list[dict] = []
-    print("| model | rows | cache | ms/step | roofline ms | bound | ratio |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| model | rows | cache | ms/step | roofline ms | bound | ratio | compiles timed |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in args.models.split(","):
         config = model_config(name, args.slice_layers)
         params = init_params(config, dtype=dtype)
@@ -202,7 +206,8 @@ def run(args: argparse.Namespace) -> dict:
                 point = roofline_point(config, params, dtype, rows, cache_length, args.steps, args.repeats, limits)
                 print(
                     f"| {name} | {rows} | {cache_length} | {point['step_s'] * 1e3:.3f} | "
-                    f"{point['roofline_s'] * 1e3:.3f} | {point['bound']} | {point['ratio']:.2f}x |",
+                    f"{point['roofline_s'] * 1e3:.3f} | {point['bound']} | {point['ratio']:.2f}x | "
+                    f"{point['compiles_timed']} |",
                     flush=True,
                 )
                 results.append(dict(model=name, **point))

@@ -45,5 +45,6 @@ def test_a_tiny_run_prints_its_table_and_writes_every_measurement(tmp_path):
         assert row["step_s"] > 0 and row["roofline_s"] > 0
         assert row["ratio"] == row["step_s"] / row["roofline_s"]
         assert row["bound"] in {"memory", "compute", "dispatch"}
+        assert row["compiles_timed"] == 0
     assert summary["bandwidth_bytes_s"] > 0 and summary["matmul_flops_s"] > 0 and summary["dispatch_floor_s"] > 0
     assert result.stdout.count("| small |") == 2
