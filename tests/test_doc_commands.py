@@ -242,7 +242,7 @@ PLANS: dict[str, Miniature | CannotRun] = {
             ),
             (
                 "python -m experiments.reproduce_dynamics --config configs/shapes_adaptive_cpu.py "
-                "--workdir /tmp/adaptive_learning --steps 6 --eval-every 6 --seeds 0 --temperatures 1.0 "
+                "--workdir /tmp/adaptive_learning --steps 6 --eval-every 6 --seeds 0,1 --temperatures 1.0 "
                 "--variants full --config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
                 "full",
             ),
