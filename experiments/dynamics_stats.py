@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from experiments.ablations import Variant
 from experiments.eval_summary import EvalSummary
+from experiments.fixed_policies import FixedPolicy
 from pyvision_jax.eval.bootstrap import paired_difference_interval
 from pyvision_jax.run_logs import metric_names as tags
 
@@ -28,6 +29,13 @@ RANDOM_MAX_CHANGE = 0.03
 """The random-reward control's |last - start| held-out accuracy must stay within this."""
 COLLAPSE_RATIO = 0.7
 """Without the tool reward, the end tool calls must fall to at most this share of the full recipe's."""
+MIN_INPUT_INDEPENDENT_GAIN = 0.05
+"""The full recipe's early-stopped held-out gain over the best input-independent policy must reach this."""
+FAMILY_PLANS = {"shapes_easy": "guess", "shapes_hard": "careful"}
+"""The plan right most often on each shapes family (`experiments.plan_accuracy`): the untooled
+guess on the easy one, the careful plan on the hard one."""
+MIN_FAMILY_SHARE = 0.6
+"""The full recipe's early-stopped held-out share of each family's best plan must reach this."""
 OVER_SEEDS = "over_seeds"
 """The key of `claim_checks` holding the claims checked on the means over seeds."""
 
@@ -89,6 +97,16 @@ def run_statistics(
         },
         "plans": {"start": dict(start.plans), "early_stopped": dict(stopped.plans), "last": dict(end.plans)},
         "plans_by_ability": {"start": _by_ability(start), "last": _by_ability(end)},
+        "plans_by_family": {
+            "start": _by_family(start),
+            "early_stopped": _by_family(stopped),
+            "last": _by_family(end),
+        },
+        "accuracy_by_family": {
+            "start": dict(start.accuracy_by_family),
+            "early_stopped": dict(stopped.accuracy_by_family),
+            "last": dict(end.accuracy_by_family),
+        },
         "accuracy_by_ability": {
             "start": dict(start.accuracy_by_ability),
             "early_stopped": dict(stopped.accuracy_by_ability),
@@ -99,6 +117,10 @@ def run_statistics(
 
 def _by_ability(summary: EvalSummary) -> dict[str, dict[str, float]]:
     return {ability: dict(shares) for ability, shares in summary.plans_by_ability.items()}
+
+
+def _by_family(summary: EvalSummary) -> dict[str, dict[str, float]]:
+    return {family: dict(shares) for family, shares in summary.plans_by_family.items()}
 
 
 def _ratio(value: float | None, reference: float | None) -> float | None:
@@ -131,6 +153,11 @@ def claim_checks(statistics: Mapping[tuple[str, int], Mapping[str, Any]]) -> dic
     - random_reward: its held-out |last - start| <= RANDOM_MAX_CHANGE;
     - no_tool_reward: its held-out end tool calls <= COLLAPSE_RATIO x the full recipe's;
     - full_tool_calls: the full recipe's held-out end tool calls >= its start's;
+    - input_independent_gain: the full recipe's early-stopped held-out gain over the best
+      input-independent policy has a 95 % interval above 0 and an estimate >=
+      MIN_INPUT_INDEPENDENT_GAIN (where that policy was given);
+    - plans_by_family: on each shapes family of FAMILY_PLANS, the full recipe's early-stopped
+      held-out share of the family's best plan >= MIN_FAMILY_SHARE;
 
     and, under OVER_SEEDS when the recipe ran with two seeds or more, the two tool-call claims
     on the means over the seeds (the paper's figures are one run each; a toy's seeds vary).
@@ -155,6 +182,7 @@ def claim_checks(statistics: Mapping[tuple[str, int], Mapping[str, Any]]) -> dic
                 "end": calls["heldout_last"],
                 "passed": calls["heldout_last"] >= calls["heldout_start"],
             }
+            checks.update(adaptivity_checks(full))
         control = statistics.get((RANDOM_REWARD, seed))
         if control:
             change = control["last_minus_start"]["estimate"]
@@ -178,6 +206,32 @@ def claim_checks(statistics: Mapping[tuple[str, int], Mapping[str, Any]]) -> dic
     if over_seeds:
         out[OVER_SEEDS] = over_seeds
     return out
+
+
+def adaptivity_checks(full: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """`claim_checks`' input_independent_gain and plans_by_family of one full-recipe run's
+    statistics, those whose figures it has."""
+    checks: dict[str, dict[str, Any]] = {}
+    gain = full.get("early_stopped_minus_input_independent")
+    if gain:
+        low = gain["ci95"][0]
+        checks["input_independent_gain"] = {
+            "baseline": gain["baseline"],
+            "estimate": gain["estimate"],
+            "ci95": gain["ci95"],
+            "estimate_at_least": MIN_INPUT_INDEPENDENT_GAIN,
+            "passed": low > 0 and gain["estimate"] >= MIN_INPUT_INDEPENDENT_GAIN,
+        }
+    shares = full.get("plans_by_family", {}).get("early_stopped", {})
+    families = [family for family in FAMILY_PLANS if family in shares]
+    if families:
+        chosen = {family: shares[family][FAMILY_PLANS[family]] for family in families}
+        checks["plans_by_family"] = {
+            "best_plan_share": {f"{family} {FAMILY_PLANS[family]}": share for family, share in chosen.items()},
+            "min_share": MIN_FAMILY_SHARE,
+            "passed": all(share >= MIN_FAMILY_SHARE for share in chosen.values()),
+        }
+    return checks
 
 
 def _tool_claims_over_seeds(
@@ -233,12 +287,27 @@ def _by_step(evaluations: Mapping[int, EvalSummary]) -> dict[str, dict[str, Any]
     return {str(step): e.as_dict() for step, e in sorted(evaluations.items())}
 
 
-def run_records(runs: Sequence[VariantRun], baseline: EvalSummary) -> list[dict[str, Any]]:
-    """results.json's record of each run: what it is, its evaluations, curves and statistics
-    (`run_statistics` plus the tool-call ratios to the full recipe of the same seed)."""
-    statistics = {
-        (run.variant.name, run.seed): run_statistics(run.validation, run.heldout, baseline, run.curves) for run in runs
+def input_independent_gains(run: VariantRun, reference: FixedPolicy, early_stop: int) -> dict[str, Any]:
+    """The run's held-out accuracy early-stopped and last minus the best input-independent
+    policy's on the same tasks, each with its paired 95 % bootstrap interval."""
+    return {
+        "early_stopped_minus_input_independent": reference.gain_of(run.heldout[early_stop]),
+        "last_minus_input_independent": reference.gain_of(run.heldout[max(run.heldout)]),
     }
+
+
+def run_records(
+    runs: Sequence[VariantRun], baseline: EvalSummary, reference: FixedPolicy | None = None
+) -> list[dict[str, Any]]:
+    """results.json's record of each run: what it is, its evaluations, curves and statistics
+    (`run_statistics` plus the tool-call ratios to the full recipe of the same seed, and given
+    `reference`, the best input-independent policy, the gains over it)."""
+    statistics = {}
+    for run in runs:
+        stats = run_statistics(run.validation, run.heldout, baseline, run.curves)
+        if reference is not None:
+            stats.update(input_independent_gains(run, reference, stats["early_stop_step"]))
+        statistics[run.variant.name, run.seed] = stats
     ratios = tool_call_ratios(statistics)
     return [
         {

@@ -1,6 +1,7 @@
 """results.md of the ablation runs (records of `experiments.dynamics_stats.run_records`): the best
-fixed-temperature baseline, one table row per variant and seed (the recipe and its ablations,
-then the controls), and the checks of the learning claims."""
+fixed-temperature baseline, the input-independent baselines, one table row per variant and seed
+(the recipe and its ablations, then the controls), plan shares and accuracy by task ability and
+by family, and the checks of the learning claims."""
 
 from __future__ import annotations
 
@@ -102,7 +103,54 @@ def baseline_line(baselines: Mapping[str, Any], validation_seed: int, heldout_se
     )
 
 
+def input_independent_table(report: Mapping[str, Any]) -> str:
+    """Markdown: each input-independent baseline (`experiments.fixed_policies.FixedPolicies.as_dict`)
+    with its validation and held-out accuracy, by family too, the best on validation named."""
+    best = report["best_input_independent"]["name"]
+    policies = [*report["constants"], *report["forced_plans"], *report["temperatures"]]
+    families = sorted({f for p in policies for f in p["heldout_accuracy_by_family"]})
+    lines = [
+        "| baseline | validation | held-out [95 % CI] | " + " | ".join(families) + " |",
+        "| " + " | ".join(["---"] * (len(families) + 3)) + " |",
+    ]
+    for p in policies:
+        low, high = p["heldout_accuracy_ci95"]
+        by = p["heldout_accuracy_by_family"]
+        name = f"**{p['name']}** (best)" if p["name"] == best else p["name"]
+        cells = " | ".join(f"{by[f]:.3f}" if f in by else "-" for f in families)
+        held = f"{p['heldout_accuracy']:.3f} [{low:.3f}, {high:.3f}]"
+        lines.append(f"| {name} | {p['validation_accuracy']:.3f} | {held} | {cells} |")
+    return "\n".join(lines)
+
+
+def family_table(records: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown: each run's held-out plan shares (quick / careful / guess) and accuracy by task
+    family at the start, the early-stopped step and the end, and its gain over the best
+    input-independent policy; empty when no evaluation recorded families."""
+    families = sorted({f for r in records for f in r["statistics"].get("plans_by_family", {}).get("last", {})})
+    if not families:
+        return ""
+    header = "| variant | seed | gain vs best input-independent [95 % CI] | " + " | ".join(
+        f"{f}: start -> early-stopped -> end (accuracy)" for f in families
+    )
+    lines = [header + " |", "| " + " | ".join(["---"] * (len(families) + 3)) + " |"]
+    points = ("start", "early_stopped", "last")
+    for r in records:
+        s = r["statistics"]
+        plans, right = s["plans_by_family"], s["accuracy_by_family"]
+        gain = s.get("early_stopped_minus_input_independent")
+        cells = [
+            " -> ".join(f"{_shares(plans[p].get(f))}{_family_accuracy(right[p].get(f))}" for p in points)
+            for f in families
+        ]
+        gain_cell = _difference(gain) if gain else "-"
+        lines.append(f"| {r['name']} | {r['seed']} | {gain_cell} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _figure(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}: {_figure(v)}" for key, v in value.items()) + "}"
     if isinstance(value, float):
         return f"{value:.3f}"
     if isinstance(value, (list, tuple)):
@@ -128,15 +176,32 @@ def results_markdown(
     claims: Mapping[str, Mapping[str, Any]],
     validation_seed: int,
     heldout_seed: int,
+    input_independent: Mapping[str, Any] | None = None,
 ) -> str:
-    """results.md: the baseline, the tables and the claim checks."""
+    """results.md: the baselines, the tables and the claim checks."""
     checks = claim_lines(claims)
     by_ability = ability_table(records)
+    by_family = family_table(records)
     return "\n".join(
         [
             baseline_line(baselines, validation_seed, heldout_seed),
+            *(
+                [
+                    "",
+                    f"### Input-independent baselines (best chosen on validation seed {validation_seed})",
+                    "",
+                    input_independent_table(input_independent),
+                ]
+                if input_independent
+                else []
+            ),
             "",
             results_table(records),
+            *(
+                ["", "### Held-out plan shares (quick / careful / guess) by task family", "", by_family]
+                if by_family
+                else []
+            ),
             *(
                 ["", "### Held-out plan shares (quick / careful / guess) by task ability", "", by_ability]
                 if by_ability

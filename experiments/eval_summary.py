@@ -2,7 +2,8 @@
 output): the headline figures of results.json, and from trajectories.jsonl the per-task
 accuracies (the unit of the bootstrap, `eval.bootstrap`) and the plan shares
 (`experiments.plan_shares`), over all rollouts and by the tasks' ability (a shapes task's
-family), with the accuracy by ability."""
+family), with the accuracy by ability, and the same by family (a shapes task's family: its ability
+without the variant suffixes, `family_of`)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ class EvalSummary:
     end_reasons: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     plans_by_ability: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
     accuracy_by_ability: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    plans_by_family: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    accuracy_by_family: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_records(
@@ -40,6 +43,7 @@ class EvalSummary:
     ) -> "EvalSummary":
         """From an evaluation's results.json dict and its trajectories.jsonl records."""
         per_task = record_task_accuracies(records)
+        abilities = {r["task_id"]: r.get("ability", "") for r in records}
         return cls(
             accuracy=float(results["accuracy"]),
             tool_calls=float(results["tool_calls"]["mean"]),
@@ -50,7 +54,9 @@ class EvalSummary:
             pass_at_k=float(results.get("pass_at_k", 0.0)),
             end_reasons=dict(results.get("end_reasons", {})),
             plans_by_ability=plan_shares_by((r.get("ability", ""), response_text(r)) for r in records),
-            accuracy_by_ability=accuracy_by(per_task, {r["task_id"]: r.get("ability", "") for r in records}),
+            accuracy_by_ability=accuracy_by(per_task, abilities),
+            plans_by_family=plan_shares_by((family_of(r.get("ability", "")), response_text(r)) for r in records),
+            accuracy_by_family=accuracy_by(per_task, {task: family_of(a) for task, a in abilities.items()}),
         )
 
     @classmethod
@@ -80,6 +86,8 @@ class EvalSummary:
             "plans": dict(self.plans),
             "plans_by_ability": {ability: dict(shares) for ability, shares in self.plans_by_ability.items()},
             "accuracy_by_ability": dict(self.accuracy_by_ability),
+            "plans_by_family": {family: dict(shares) for family, shares in self.plans_by_family.items()},
+            "accuracy_by_family": dict(self.accuracy_by_family),
             "end_reasons": dict(self.end_reasons),
             "num_rollouts": self.num_rollouts,
             "out_dir": self.out_dir,
@@ -87,6 +95,12 @@ class EvalSummary:
         if per_task:
             out["per_task"] = dict(self.per_task)
         return out
+
+
+def family_of(ability: str) -> str:
+    """A shapes task's family ("shapes_easy", "shapes_hard") from its ability, the variant
+    suffixes ("_tilted", "_speck") dropped; any other ability is its own family."""
+    return "_".join(ability.split("_")[:2]) if ability.startswith("shapes_") else ability
 
 
 def accuracy_by(per_task: Mapping[str, float], labels: Mapping[str, str]) -> dict[str, float]:

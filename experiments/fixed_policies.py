@@ -22,7 +22,7 @@ import ml_collections
 
 from experiments.baseline_runs import set_tasks
 from experiments.baselines import BASELINES_DIR, EvalSet, TemperatureBaselines
-from experiments.eval_summary import EvalSummary, accuracy_by
+from experiments.eval_summary import EvalSummary, accuracy_by, family_of
 from pyvision_jax.agent.engine import Engine
 from pyvision_jax.data.shape_plans import scripted_plan
 from pyvision_jax.data.shape_tasks import DATA_SOURCE as SHAPES_SOURCE
@@ -74,7 +74,8 @@ def evaluate_forced_plan(
 class FixedPolicy:
     """One input-independent policy's per-task accuracies on the validation and the held-out
     tasks (task id -> accuracy), the tasks' abilities (task id -> ability) and its held-out plan
-    shares, over all tasks and by ability (empty for a constant answer, which follows no plan)."""
+    shares, over all tasks, by ability and by family (empty for a constant answer, which follows
+    no plan)."""
 
     name: str
     validation: Mapping[str, float]
@@ -82,6 +83,7 @@ class FixedPolicy:
     abilities: Mapping[str, str]
     plans: Mapping[str, float] = dataclasses.field(default_factory=dict)
     plans_by_ability: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    plans_by_family: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
 
     @property
     def validation_accuracy(self) -> float:
@@ -96,8 +98,12 @@ class FixedPolicy:
             "heldout_accuracy": interval.estimate,
             "heldout_accuracy_ci95": interval.as_list(),
             "heldout_accuracy_by_ability": accuracy_by(self.heldout, self.abilities),
+            "heldout_accuracy_by_family": accuracy_by(
+                self.heldout, {task: family_of(ability) for task, ability in self.abilities.items()}
+            ),
             "plans": dict(self.plans),
             "plans_by_ability": {ability: dict(shares) for ability, shares in self.plans_by_ability.items()},
+            "plans_by_family": {family: dict(shares) for family, shares in self.plans_by_family.items()},
         }
 
     def gain_of(self, run: EvalSummary) -> dict[str, Any]:
@@ -130,7 +136,13 @@ def evaluated(name: str, validation: EvalSummary, heldout: EvalSummary, abilitie
     """A fixed policy's two evaluations (a forced plan's, `evaluate_forced_plan`, or the starting
     policy's at a fixed temperature) as a `FixedPolicy`."""
     return FixedPolicy(
-        name, validation.per_task, heldout.per_task, abilities, dict(heldout.plans), heldout.plans_by_ability
+        name,
+        validation.per_task,
+        heldout.per_task,
+        abilities,
+        dict(heldout.plans),
+        heldout.plans_by_ability,
+        heldout.plans_by_family,
     )
 
 
@@ -145,12 +157,9 @@ def input_independent_baselines(
     constants: Sequence[FixedPolicy], plans: Sequence[FixedPolicy], temperatures: Sequence[FixedPolicy]
 ) -> dict[str, Any]:
     """Every input-independent baseline and the best of each kind (of the kinds given), chosen on
-    validation; the best of all is what a policy that reads its input has to beat."""
-    best = {
-        key: best_of(policies)
-        for key, policies in (("best_constant", constants), ("best_mixture", plans), ("best_temperature", temperatures))
-        if policies
-    }
+    validation; the best of all ("best_input_independent") is what a policy that reads its input
+    has to beat."""
+    best = best_of_each_kind(constants, plans, temperatures)
     return {
         "constants": [p.as_dict() for p in constants],
         "forced_plans": [p.as_dict() for p in plans],
@@ -160,14 +169,40 @@ def input_independent_baselines(
     }
 
 
+def best_of_each_kind(
+    constants: Sequence[FixedPolicy], plans: Sequence[FixedPolicy], temperatures: Sequence[FixedPolicy]
+) -> dict[str, FixedPolicy]:
+    """{"best_constant" | "best_mixture" | "best_temperature": the best of that kind on validation},
+    the kinds given."""
+    kinds = (("best_constant", constants), ("best_mixture", plans), ("best_temperature", temperatures))
+    return {key: best_of(policies) for key, policies in kinds if policies}
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedPolicies:
+    """Every input-independent policy of a config's two sets, by kind."""
+
+    constants: Sequence[FixedPolicy]
+    plans: Sequence[FixedPolicy]
+    temperatures: Sequence[FixedPolicy]
+
+    @property
+    def best(self) -> FixedPolicy:
+        """The best on validation of the best of each kind."""
+        return best_of(list(best_of_each_kind(self.constants, self.plans, self.temperatures).values()))
+
+    def as_dict(self) -> dict[str, Any]:
+        return input_independent_baselines(self.constants, self.plans, self.temperatures)
+
+
 def fixed_policy_baselines(
     config: ml_collections.ConfigDict,
     workdir: str | os.PathLike,
     validation: EvalSet,
     heldout: EvalSet,
     temperatures: TemperatureBaselines,
-) -> dict[str, Any]:
-    """`input_independent_baselines` of a config's validation and held-out sets (their tasks in
+) -> FixedPolicies:
+    """The input-independent policies of a config's validation and held-out sets (their tasks in
     WORKDIR/<set>/tasks): the fixed temperatures already evaluated, each constant answer where
     every task is multiple-choice, and each plan forced on every task where every task is a
     shapes task (evaluations in WORKDIR/baselines/forced/seed_<S>/<plan>, reused on a rerun)."""
@@ -194,4 +229,4 @@ def fixed_policy_baselines(
         evaluated(f"T {t:g}", temperatures.validation[t], temperatures.heldout[t], abilities)
         for t in temperatures.validation
     ]
-    return input_independent_baselines(constants, plans, fixed)
+    return FixedPolicies(constants, plans, fixed)

@@ -31,7 +31,11 @@ may be a training seed, nor the two the same. Nothing is ever chosen on the held
    baseline) and of (last - start), tool calls per trajectory (held-out start and end, the
    training curve's last value) and their ratio to the full recipe's of the same seed, plan
    shares (`data.shape_plans.plan_of`) on held-out at the start, the early-stopped step and
-   the end, wall time; and per seed the checks of the learning claims, with the tool-call claims
+   the end, over all tasks and by task family, wall time; the paired interval of
+   (early-stopped - best input-independent policy) and of (last - that policy), the policy
+   chosen on validation among the fixed temperatures, each constant answer and each plan
+   forced on every task (`experiments.fixed_policies`, its forced plans' evaluations in
+   WORKDIR/baselines/forced); and per seed the checks of the learning claims, with the tool-call claims
    checked again on the means over the seeds when there are several
    (`experiments.dynamics_stats.claim_checks`).
 
@@ -39,7 +43,7 @@ Writes WORKDIR/validation/tasks and WORKDIR/heldout/tasks; WORKDIR/baselines/see
 (the starting model's evaluations); WORKDIR/<variant>/seed_<S>/ (TensorBoard under tb/ with
 heldout/* and validation/* scalars, checkpoints, validation/step_N and heldout/step_N
 evaluations, wall_time.json); WORKDIR/results.json (keys: command, steps, eval_every, seeds,
-variants, validation, heldout, baselines, start, runs, claims, wall_time_s);
+variants, validation, heldout, baselines, input_independent, start, runs, claims, wall_time_s);
 WORKDIR/dynamics.png (held-out accuracy with the best baseline and the start, training
 accuracy, tool calls, careful-plan share, entropy, response length: one line per variant, the
 mean over seeds); WORKDIR/plans.png (held-out plan shares at the start and the end per
@@ -70,6 +74,7 @@ from experiments.dynamics_figures import plot_dynamics, plot_plans
 from experiments.dynamics_runs import check_seeds, run_dir, run_variant
 from experiments.dynamics_stats import claim_checks, run_records, statistics_by_run
 from experiments.dynamics_tables import results_markdown
+from experiments.fixed_policies import fixed_policy_baselines
 from experiments.run_processes import Command, run_commands
 from pyvision_jax import wiring
 from pyvision_jax.cli.entry import run_command
@@ -166,7 +171,9 @@ def main(argv: list[str]) -> None:
     ]
     if _RUNS_ONLY.value:
         return
-    records = run_records(runs, best)
+    fixed = fixed_policy_baselines(config, workdir, validation, heldout, baselines)
+    log(f"best input-independent policy on validation: {fixed.best.name}")
+    records = run_records(runs, best, fixed.best)
     checks = claim_checks(statistics_by_run(records))
     baselines_record = baselines.as_dict()
     results = {
@@ -178,6 +185,7 @@ def main(argv: list[str]) -> None:
         "validation": validation.as_dict(),
         "heldout": heldout.as_dict(),
         "baselines": baselines_record,
+        "input_independent": fixed.as_dict(),
         "start": {
             "temperature": float(config.eval.temperature),
             **{name: summary.as_dict() for name, summary in start.items()},
@@ -201,7 +209,9 @@ def main(argv: list[str]) -> None:
         baseline_label=f"best fixed T {baselines.best_temperature:g}",
     )
     plot_plans(records, workdir / "plans.png", title=f"held-out plan shares, {seeds_text}")
-    markdown = results_markdown(records, baselines_record, checks, validation.seed, heldout.seed)
+    markdown = results_markdown(
+        records, baselines_record, checks, validation.seed, heldout.seed, results["input_independent"]
+    )
     (workdir / "results.md").write_text(markdown + "\n")
     print(markdown)
     print(

@@ -240,6 +240,12 @@ PLANS: dict[str, Miniature | CannotRun] = {
                 "--config.eval.heldout_k=4",
                 "full",
             ),
+            (
+                "python -m experiments.reproduce_dynamics --config configs/shapes_adaptive_cpu.py "
+                "--workdir /tmp/adaptive_learning --steps 6 --eval-every 6 --seeds 0,1 --temperatures 1.0 "
+                "--variants full --config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
+                "full",
+            ),
         )
     },
     "python launch/train.py --config configs/tiny_cpu.py --workdir /tmp/kl_full_0.1 --config.rl.kl_coef=0.1 "

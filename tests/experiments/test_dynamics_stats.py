@@ -9,12 +9,14 @@ import pytest
 from experiments.baselines import EvalSet, TemperatureBaselines, best_temperature, check_validation_seed
 from experiments.dynamics_stats import (
     OVER_SEEDS,
+    adaptivity_checks,
     claim_checks,
     early_stop_step,
     run_statistics,
     tool_call_ratios,
 )
-from experiments.eval_summary import EvalSummary
+from experiments.eval_summary import EvalSummary, family_of
+from experiments.fixed_policies import FixedPolicy
 from experiments.plan_shares import mean_shares, plan_shares, response_text
 from pyvision_jax.run_logs import metric_names as tags
 
@@ -61,6 +63,10 @@ def test_eval_summary_from_an_evaluation_directory(tmp_path):
     entry = got.as_dict(per_task=True)
     assert entry["plans_by_ability"]["shapes_hard"]["careful"] == 0.5
     assert entry["accuracy_by_ability"] == {"shapes_easy": 0.5, "shapes_hard": 1.0}
+    assert entry["plans_by_family"] == entry["plans_by_ability"] and entry["accuracy_by_family"] == {
+        "shapes_easy": 0.5,
+        "shapes_hard": 1.0,
+    }
     assert entry["accuracy"] == 0.75 and entry["per_task"] == {"a": 0.5, "b": 1.0} and entry["out_dir"] == str(tmp_path)
     assert entry["accuracy_ci95"][0] <= 0.75 <= entry["accuracy_ci95"][1]
     (tmp_path / "results.json").write_text(json.dumps({**results, "complete": False}))
@@ -169,3 +175,34 @@ def test_tool_call_ratios_and_claim_checks_per_seed():
     low_gain = claim_checks({("full", 0): fake_stats(0.08, [0.01, 0.15], 0.0, 1.0, 1.0)})["seed_0"]
     assert low_gain["full_gain"]["ci_low_above_0"] and not low_gain["full_gain"]["passed"]  # below 0.10
     assert claim_checks({("std_norm", 3): fake_stats(0.0, [0.0, 0.0], 0.0, 1.0, 1.0)}) == {"seed_3": {"passed": None}}
+
+
+def test_a_shapes_family_drops_the_variant_suffixes():
+    assert [family_of(a) for a in ("shapes_easy_speck", "shapes_hard_tilted", "shapes_hard", "counting")] == [
+        "shapes_easy",
+        "shapes_hard",
+        "shapes_hard",
+        "counting",
+    ]
+
+
+def test_adaptivity_checks_need_the_gain_over_the_input_independent_policy_and_plans_by_family():
+    best = FixedPolicy("plan careful", {"v": 1.0}, {"a": 1.0, "b": 0.0, "c": 0.0}, {})
+    run = summary({"a": 1.0, "b": 1.0, "c": 0.0})
+    gain = best.gain_of(run)
+    assert gain["baseline"] == "plan careful" and gain["estimate"] == pytest.approx(1 / 3)
+    guess = {"quick": 0.0, "careful": 0.3, "guess": 0.7, "other": 0.0}
+    careful = {"quick": 0.0, "careful": 0.6, "guess": 0.4, "other": 0.0}
+    stats = {
+        "early_stopped_minus_input_independent": gain,
+        "plans_by_family": {"early_stopped": {"shapes_easy": guess, "shapes_hard": careful}},
+    }
+    checks = adaptivity_checks(stats)
+    assert checks["input_independent_gain"]["passed"] == (gain["ci95"][0] > 0)
+    assert checks["plans_by_family"]["passed"]
+    assert checks["plans_by_family"]["best_plan_share"] == {"shapes_easy guess": 0.7, "shapes_hard careful": 0.6}
+    stats["plans_by_family"]["early_stopped"]["shapes_easy"] = careful  # the same plans on every family
+    assert not adaptivity_checks(stats)["plans_by_family"]["passed"]
+    small = {"baseline": "x", "estimate": 0.04, "ci95": [0.01, 0.07]}
+    assert not adaptivity_checks({"early_stopped_minus_input_independent": small})["input_independent_gain"]["passed"]
+    assert adaptivity_checks({}) == {}

@@ -102,10 +102,15 @@ def test_a_configs_sets_get_every_kind_of_input_independent_baseline(forced, tmp
     (_, v_runs), (_, h_runs) = forced["validation"], forced["heldout"]
     validation, heldout = EvalSet("validation", 5, 6, 1), EvalSet("heldout", 6, 6, 1)
     temperatures = TemperatureBaselines(validation, heldout, {1.0: v_runs["quick"]}, {1.0: h_runs["quick"]})
-    report = fixed_policy_baselines(shapes_adaptive_cpu.get_config(), tmp_path, validation, heldout, temperatures)
+    policies = fixed_policy_baselines(shapes_adaptive_cpu.get_config(), tmp_path, validation, heldout, temperatures)
+    report = policies.as_dict()
     assert (tmp_path / "baselines" / "forced" / "seed_6" / "careful" / "results.json").is_file()
     assert [p["name"] for p in report["constants"]] == ["answer A", "answer B", "answer C", "answer D"]
     assert [p["heldout_accuracy"] for p in report["forced_plans"]] == [h_runs[p].accuracy for p in FORCED_PLANS]
     assert report["best_temperature"]["name"] == "T 1" and report["temperatures"][0]["plans"]["quick"] == 1.0
     names = {report[key]["name"] for key in ("best_constant", "best_mixture", "best_temperature")}
     assert report["best_input_independent"]["name"] in names
+    assert report["best_input_independent"]["name"] == policies.best.name
+    careful = report["forced_plans"][1]
+    assert set(careful["plans_by_family"]) == {"shapes_easy", "shapes_hard"}
+    assert all(shares["careful"] == 1.0 for shares in careful["plans_by_family"].values())
