@@ -12,7 +12,7 @@ unchanged, trained 6 steps (--steps 6), evaluated on 48 tasks x k = 4
 (--config.eval.heldout_per_kind=48 --config.eval.heldout_k=4). Tried on 777 (48 tasks x k = 2,
 seed 778 in the held-out slot, docs/figures/shapes_adaptive_selection.json): this recipe scored
 0.583 at the start, 0.604 at step 6 and 0.448 at step 12 (22 of 96 rollouts ending in malformed
-code), so 6 steps; the same to 20 steps and KL 0.1 to 12 steps were stopped unfinished for time.
+code), so 6 steps; the same to 20 steps and KL 0.1 to 12 steps were stopped before any evaluation.
 No setting tried reaches the best input-independent policy on 777 (the careful plan, 0.708).
 """
 
