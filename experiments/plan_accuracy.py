@@ -276,19 +276,24 @@ def summary(result: PlanAccuracy) -> str:
     return "\n".join(lines)
 
 
-_KINDS = flags.DEFINE_list("kinds", list(LAYOUTS), "Shapes kinds (keys of data.shape_tasks.LAYOUTS).")
-_OUT = flags.DEFINE_string("out", "", "Write the figures to this JSON file.")
+def define_flags() -> None:
+    """The command's flags, defined only when it runs: the module is also imported by tests
+    beside other commands that define flags of the same names."""
+    flags.DEFINE_list("kinds", list(LAYOUTS), "Shapes kinds (keys of data.shape_tasks.LAYOUTS).")
+    flags.DEFINE_string("out", "", "Write the figures to this JSON file.")
 
 
 def main(argv: list[str]) -> None:
-    results = [plan_accuracy(kind) for kind in _KINDS.value]
+    kinds, out = flags.FLAGS.kinds, flags.FLAGS.out
+    results = [plan_accuracy(kind) for kind in kinds]
     for result in results:
         print(summary(result))
-    if _OUT.value:
-        command = f"python -m experiments.plan_accuracy --kinds {','.join(_KINDS.value)} --out {_OUT.value}"
+    if out:
+        command = f"python -m experiments.plan_accuracy --kinds {','.join(kinds)} --out {out}"
         payload = {"command": command, "note": NOTE, "kinds": {r.kind: r.as_dict() for r in results}}
-        Path(_OUT.value).write_text(json.dumps(payload, indent=1) + "\n")
+        Path(out).write_text(json.dumps(payload, indent=1) + "\n")
 
 
 if __name__ == "__main__":
+    define_flags()
     run_command(__name__, main)
