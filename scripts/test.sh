@@ -20,7 +20,7 @@ VLLM_TESTS=(tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_export.py 
 ignores=()
 for file in "${VLLM_TESTS[@]}"; do ignores+=("--ignore=$file"); done
 status=0
-.venv/bin/python -m pytest -q tests "${ignores[@]}" "$@" || status=$?
+.venv/bin/python -m pytest -q --durations=40 tests "${ignores[@]}" "$@" || status=$?
 if [ "$status" -eq 5 ]; then echo "pytest collected no tests: failing" >&2; status=1; fi
 vstatus=0
 .venv-vllm/bin/python -m pytest -q "${VLLM_TESTS[@]}" -p no:cacheprovider || vstatus=$?

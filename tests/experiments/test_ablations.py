@@ -242,7 +242,13 @@ def test_reproduce_dynamics_end_to_end(tmp_path):
     config = json.loads((tmp_path / "random_reward" / "seed_0" / "config.json").read_text())
     assert config["rl"]["reward_control"] == "random" and config["seed"] == 0
     assert (tmp_path / "validation" / "tasks" / "tasks.jsonl").read_text().count("counting-777-") == 1
-    assert list(results["claims"]["seed_0"]) == ["full_gain", "full_tool_calls", "random_reward", "passed"]
+    assert list(results["claims"]["seed_0"]) == [
+        "full_gain",
+        "full_tool_calls",
+        "input_independent_gain",
+        "random_reward",
+        "passed",
+    ]
     assert (tmp_path / "dynamics.png").stat().st_size > 10_000 and (tmp_path / "plans.png").stat().st_size > 5_000
     markdown = (tmp_path / "results.md").read_text()
     assert "### Controls" in markdown and "- seed_0 random_reward: " in markdown
