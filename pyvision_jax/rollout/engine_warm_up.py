@@ -25,7 +25,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from pyvision_jax.models import KVCache, ModelConfig
+from pyvision_jax.models import ModelConfig
 from pyvision_jax.rollout.sampling import SamplingArrays
 
 
@@ -73,7 +73,7 @@ def warm_up(engine: Any, images: bool) -> WarmUp:
     lengths = cache_lengths(engine.length_buckets, engine.decode_chunk, kv.min_length)
     calls = 0
     for length in lengths:
-        cache = KVCache.init(config, engine.max_batch, length, kv.dtype)
+        cache = kv.empty(length)
         for image in (False, True) if images else (False,):
             for batch in engine.prefill_batches:
                 for bucket in (b for b in engine.length_buckets if b <= length and (b >= 3 or not image)):

@@ -80,6 +80,16 @@ from pyvision_jax.rollout.weights.named_params import params_like
 DEFAULT_LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
+def replicated(sharding: jax.sharding.Sharding) -> jax.sharding.Sharding | None:
+    """A sharding holding a whole array on every device of `sharding` (the engine's weights'
+    placement), or None (left to jit) where `sharding` is of a kind without a mesh."""
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    if len(sharding.device_set) == 1:
+        return jax.sharding.SingleDeviceSharding(next(iter(sharding.device_set)))
+    return None
+
+
 class JaxEngine:
     """In-process Qwen2.5-VL sampler implementing ``pyvision_jax.agent.engine.Engine``.
 
@@ -150,12 +160,24 @@ class JaxEngine:
         self.calls: Counter[str] = Counter()
         self.token_counts: Counter[str] = Counter()  # "prefilled", "reused" prompt tokens; "generated"
         self.seconds: Counter[str] = Counter()  # host wall time of the "prefill", "extend", "decode" calls
-        self._kv = SlotCache(
-            config, max_batch, buckets, decode_chunk, self.cache_dtype, min_cache_length, self.trace_counts, self.calls
-        )
         self._slots: list[DecodingSlot | HeldContext | None] = [None] * max_batch
         self._clock = 0
-        self._params = unstack_layers(jax.tree.map(jnp.asarray, params))
+        # Committed where they lie: weights the trainer later sends are committed, and an
+        # executable compiled for uncommitted weights would be compiled again for them.
+        self._params = jax.tree.map(
+            lambda x: jax.device_put(x, x.sharding), unstack_layers(jax.tree.map(jnp.asarray, params))
+        )
+        self._kv = SlotCache(
+            config,
+            max_batch,
+            buckets,
+            decode_chunk,
+            self.cache_dtype,
+            min_cache_length,
+            self.trace_counts,
+            self.calls,
+            placement=replicated(jax.tree.leaves(self._params)[0].sharding),
+        )
         self._version = int(version)
         self._lock = threading.Lock()
         self._seed_source = np.random.default_rng()

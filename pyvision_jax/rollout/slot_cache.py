@@ -61,7 +61,9 @@ class SlotCache:
     The engine's jitted prefill, extension and decode read ``cache`` (donating it) and
     ``index``, store what they return and keep ``content`` up to date; this class sizes,
     compacts and grows the cache. ``trace_counts`` and ``calls`` are the engine's counters,
-    to which the compact, grow and permute functions add.
+    to which the compact, grow and permute functions add. ``placement`` (a sharding) commits
+    a new cache where the engine's weights are, so that it enters the jitted functions as their
+    outputs do (an uncommitted new cache would compile each of them once more).
     """
 
     def __init__(
@@ -74,8 +76,10 @@ class SlotCache:
         min_length: int,
         trace_counts: Counter[str],
         calls: Counter[str],
+        placement: jax.sharding.Sharding | None = None,
     ):
         self.config = config
+        self.placement = placement
         self.max_batch = max_batch
         self.length_buckets = tuple(length_buckets)
         self.decode_chunk = decode_chunk
@@ -123,10 +127,14 @@ class SlotCache:
             self.min_length, self.capacity(smallest_bucket(longest_prompt, self.length_buckets) + self.decode_chunk)
         )
         if self.cache is None or (not self.content.any() and self.cache.max_length != length):
-            self.cache = KVCache.init(self.config, self.max_batch, length, self.dtype)
+            self.cache = self.empty(length)
             self.index = 0
         elif self.cache.max_length < length:
             self._grow_to(length)
+
+    def empty(self, length: int) -> KVCache:
+        """An empty cache of the slots with `length` columns, at ``placement``."""
+        return jax.device_put(KVCache.init(self.config, self.max_batch, length, self.dtype), self.placement)
 
     def hold_block(self, length: int) -> None:
         """Grows the cache when a prefill block of `length` columns would overlap itself."""

@@ -299,6 +299,21 @@ def test_update_weights_changes_outputs_and_version(model, tokenizer, engine):
         engine.update_weights(jax.tree.map(lambda x: np.asarray(x)[..., :1], params), version=5)
 
 
+def test_committed_weights_from_a_trainer_reuse_the_compiled_executables(model, tokenizer):
+    """A trainer's weights are committed to their devices; an engine built from uncommitted
+    ones (a checkpoint's numpy arrays) runs them on the executables it already compiled."""
+    config, params = model
+    engine = JaxEngine(config, jax.tree.map(np.asarray, params), tokenizer, max_batch=2)
+    request = GenerationRequest("c", text_ids(tokenizer, "committed"), max_new_tokens=4)
+    engine.generate([request], GREEDY)
+    compiled = engine.compile_counts
+    trained = jax.tree.map(lambda x: jax.device_put(x, jax.devices()[0]), random_params(config, seed=2))
+    engine.update_weights(trained, version=1)
+    [after] = engine.generate([request], GREEDY)
+    assert_greedy(config, trained, request, after)
+    assert engine.compile_counts == compiled
+
+
 def test_update_weights_takes_named_hf_tensors(model, engine, tmp_path):
     """The iterator form (Hub names, HF layouts), as a safetensors checkpoint yields it."""
     config, params = model
