@@ -80,14 +80,26 @@ from pyvision_jax.rollout.weights.named_params import params_like
 DEFAULT_LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
-def replicated(sharding: jax.sharding.Sharding) -> jax.sharding.Sharding | None:
-    """A sharding holding a whole array on every device of `sharding` (the engine's weights'
-    placement), or None (left to jit) where `sharding` is of a kind without a mesh."""
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
-    if len(sharding.device_set) == 1:
-        return jax.sharding.SingleDeviceSharding(next(iter(sharding.device_set)))
-    return None
+def placements(params: Any) -> tuple[Any, jax.sharding.Sharding | None]:
+    """The engine's weights committed where they will stay, and the sharding of its KV caches.
+
+    Weights on one device (a checkpoint's, or a one-device trainer mesh's) go to that device
+    as plain single-device arrays, so that every engine over the same shapes compiles the same
+    executables (JAX reuses them across engines in a process) and a trainer's committed updates
+    run on them. Weights over several devices stay as they are; the caches are replicated over
+    their mesh (None, left to jit, where they have no mesh)."""
+    leaves = jax.tree.leaves(params)
+    devices = set().union(*(leaf.sharding.device_set for leaf in leaves))
+    if len(devices) == 1:
+        device = jax.sharding.SingleDeviceSharding(devices.pop())
+        return jax.device_put(params, device), device
+    sharding = leaves[0].sharding
+    cache = (
+        jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+        if isinstance(sharding, jax.sharding.NamedSharding)
+        else None
+    )
+    return jax.tree.map(lambda x: jax.device_put(x, x.sharding), params), cache
 
 
 class JaxEngine:
@@ -162,11 +174,7 @@ class JaxEngine:
         self.seconds: Counter[str] = Counter()  # host wall time of the "prefill", "extend", "decode" calls
         self._slots: list[DecodingSlot | HeldContext | None] = [None] * max_batch
         self._clock = 0
-        # Committed where they lie: weights the trainer later sends are committed, and an
-        # executable compiled for uncommitted weights would be compiled again for them.
-        self._params = jax.tree.map(
-            lambda x: jax.device_put(x, x.sharding), unstack_layers(jax.tree.map(jnp.asarray, params))
-        )
+        self._params, cache_placement = placements(unstack_layers(jax.tree.map(jnp.asarray, params)))
         self._kv = SlotCache(
             config,
             max_batch,
@@ -176,7 +184,7 @@ class JaxEngine:
             min_cache_length,
             self.trace_counts,
             self.calls,
-            placement=replicated(jax.tree.leaves(self._params)[0].sharding),
+            placement=cache_placement,
         )
         self._version = int(version)
         self._lock = threading.Lock()

@@ -23,7 +23,7 @@ from pyvision_jax.data.tasks import Task
 from pyvision_jax.models import ModelConfig, logits
 from pyvision_jax.processing import preprocess_images
 from pyvision_jax.rollout.incremental_text import IncrementalText
-from pyvision_jax.rollout.jax_engine import JaxEngine
+from pyvision_jax.rollout.jax_engine import JaxEngine, placements
 from pyvision_jax.rollout.sampling import SamplingArrays, sampling_log_probs
 from tests.agent.fake_sandbox import FakePool
 from tests.rollout.tiny_model import random_params, text_ids
@@ -297,6 +297,23 @@ def test_update_weights_changes_outputs_and_version(model, tokenizer, engine):
         engine.update_weights(params, version=3)
     with pytest.raises(ValueError, match="shape"):
         engine.update_weights(jax.tree.map(lambda x: np.asarray(x)[..., :1], params), version=5)
+
+
+def test_weights_on_a_one_device_mesh_are_placed_as_a_checkpoints_are():
+    """The trainer's engine (weights on a one-device mesh) and the held-out evaluation's (a
+    checkpoint's arrays) hold equally placed, committed weights and caches, so their
+    executables have the same persistent-cache keys."""
+    params = random_params(ModelConfig.preset("tiny"), seed=0)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("fsdp",))
+    on_mesh = jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    (from_checkpoint, cache), (from_mesh, mesh_cache) = (
+        placements(jax.tree.map(lambda x: jax.numpy.asarray(np.asarray(x)), params)),
+        placements(on_mesh),
+    )
+    assert cache == mesh_cache == jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    for a, b in zip(jax.tree.leaves(from_checkpoint), jax.tree.leaves(from_mesh)):
+        assert a.committed and b.committed and a.sharding == b.sharding == cache
+        np.testing.assert_array_equal(a, b)
 
 
 def test_committed_weights_from_a_trainer_reuse_the_compiled_executables(model, tokenizer):
