@@ -136,3 +136,5 @@ def test_rollout_warm_up_compiles_the_jax_engines_shapes_images_included_when_bu
     expected = {"prefill": 2, "extend": 2, "decode": 1, "compact": 1, "permute": 1, "grow": 0}
     assert engine.compile_counts == (expected if warm_up else dict.fromkeys(expected, 0))
     assert not engine.calls
+    # blocks with images start at the floors of one image per row either way (no creeping shapes)
+    assert sorted(engine._vision.floors) == [("extend", 1), ("prefill", 1)]

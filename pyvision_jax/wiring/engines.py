@@ -47,9 +47,10 @@ def jax_engine(
 ) -> Engine:
     """The in-process JAX sampler with the config's rollout shapes, its KV cache long enough
     for `max_total_tokens`; `eos_token_ids` end a sequence (None: the tokenizer's end-of-turn
-    ids; () generates to the token limit, as benchmarks do). With `rollout.warm_up` it compiles
-    every shape it can dispatch first, blocks with images sized for one `episode.image_max_pixels`
-    image per row."""
+    ids; () generates to the token limit, as benchmarks do). Blocks with images are sized for
+    one `episode.image_max_pixels` image per row from the start (so that their vision shapes do
+    not creep up, each step compiling another); with `rollout.warm_up` it compiles every shape
+    it can dispatch first."""
     r = config.rollout
     vision = model.vision
     image_tokens = config.episode.image_max_pixels // (vision.patch_size * vision.spatial_merge_size) ** 2
@@ -66,7 +67,7 @@ def jax_engine(
         compute_dtype=config.model.compute_dtype,
         version=version,
         eos_token_ids=eos_token_ids,
-        image_tokens_per_row=image_tokens if r.warm_up else 0,
+        image_tokens_per_row=image_tokens,
     )
     if r.warm_up:
         done = engine.warm_up()
