@@ -11,8 +11,8 @@ import matplotlib
 from matplotlib.figure import Figure
 
 from experiments.ablations import CAREFUL_SHARE, HELDOUT_ACCURACY
-from experiments.plan_shares import mean_shares
 from pyvision_jax.data.shape_plans import PLANS
+from pyvision_jax.eval.plan_shares import mean_shares
 from pyvision_jax.run_logs import metric_names as tags
 
 PANELS: tuple[str, ...] = (

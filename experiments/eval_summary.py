@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from experiments.plan_shares import plan_shares, plan_shares_by, response_text
 from pyvision_jax.eval.bootstrap import Interval, accuracy_interval, record_task_accuracies
+from pyvision_jax.eval.plan_shares import family_of, plan_shares, plan_shares_by, response_text
 from pyvision_jax.eval.records import RESULTS_FILE, TRAJECTORIES_FILE
 
 
@@ -95,12 +95,6 @@ class EvalSummary:
         if per_task:
             out["per_task"] = dict(self.per_task)
         return out
-
-
-def family_of(ability: str) -> str:
-    """A shapes task's family ("shapes_easy", "shapes_hard") from its ability, the variant
-    suffixes ("_tilted", "_speck") dropped; any other ability is its own family."""
-    return "_".join(ability.split("_")[:2]) if ability.startswith("shapes_") else ability
 
 
 def accuracy_by(per_task: Mapping[str, float], labels: Mapping[str, str]) -> dict[str, float]:

@@ -22,12 +22,13 @@ import ml_collections
 
 from experiments.baseline_runs import set_tasks
 from experiments.baselines import BASELINES_DIR, EvalSet, TemperatureBaselines
-from experiments.eval_summary import EvalSummary, accuracy_by, family_of
+from experiments.eval_summary import EvalSummary, accuracy_by
 from pyvision_jax.agent.engine import Engine
 from pyvision_jax.data.shape_plans import scripted_plan
 from pyvision_jax.data.shape_tasks import DATA_SOURCE as SHAPES_SOURCE
 from pyvision_jax.data.tasks import Task, load_tasks
 from pyvision_jax.eval.bootstrap import accuracy_interval, paired_difference_interval
+from pyvision_jax.eval.plan_shares import family_of
 from pyvision_jax.eval.policy import LoadedPolicy
 from pyvision_jax.rollout.scripted_engine import ScriptedEngine
 from pyvision_jax.train.sft_synthetic import plan_script

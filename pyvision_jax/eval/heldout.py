@@ -7,8 +7,14 @@ runs the evaluations into WORKDIR/heldout/.
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from pyvision_jax.eval.bootstrap import accuracy_interval, record_task_accuracies
+from pyvision_jax.eval.plan_shares import family_of, plan_shares_by, response_text
+from pyvision_jax.eval.records import TRAJECTORIES_FILE
 
 HELDOUT_DIR = "heldout"
 
@@ -46,15 +52,56 @@ class HeldoutConfig:
 
 @dataclasses.dataclass(frozen=True)
 class HeldoutResult:
-    """Headline figures of one held-out evaluation."""
+    """Headline figures of one held-out evaluation: accuracy, tool calls, each task's accuracy
+    and, on the shapes toy, the plan shares of each task family (`eval.plan_shares`)."""
 
     accuracy: float
     tool_calls: float
     out_dir: Path
+    per_task: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    plans_by_family: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_results(cls, results: dict[str, Any], out_dir: Path) -> "HeldoutResult":
-        return cls(float(results["accuracy"]), float(results["tool_calls"]["mean"]), out_dir)
+        """From an evaluation's results.json dict and the trajectories.jsonl beside it."""
+        records = []
+        with (Path(out_dir) / TRAJECTORIES_FILE).open(encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    record = json.loads(line)
+                    records.append(
+                        {
+                            "task_id": record["task_id"],
+                            "correct": record["correct"],
+                            "grading_failed": record.get("grading_failed", False),
+                            "family": family_of((record.get("task") or {}).get("ability", "")),
+                            "turns": [{"text": turn["text"]} for turn in record["turns"]],
+                        }
+                    )
+        shapes = [(r["family"], response_text(r)) for r in records if r["family"].startswith("shapes_")]
+        return cls(
+            float(results["accuracy"]),
+            float(results["tool_calls"]["mean"]),
+            out_dir,
+            record_task_accuracies(records),
+            plan_shares_by(shapes) if shapes else {},
+        )
 
     def summary(self) -> str:
         return f"accuracy {self.accuracy:.3f}, tool calls {self.tool_calls:.2f}"
+
+    def plans_summary(self) -> str:
+        """Each family's plan shares on one line ("" without shapes tasks)."""
+        return "; ".join(
+            f"{family} " + ", ".join(f"{plan} {share:.2f}" for plan, share in shares.items())
+            for family, shares in self.plans_by_family.items()
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "accuracy": self.accuracy,
+            "accuracy_ci95": accuracy_interval(list(self.per_task.values())).as_list() if self.per_task else None,
+            "tool_calls": self.tool_calls,
+            "plans_by_family": {family: dict(shares) for family, shares in self.plans_by_family.items()},
+            "out_dir": str(self.out_dir),
+        }

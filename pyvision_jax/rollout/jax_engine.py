@@ -37,10 +37,9 @@ none is free (least recently held first), and all are given up on new weights. W
 are held the cache only grows, it is never replaced by a smaller one.
 
 Sampling. See ``pyvision_jax.rollout.sampling`` for exactly which distribution the logprobs
-come from. Token k of a request is drawn with ``fold_in(key(seed, request), k)``, where the
-request key folds the seed with a CRC of the request id (and the id's repeat count within the
-call), so a seeded request gives the same tokens whatever slot, batch, timing, number of
-decode steps per dispatch or cache continuation it gets.
+come from. Token k of a request is drawn with ``fold_in(key(seed, request), k)``, where the request key
+folds the seed with a CRC of the request id (and the id's repeat count within the call), so a seeded
+request gives the same tokens whatever slot, batch, timing, decode steps per dispatch or cache continuation it gets.
 """
 
 from __future__ import annotations
@@ -60,6 +59,7 @@ from pyvision_jax.models import ModelConfig, stack_layers, unstack_layers
 from pyvision_jax.models.rope_index import decode_position_ids
 from pyvision_jax.rollout.cache_rows import counting, extend_tokens, prefill_rows
 from pyvision_jax.rollout.decode_loop import decode_steps
+from pyvision_jax.rollout.engine_placement import placements
 from pyvision_jax.rollout.engine_requests import (
     DecodingSlot,
     PreparedRequest,
@@ -78,28 +78,6 @@ from pyvision_jax.rollout.vision_floors import VisionFloors, image_floors
 from pyvision_jax.rollout.weights.named_params import params_like
 
 DEFAULT_LENGTH_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
-
-
-def placements(params: Any) -> tuple[Any, jax.sharding.Sharding | None]:
-    """The engine's weights committed where they will stay, and the sharding of its KV caches.
-
-    Weights on one device (a checkpoint's, or a one-device trainer mesh's) go to that device
-    as plain single-device arrays, so that every engine over the same shapes compiles the same
-    executables (JAX reuses them across engines in a process) and a trainer's committed updates
-    run on them. Weights over several devices stay as they are; the caches are replicated over
-    their mesh (None, left to jit, where they have no mesh)."""
-    leaves = jax.tree.leaves(params)
-    devices = set().union(*(leaf.sharding.device_set for leaf in leaves))
-    if len(devices) == 1:
-        device = jax.sharding.SingleDeviceSharding(devices.pop())
-        return jax.device_put(params, device), device
-    sharding = leaves[0].sharding
-    cache = (
-        jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
-        if isinstance(sharding, jax.sharding.NamedSharding)
-        else None
-    )
-    return jax.tree.map(lambda x: jax.device_put(x, x.sharding), params), cache
 
 
 class JaxEngine:
@@ -174,17 +152,10 @@ class JaxEngine:
         self.seconds: Counter[str] = Counter()  # host wall time of the "prefill", "extend", "decode" calls
         self._slots: list[DecodingSlot | HeldContext | None] = [None] * max_batch
         self._clock = 0
-        self._params, cache_placement = placements(unstack_layers(jax.tree.map(jnp.asarray, params)))
+        self._params, placement = placements(unstack_layers(jax.tree.map(jnp.asarray, params)))
+        counts = self.trace_counts, self.calls
         self._kv = SlotCache(
-            config,
-            max_batch,
-            buckets,
-            decode_chunk,
-            self.cache_dtype,
-            min_cache_length,
-            self.trace_counts,
-            self.calls,
-            placement=cache_placement,
+            config, max_batch, buckets, decode_chunk, self.cache_dtype, min_cache_length, *counts, placement
         )
         self._version = int(version)
         self._lock = threading.Lock()

@@ -4,11 +4,14 @@ of a seed that neither RL (`data.synthetic_seed`) nor SFT (`sft.synthetic_seed`)
 The tasks go to WORKDIR/heldout/tasks, the evaluations to WORKDIR/heldout/before (the
 config's own model) and WORKDIR/heldout/step_N (the run's latest checkpoint). Both are
 ordinary `pyvision-eval` outputs (results.json, trajectories.jsonl, report.html), and a
-rerun reuses what is already there.
+rerun reuses what is already there. WORKDIR/heldout/summary.json holds both with their
+intervals, the plan shares of each shapes family, and where every task is multiple-choice, the
+after-training gain over the best constant answer on the same tasks (paired bootstrap).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -16,10 +19,15 @@ from typing import Any, Callable
 import ml_collections
 
 from pyvision_jax.data import synthetic
+from pyvision_jax.data.tasks import load_tasks
+from pyvision_jax.eval.bootstrap import paired_difference_interval
+from pyvision_jax.eval.constant_answer import best_constant_answer
 from pyvision_jax.eval.heldout import HELDOUT_DIR, HeldoutResult
 from pyvision_jax.wiring.config_values import str_tuple
 from pyvision_jax.wiring.evaluation import evaluate_checkpoint
 from pyvision_jax.wiring.settings import heldout_config
+
+SUMMARY_FILE = "summary.json"  # before and after, plan shares by family, the best constant answer
 
 
 def heldout_tasks(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Path:
@@ -63,6 +71,8 @@ def train_with_heldout(
         return train(config, workdir, progress=progress), []
     before = evaluate_heldout(config, workdir, None, "before", progress)
     log(f"held-out before training: {before.summary()} ({before.out_dir})")
+    if before.plans_by_family:
+        log(f"  plans by family: {before.plans_summary()}")
     summary = train(config, workdir, progress=progress)
     if summary.interrupted:  # stopped (SIGTERM): save and exit in time; the next run evaluates
         log(f"training stopped at step {summary.last_step}: the held-out evaluation after training is skipped")
@@ -72,4 +82,23 @@ def train_with_heldout(
         f"held-out after step {summary.last_step}: {after.summary()} ({after.out_dir}); "
         f"accuracy {before.accuracy:.3f} -> {after.accuracy:.3f}"
     )
+    if after.plans_by_family:
+        log(f"  plans by family: {after.plans_summary()}")
+    report = {"before": before.as_dict(), f"after_step_{summary.last_step}": after.as_dict()}
+    constant = best_constant_answer(load_tasks(heldout_tasks(config, workdir), check_media=False).tasks)
+    if constant is not None:
+        scored = {task: constant.per_task[task] for task in after.per_task}  # tasks whose grading failed left out
+        gain = paired_difference_interval(scored, after.per_task)
+        log(
+            f"  gain over the best constant answer ({constant.answer!r}, accuracy {constant.accuracy:.3f} "
+            f"on these tasks): {gain.estimate:+.3f} [{gain.low:+.3f}, {gain.high:+.3f}] (95 % bootstrap over "
+            f"{len(constant.per_task)} tasks)"
+        )
+        report["best_constant_answer"] = {
+            "answer": constant.answer,
+            "accuracy": constant.accuracy,
+            "after_minus_constant": {"estimate": gain.estimate, "ci95": gain.as_list()},
+        }
+    path = Path(workdir) / HELDOUT_DIR / SUMMARY_FILE
+    path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return summary, [before, after]

@@ -15,9 +15,9 @@ from experiments.dynamics_stats import (
     run_statistics,
     tool_call_ratios,
 )
-from experiments.eval_summary import EvalSummary, family_of
+from experiments.eval_summary import EvalSummary
 from experiments.fixed_policies import FixedPolicy
-from experiments.plan_shares import mean_shares, plan_shares, response_text
+from pyvision_jax.eval.plan_shares import family_of, mean_shares, plan_shares, response_text
 from pyvision_jax.run_logs import metric_names as tags
 
 QUICK = "A quick glance.\n<code>\nquick()\n</code>"

@@ -22,8 +22,9 @@ from pyvision_jax.convert import save_hf
 from pyvision_jax.data.tasks import Task
 from pyvision_jax.models import ModelConfig, logits
 from pyvision_jax.processing import preprocess_images
+from pyvision_jax.rollout.engine_placement import placements
 from pyvision_jax.rollout.incremental_text import IncrementalText
-from pyvision_jax.rollout.jax_engine import JaxEngine, placements
+from pyvision_jax.rollout.jax_engine import JaxEngine
 from pyvision_jax.rollout.sampling import SamplingArrays, sampling_log_probs
 from tests.agent.fake_sandbox import FakePool
 from tests.rollout.tiny_model import random_params, text_ids

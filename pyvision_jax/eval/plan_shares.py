@@ -1,5 +1,6 @@
 """Plan shares of evaluated rollouts on the "shapes" toy: which of `data.shape_plans.PLANS`
-each response follows (`plan_of` over the text of all its turns), tallied over rollouts."""
+each response follows (`plan_of` over the text of all its turns), tallied over rollouts, and
+the task families they are reported by."""
 
 from __future__ import annotations
 
@@ -11,6 +12,12 @@ from pyvision_jax.data.shape_plans import PLANS, plan_of
 def response_text(record: Mapping[str, Any]) -> str:
     """The generated text of every turn of a trajectories.jsonl record, in order."""
     return "\n".join(turn["text"] for turn in record["turns"])
+
+
+def family_of(ability: str) -> str:
+    """A shapes task's family ("shapes_easy", "shapes_hard") from its ability, the variant
+    suffixes ("_tilted", "_speck") dropped; any other ability is its own family."""
+    return "_".join(ability.split("_")[:2]) if ability.startswith("shapes_") else ability
 
 
 def plan_shares(responses: Iterable[str]) -> dict[str, float]:
