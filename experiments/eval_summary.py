@@ -11,10 +11,10 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from pyvision_jax.eval.bootstrap import Interval, accuracy_interval, record_task_accuracies
-from pyvision_jax.eval.plan_shares import family_of, plan_shares, plan_shares_by, response_text
+from pyvision_jax.eval.plan_shares import family_of, plan_shares, plan_shares_by, response_text, slim_records
 from pyvision_jax.eval.records import RESULTS_FILE, TRAJECTORIES_FILE
 
 
@@ -104,19 +104,3 @@ def accuracy_by(per_task: Mapping[str, float], labels: Mapping[str, str]) -> dic
     for task, accuracy in per_task.items():
         grouped.setdefault(labels[task], []).append(accuracy)
     return {label: sum(grouped[label]) / len(grouped[label]) for label in sorted(grouped)}
-
-
-def slim_records(path: Path) -> Iterator[dict[str, Any]]:
-    """The fields of each trajectories.jsonl record the summary reads (records carry images:
-    nothing else stays in memory)."""
-    with path.open() as f:
-        for line in f:
-            if line.strip():
-                record = json.loads(line)
-                yield {
-                    "task_id": record["task_id"],
-                    "correct": record["correct"],
-                    "grading_failed": record.get("grading_failed", False),
-                    "ability": (record.get("task") or {}).get("ability", ""),
-                    "turns": [{"text": turn["text"]} for turn in record["turns"]],
-                }

@@ -7,13 +7,12 @@ runs the evaluations into WORKDIR/heldout/.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pyvision_jax.eval.bootstrap import accuracy_interval, record_task_accuracies
-from pyvision_jax.eval.plan_shares import family_of, plan_shares_by, response_text
+from pyvision_jax.eval.plan_shares import family_of, plan_shares_by, response_text, slim_records
 from pyvision_jax.eval.records import TRAJECTORIES_FILE
 
 HELDOUT_DIR = "heldout"
@@ -64,21 +63,9 @@ class HeldoutResult:
     @classmethod
     def from_results(cls, results: dict[str, Any], out_dir: Path) -> "HeldoutResult":
         """From an evaluation's results.json dict and the trajectories.jsonl beside it."""
-        records = []
-        with (Path(out_dir) / TRAJECTORIES_FILE).open(encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    record = json.loads(line)
-                    records.append(
-                        {
-                            "task_id": record["task_id"],
-                            "correct": record["correct"],
-                            "grading_failed": record.get("grading_failed", False),
-                            "family": family_of((record.get("task") or {}).get("ability", "")),
-                            "turns": [{"text": turn["text"]} for turn in record["turns"]],
-                        }
-                    )
-        shapes = [(r["family"], response_text(r)) for r in records if r["family"].startswith("shapes_")]
+        records = list(slim_records(Path(out_dir) / TRAJECTORIES_FILE))
+        families = [(family_of(r["ability"]), response_text(r)) for r in records]
+        shapes = [(family, text) for family, text in families if family.startswith("shapes_")]
         return cls(
             float(results["accuracy"]),
             float(results["tool_calls"]["mean"]),

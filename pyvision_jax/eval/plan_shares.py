@@ -4,7 +4,9 @@ the task families they are reported by."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+import json
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from pyvision_jax.data.shape_plans import PLANS, plan_of
 
@@ -45,3 +47,19 @@ def mean_shares(shares: Sequence[Mapping[str, float]]) -> dict[str, float]:
     if not shares:
         raise ValueError("mean of no plan shares")
     return {plan: sum(s[plan] for s in shares) / len(shares) for plan in PLANS}
+
+
+def slim_records(path: Path) -> Iterator[dict[str, Any]]:
+    """The fields of each trajectories.jsonl record the summary reads (records carry images:
+    nothing else stays in memory)."""
+    with path.open() as f:
+        for line in f:
+            if line.strip():
+                record = json.loads(line)
+                yield {
+                    "task_id": record["task_id"],
+                    "correct": record["correct"],
+                    "grading_failed": record.get("grading_failed", False),
+                    "ability": (record.get("task") or {}).get("ability", ""),
+                    "turns": [{"text": turn["text"]} for turn in record["turns"]],
+                }

@@ -16,9 +16,9 @@ def placements(params: Any) -> tuple[Any, jax.sharding.Sharding | None]:
 
     Weights on one device (a checkpoint's, or a one-device trainer mesh's) go to that device
     as plain single-device arrays, so that every engine over the same shapes compiles the same
-    executables (JAX reuses them across engines in a process) and a trainer's committed updates
-    run on them. Weights over several devices stay as they are; the caches are replicated over
-    their mesh (None, left to jit, where they have no mesh)."""
+    executables (a later engine loads them from the persistent compilation cache) and a
+    trainer's committed updates run on them. Weights over several devices stay as they are;
+    the caches are replicated over their mesh (None, left to jit, where they have no mesh)."""
     leaves = jax.tree.leaves(params)
     devices = set().union(*(leaf.sharding.device_set for leaf in leaves))
     if len(devices) == 1:
