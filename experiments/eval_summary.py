@@ -1,7 +1,7 @@
 """What the learning statistics need of one finished evaluation directory (`eval.evaluate`
 output): the headline figures of results.json, and from trajectories.jsonl the per-task
 accuracies (the unit of the bootstrap, `eval.bootstrap`) and the plan shares
-(`experiments.plan_shares`), over all rollouts and by the tasks' ability (a shapes task's
+(`pyvision_jax.eval.plan_shares`), over all rollouts and by the tasks' ability (a shapes task's
 family), with the accuracy by ability, and the same by family (a shapes task's family: its ability
 without the variant suffixes, `family_of`)."""
 
