@@ -2,7 +2,7 @@
 
 Scripted solutions of the synthetic tasks run through the real episode code and sandbox,
 then 1,200 steps of next-token loss on the assistant tokens, then an HF safetensors
-export. The packaged checkpoint is made with (docs/learning.md, "The starting checkpoint"):
+export. The packaged checkpoint is made with (docs/learning.md, "The four-kind toy"):
     python launch/train.py --config configs/sft_tiny.py --workdir /tmp/sft_tiny \
         --config.sft.export_dir=pyvision_jax/assets/small_sft
 """

@@ -204,18 +204,6 @@ PLANS: dict[str, Miniature | CannotRun] = {
                 "full",
             ),
             (
-                "python -m experiments.reproduce_dynamics --workdir /tmp/learning_clip --steps 12 --eval-every 12 "
-                "--seeds 1 --temperatures 1.0 --variants full --config.eval.heldout_per_kind=48 "
-                "--config.eval.heldout_k=4 --config.train.grad_clip=0.3",
-                "full",
-            ),
-            (
-                "python -m experiments.reproduce_dynamics --config configs/shapes_cluttered_cpu.py "
-                "--workdir /tmp/cluttered --steps 12 --eval-every 12 --seeds 0,1 --variants full,no_tool_reward "
-                "--config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
-                "full",
-            ),
-            (
                 "python -m experiments.reproduce_dynamics --config configs/shapes_direct_cpu.py --workdir /tmp/direct "
                 "--steps 24 --eval-every 12 --seeds 0 --variants full,no_tool_reward "
                 "--config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
@@ -250,18 +238,6 @@ PLANS: dict[str, Miniature | CannotRun] = {
     },
     "python launch/train.py --config configs/tiny_cpu.py --workdir /tmp/kl_full_0.1 --config.rl.kl_coef=0.1 "
     "--config.eval.heldout_seed=777 --config.eval.heldout_per_kind=48 --config.eval.heldout_k=4": Miniature(set=TRAIN),
-    "python launch/make_tasks.py --out /tmp/diag/tasks_1000 --per-kind 8 --seed 1000": Miniature(
-        set={"--per-kind": "1"}
-    ),
-    "python launch/eval.py --config configs/kinds_cpu.py --data /tmp/diag/tasks_1000/tasks.jsonl --k 2 "
-    "--out /tmp/diag/eval_1000": Miniature(set={**EVAL, **TINY_MODEL}),
-    "python launch/train.py --config configs/kinds_cpu.py --workdir /tmp/diag/whole --config.train.steps=6 "
-    "--config.train.lr=3e-5 --config.train.eps=1e-6 --config.train.b2=0.99 --config.train.warmup_steps=2 "
-    '--config.train.grad_clip=1.0 "--config.train.lr_multipliers=()" "--config.train.uniform_updates=()" '
-    "--config.eval.heldout_per_kind=0": Miniature(
-        set={**SHORT, **SMALL_STEP, "--config.train.steps": "1", "--config.data.synthetic_per_kind": "1"}
-    ),
-    "python -m experiments.param_movement --before packaged:small_sft --after /tmp/diag/whole": Miniature(),
     # docs/performance.md
     ".venv/bin/python -m benchmarks.engine_roofline --models small --out engine_roofline_small.json": Miniature(
         set=ROOFLINE_MINIATURE | {"--out": "{scratch}/roofline.json"}

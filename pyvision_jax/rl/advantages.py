@@ -32,7 +32,7 @@ def group_advantages(
     every other token, while a positive one can barely raise a sequence that is already
     likely, so at equal weight the update raises entropy where the rollouts disagree
     (measured on the small model: one step moves failed rollouts by -1.5 nats, successful
-    ones by +0.2). docs/learning.md has the runs.
+    ones by +0.2).
     """
     rewards = jnp.asarray(rewards, jnp.float32)
     usable = usable_mask(valid, broken)
