@@ -2,7 +2,7 @@
 where the SFT policy's likeliest plan is not its best one, docs/learning.md), from the packaged
 SFT checkpoint of the "small" model (configs/sft_shapes.py), the JAX engine in process.
 
-The recipe with held-out accuracy before and after, in under five minutes on 2 cores:
+The recipe with held-out accuracy before and after, in two to three minutes on 2 cores:
     python launch/train.py --config configs/tiny_cpu.py --workdir /tmp/pyvision_tiny
 Override any field: --config.rl.group_size=8 --config.train.steps=20. The vision tower stays
 frozen (train.freeze_vision); every other weight trains, with a KL term to the SFT model.
@@ -21,6 +21,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.hf_dir = "packaged:shapes_sft"
     c.episode.max_concurrent = 32
     c.rollout.max_batch = 32
+    # every engine dispatch at 32 rows: one prefill, extension and decode executable per length
+    # rather than one per row count; on 2 cores an executable takes 1.5-3.5 s to compile, more
+    # than the padded rows cost (docs/performance.md#compilation-in-the-main-job)
+    c.rollout.batch_sizes = (32,)
     c.sandbox.pool_size = 8
     c.data.synthetic_per_kind = 64  # training tasks (seed 0): a step draws 16 of them
     c.rl.batch_groups = 8

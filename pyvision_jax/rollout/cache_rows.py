@@ -113,4 +113,5 @@ def counting(counts: Counter[str], name: str, fn: Callable[..., Any]) -> Callabl
         counts[name] += 1
         return fn(*args, **kwargs)
 
+    traced.__name__ = traced.__qualname__ = name  # profiles and compile logs name it
     return traced

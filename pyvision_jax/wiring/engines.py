@@ -54,11 +54,17 @@ def jax_engine(
     r = config.rollout
     vision = model.vision
     image_tokens = config.episode.image_max_pixels // (vision.patch_size * vision.spatial_merge_size) ** 2
+    batch_sizes = int_tuple(r.batch_sizes, "rollout.batch_sizes")
+    if batch_sizes and (min(batch_sizes) < 1 or max(batch_sizes) != r.max_batch):
+        raise ValueError(
+            f"rollout.batch_sizes must be positive and end at rollout.max_batch={r.max_batch}, got {batch_sizes}"
+        )
     engine = JaxEngine(
         model,
         params,
         tokenizer,
         max_batch=r.max_batch,
+        prefill_batch_sizes=batch_sizes or None,
         length_buckets=int_tuple(r.length_buckets, "rollout.length_buckets"),
         decode_chunk=r.decode_chunk,
         kv_continuation=bool(r.kv_continuation),
