@@ -25,6 +25,10 @@ def get_config() -> ml_collections.ConfigDict:
     # rather than one per row count; on 2 cores an executable takes 1.5-3.5 s to compile, more
     # than the padded rows cost (docs/performance.md#compilation-in-the-main-job)
     c.rollout.batch_sizes = (32,)
+    # one trajectory per row: a step's 32 trajectories fill 4 micro-batches of 8 whatever their
+    # lengths, so the train step compiles once (packed, the micro-batch count grows 3 -> 4 in step
+    # 2 and the step compiles again, 7-10 s here)
+    c.train.pack = False
     c.sandbox.pool_size = 8
     c.data.synthetic_per_kind = 64  # training tasks (seed 0): a step draws 16 of them
     c.rl.batch_groups = 8
