@@ -88,7 +88,7 @@ def get_config() -> ml_collections.ConfigDict:
     # "external" (a fleet fills the queue; weights exported)
     c.rollout.length_buckets = (256, 512, 1024)  # JAX engine prompt/cache length buckets
     c.rollout.batch_sizes = ()  # JAX engine: the row counts prefill, extension and decode dispatches pad to,
-    # ending at rollout.max_batch ((): 1, 2, 4, ... max_batch); fewer sizes compile fewer executables
+    # capped at rollout.max_batch, which is always one ((): 1, 2, 4, ... max_batch); fewer compile fewer executables
     c.rollout.decode_chunk = 8  # JAX engine: decode steps per dispatch (one compiled loop that stops once
     # every row has ended; 1: one step per dispatch)
     c.rollout.kv_continuation = True  # JAX engine: a finished request's slot keeps its KV for the episode's next

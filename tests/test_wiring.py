@@ -140,7 +140,7 @@ def test_rollout_warm_up_compiles_the_jax_engines_shapes_images_included_when_bu
     assert sorted(engine._vision.floors) == [("extend", 1), ("prefill", 1)]
 
 
-def test_rollout_batch_sizes_are_the_jax_engines_row_counts_and_a_bad_list_names_the_field():
+def test_rollout_batch_sizes_are_the_jax_engines_row_counts_capped_at_max_batch():
     config = tiny_config()
     config.rollout.max_batch, config.rollout.length_buckets = 4, (64,)
     model, params = wiring.load_model(config)
@@ -152,7 +152,11 @@ def test_rollout_batch_sizes_are_the_jax_engines_row_counts_and_a_bad_list_names
     assert engine.prefill_batches == engine.decode_batches == (4,)
     # the vision floors cover only the row counts the engine dispatches
     assert sorted(engine._vision.floors) == [("extend", 4), ("prefill", 4)]
-    for bad in [(2,), (0, 4), (2, 8)]:
-        config.rollout.batch_sizes = bad
-        with pytest.raises(ValueError, match=r"rollout\.batch_sizes .*max_batch=4"):
-            wiring.jax_engine(config, model, params, tokenizer, version=0, max_total_tokens=64)
+    # capped at max_batch, which is always one of them: a smaller max_batch override just works
+    for sizes, rows in [((32,), (4,)), ((2,), (2, 4)), ((2, 8), (2, 4))]:
+        config.rollout.batch_sizes = sizes
+        engine = wiring.jax_engine(config, model, params, tokenizer, version=0, max_total_tokens=64)
+        assert engine.prefill_batches == engine.decode_batches == rows
+    config.rollout.batch_sizes = (0, 4)
+    with pytest.raises(ValueError, match=r"rollout\.batch_sizes must be positive row counts, got \(0, 4\)"):
+        wiring.jax_engine(config, model, params, tokenizer, version=0, max_total_tokens=64)

@@ -55,10 +55,10 @@ def jax_engine(
     vision = model.vision
     image_tokens = config.episode.image_max_pixels // (vision.patch_size * vision.spatial_merge_size) ** 2
     batch_sizes = int_tuple(r.batch_sizes, "rollout.batch_sizes")
-    if batch_sizes and (min(batch_sizes) < 1 or max(batch_sizes) != r.max_batch):
-        raise ValueError(
-            f"rollout.batch_sizes must be positive and end at rollout.max_batch={r.max_batch}, got {batch_sizes}"
-        )
+    if batch_sizes and min(batch_sizes) < 1:
+        raise ValueError(f"rollout.batch_sizes must be positive row counts, got {batch_sizes}")
+    if batch_sizes:  # capped at max_batch, which is always one of them (a smaller max_batch overrides)
+        batch_sizes = tuple(sorted({min(b, r.max_batch) for b in batch_sizes} | {r.max_batch}))
     engine = JaxEngine(
         model,
         params,
