@@ -19,12 +19,13 @@ def _is_closed_loop_report(unraisable: sys.UnraisableHookArgs) -> bool:
 
 def _not_an_orbax_task_report(record: logging.LogRecord) -> bool:
     message = record.getMessage()
-    orbax_task = message.startswith("Task exception was never retrieved") and f"{os.sep}orbax{os.sep}" in message
-    # tensorstore's reads of a damaged checkpoint fail in futures orbax never awaits
-    tensorstore_future = message.startswith("Future exception was never retrieved") and (
-        "OCDBT" in message or "tensorstore" in message or '"zarr" driver' in message
-    )
-    return not (orbax_task or tensorstore_future)
+    if not message.startswith(("Task exception was never retrieved", "Future exception was never retrieved")):
+        return True
+    # the task's coroutine is orbax's own, or asyncio's `_wrap_awaitable` around a tensorstore read
+    # of a damaged checkpoint, whose error names the tensorstore driver
+    orbax_task = f"{os.sep}orbax{os.sep}" in message
+    tensorstore_read = "OCDBT" in message or "tensorstore" in message or '"zarr" driver' in message
+    return not (orbax_task or tensorstore_read)
 
 
 def drop_stray_orbax_reports() -> None:
