@@ -192,6 +192,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.length_buckets = (512, 1024)
     c.train.pack = True  # several trajectories per row (segment ids), rows of the smallest
     # length bucket holding the longest; False: one trajectory per row
+    c.train.images_per_row = 0  # GRPO micro-batches' vision sizes start with room for this many
+    # episode.image_max_pixels images per row (0: those of the first batch); a batch that needs
+    # more raises them and compiles the train step again
     c.train.mesh_data = 1
     c.train.mesh_fsdp = 1
     c.train.mesh_tensor = 1

@@ -2,7 +2,7 @@
 where the SFT policy's likeliest plan is not its best one, docs/learning.md), from the packaged
 SFT checkpoint of the "small" model (configs/sft_shapes.py), the JAX engine in process.
 
-The recipe with held-out accuracy before and after, in two to three minutes on 2 cores:
+The recipe with held-out accuracy before and after, in about three minutes on 2 cores:
     python launch/train.py --config configs/tiny_cpu.py --workdir /tmp/pyvision_tiny
 Override any field: --config.rl.group_size=8 --config.train.steps=20. The vision tower stays
 frozen (train.freeze_vision); every other weight trains, with a KL term to the SFT model.
@@ -29,6 +29,9 @@ def get_config() -> ml_collections.ConfigDict:
     # lengths, so the train step compiles once (packed, the micro-batch count grows 3 -> 4 in step
     # 2 and the step compiles again, 7-10 s here)
     c.train.pack = False
+    # vision sizes with room for two images per row from step 1 (the task's image and a crop): a
+    # step's 40-55 images fit, so the train step does not compile again when a batch holds more
+    c.train.images_per_row = 2
     c.sandbox.pool_size = 8
     c.data.synthetic_per_kind = 64  # training tasks (seed 0): a step draws 16 of them
     c.rl.batch_groups = 8

@@ -14,6 +14,7 @@ bucket sizes, so new image sizes within a bucket do not retrace.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -62,6 +63,19 @@ def bucket_size(n: int, minimum: int = 1) -> int:
 def window_units(config: VisionConfig) -> int:
     """Merged units along one side of an attention window."""
     return config.window_size // config.spatial_merge_size // config.patch_size
+
+
+def max_image_tokens(config: VisionConfig, max_pixels: int) -> int:
+    """Merged tokens of an image of at most `max_pixels` pixels."""
+    return int(max_pixels) // (config.patch_size * config.spatial_merge_size) ** 2
+
+
+def image_room(config: VisionConfig, images: int, tokens_per_image: int) -> tuple[int, int]:
+    """(windows, merged tokens), bucketed, of a layout holding `images` square images of
+    `tokens_per_image` merged tokens each: a floor that layouts of such images stay within."""
+    side = math.ceil(math.sqrt(max(int(tokens_per_image), 1)))
+    windows = math.ceil(side / window_units(config)) ** 2
+    return bucket_size(images * windows), bucket_size(images * tokens_per_image)
 
 
 def vision_layout(

@@ -12,13 +12,12 @@ image tokens a row is expected to hold, which makes the vision shapes a known se
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from pyvision_jax.models import ModelConfig, ModelInputs, prepare_inputs
-from pyvision_jax.models.vision import bucket_size, window_units
+from pyvision_jax.models.vision import image_room, window_units
 
 Floors = dict[tuple[str, int], tuple[int, int]]  # ("prefill" | "extend", batch) -> (windows, merged)
 
@@ -26,10 +25,8 @@ Floors = dict[tuple[str, int], tuple[int, int]]  # ("prefill" | "extend", batch)
 def image_floors(config: ModelConfig, batch_sizes: Sequence[int], image_tokens_per_row: int) -> Floors:
     """Floors with room for `image_tokens_per_row` merged image tokens in every row of a
     block, as one square image per row."""
-    side = math.ceil(math.sqrt(max(int(image_tokens_per_row), 1)))
-    windows = math.ceil(side / window_units(config.vision)) ** 2
     return {
-        (kind, batch): (bucket_size(batch * windows), bucket_size(batch * image_tokens_per_row))
+        (kind, batch): image_room(config.vision, batch, image_tokens_per_row)
         for kind in ("prefill", "extend")
         for batch in batch_sizes
     }

@@ -20,6 +20,8 @@ Every batch of a new shape compiles the train step again (15 s for the small mod
 against 2-4 s for a compiled step), so the sizes that vary from step to step (micro-batches,
 segments per row, vision windows and merged tokens) can be held at a `BatchShape` floor: the
 GRPO trainer and the SFT loop pass the largest shape they have seen, and the shapes only grow, a few times a run.
+With `BatchingConfig.images_per_row` the vision sizes start with room for that many of the
+largest images per row, so they need not grow at all.
 """
 
 from __future__ import annotations
@@ -34,7 +36,14 @@ from PIL import Image
 from pyvision_jax.agent.trajectory import Trajectory
 from pyvision_jax.models import ModelConfig
 from pyvision_jax.models.rope_index import rope_index_for
-from pyvision_jax.models.vision import VisionLayout, bucket_size, vision_layout, window_units
+from pyvision_jax.models.vision import (
+    VisionLayout,
+    bucket_size,
+    image_room,
+    max_image_tokens,
+    vision_layout,
+    window_units,
+)
 from pyvision_jax.processing.image import patchify, rescale_and_normalize
 from pyvision_jax.train.step import TrainBatch
 
@@ -51,6 +60,10 @@ class BatchingConfig:
     loss_unit: int = 0
     """Trajectories per loss unit of "token-mean-per-micro-batch" (rl.loss_micro_batch;
     0: none, the train step's micro-batch is the unit)."""
+    images_per_row: int = 0
+    """Vision sizes of a micro-batch start with room for this many images of `image_max_pixels`
+    per row (train.images_per_row; 0: no floor), so batches within it share one compiled step."""
+    image_max_pixels: int = 0
 
     def __post_init__(self) -> None:
         buckets = tuple(int(b) for b in self.length_buckets)
@@ -58,6 +71,11 @@ class BatchingConfig:
             raise ValueError(f"train.length_buckets must be increasing lengths >= 2, got {self.length_buckets}")
         if self.micro_batch < 1:
             raise ValueError(f"train.micro_batch must be >= 1, got {self.micro_batch}")
+        if self.images_per_row < 0 or self.image_max_pixels < 0:
+            raise ValueError(
+                f"train.images_per_row ({self.images_per_row}) and episode.image_max_pixels "
+                f"({self.image_max_pixels}) must be >= 0"
+            )
         if self.mini_batches < 1 or self.loss_unit < 0:
             raise ValueError(
                 f"BatchingConfig: mini_batches ({self.mini_batches}) must be >= 1 and "
@@ -156,6 +174,11 @@ def pack_batch(
     chunks = [[i for i in range(j * size, (j + 1) * size) if rows[i] is not None] for j in range(count)]
     real = [i for chunk in chunks for i in chunk]
     length = choose_length([len(rows[i].token_ids) for i in real], config.length_buckets)
+    if config.images_per_row and config.image_max_pixels:
+        vision = model_config.vision
+        tokens = max_image_tokens(vision, config.image_max_pixels)
+        windows, merged = image_room(vision, micro * config.images_per_row, tokens)
+        floor = floor.cover(BatchShape(windows=windows, merged=merged))
     floor_per_chunk = -(-floor.micro_batches // count)
     if config.pack:
         per_chunk = [

@@ -16,6 +16,7 @@ import ml_collections
 
 from pyvision_jax.agent.engine import Engine
 from pyvision_jax.models import ModelConfig
+from pyvision_jax.models.vision import max_image_tokens
 from pyvision_jax.rollout.jax_engine import JaxEngine
 from pyvision_jax.rollout.vllm_engine import write_preprocessor_config
 from pyvision_jax.wiring.config_values import int_tuple
@@ -52,8 +53,7 @@ def jax_engine(
     not creep up, each step compiling another); with `rollout.warm_up` it compiles every shape
     it can dispatch first."""
     r = config.rollout
-    vision = model.vision
-    image_tokens = config.episode.image_max_pixels // (vision.patch_size * vision.spatial_merge_size) ** 2
+    image_tokens = max_image_tokens(model.vision, config.episode.image_max_pixels)
     batch_sizes = int_tuple(r.batch_sizes, "rollout.batch_sizes")
     if batch_sizes and min(batch_sizes) < 1:
         raise ValueError(f"rollout.batch_sizes must be positive row counts, got {batch_sizes}")

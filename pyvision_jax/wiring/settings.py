@@ -116,9 +116,14 @@ def batching_config(train: ml_collections.ConfigDict, pack: bool | None = None) 
 
 
 def grpo_batching(config: ml_collections.ConfigDict) -> BatchingConfig:
-    """GRPO batching: mini-batches for the step's updates, loss units of rl.loss_micro_batch."""
+    """GRPO batching: mini-batches for the step's updates, loss units of rl.loss_micro_batch,
+    vision sizes with room for train.images_per_row of the episode's largest images."""
     return dataclasses.replace(
-        batching_config(config.train), mini_batches=mini_batches(config), loss_unit=int(config.rl.loss_micro_batch)
+        batching_config(config.train),
+        mini_batches=mini_batches(config),
+        loss_unit=int(config.rl.loss_micro_batch),
+        images_per_row=int(config.train.images_per_row),
+        image_max_pixels=int(config.episode.image_max_pixels),
     )
 
 

@@ -43,6 +43,18 @@ def test_micro_batches_share_vision_shapes_and_padding_rows_carry_no_loss(tiny_c
     assert batch.advantages[1, 1] == 0.0 and stats.real_rows == 3
 
 
+def test_images_per_row_gives_batches_of_fewer_images_the_shape_of_the_fullest(tiny_config, trajectories):
+    one_each, two_each = [trajectories[0], trajectories[2]], [trajectories[1], trajectories[3]]
+    assert [len(t.images) for t in one_each + two_each] == [1, 1, 2, 2]
+    free = BatchingConfig((64, 128), 2)
+    held = BatchingConfig((64, 128), 2, images_per_row=2, image_max_pixels=56 * 56)
+    shape = lambda rows, config: pack_batch(tiny_config, rows, [1.0, 1.0], config)[1].shape  # noqa: E731
+    assert shape(one_each, free) != shape(two_each, free)
+    assert shape(one_each, held) == shape(two_each, held) == shape(two_each, free)
+    with pytest.raises(ValueError, match="train.images_per_row"):
+        BatchingConfig((64,), 2, images_per_row=-1)
+
+
 def test_too_long_trajectory_names_the_config_field():
     with pytest.raises(ValueError, match="train.length_buckets"):
         choose_length([70], (32, 64))
