@@ -5,7 +5,7 @@ group size, concurrency and engine shapes.
     .venv/bin/python -m benchmarks.rollout_throughput [--rounds 2] [--tasks 8] [--out results.json]
 
 Variants (each a fresh engine and sandbox pool, one warm-up round, round 0, then `--rounds`
-timed rounds on the same tasks and seeds; all but the last with `rollout.warm_up` off):
+timed rounds on the same tasks and seeds; all but `all+warm_up` with `rollout.warm_up` off):
 - `baseline`: a fresh bubblewrap and Python per sandbox, every turn prefilled in full, one
   decode step per dispatch;
 - `decode_chunk_8`: the same with 8 decode steps per dispatch in one compiled loop that stops
@@ -13,7 +13,9 @@ timed rounds on the same tasks and seeds; all but the last with `rollout.warm_up
 - `+forked_sandboxes`, `+kv_continuation`: the improvements added one at a time;
 - `all`: forked sandboxes, KV continuation and 8 decode steps per dispatch (the defaults);
 - `all+warm_up`: the same with `rollout.warm_up`, the engine compiling every shape it can
-  dispatch when built (its compiles and seconds are reported).
+  dispatch when built (its compiles and seconds are reported);
+- `all+rows_32`: `all` with every dispatch padded to all 32 rows (`rollout.batch_sizes`), one
+  executable per shape rather than one per row count.
 It prints episodes/s and generated tokens/s per variant with the ratio to `baseline`, and where
 each round's time goes: the engine's prefill, extension and decode calls (host timers around
 each jitted call up to its results), the XLA compilations of the round (the engine's new
@@ -63,6 +65,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "all": {"sandbox.fork_runtimes": True, "rollout.kv_continuation": True, "rollout.decode_chunk": 8, **COLD},
 }
 VARIANTS["all+warm_up"] = VARIANTS["all"] | {"rollout.warm_up": True}
+VARIANTS["all+rows_32"] = VARIANTS["all"] | {"rollout.batch_sizes": (32,)}  # every dispatch at all 32 rows
 PHASES = ("prefill", "extend", "decode")
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # one per XLA compile or persistent-cache load
 COMPILE_EVENTS = (  # a compilation's stages: tracing to a jaxpr, lowering to MLIR, the backend's compile
