@@ -45,7 +45,14 @@ EXTRAS_REQUIRE = {
     "cuda12": [JAX.replace("jax", "jax[cuda12]", 1)],
     "tpu": [JAX.replace("jax", "jax[tpu]", 1)],
     "parity": PARITY,
-    "test": ["pytest>=9.2,<10", "pytest-timeout>=2.4,<3", "hypothesis>=6.170,<7", "ruff>=0.17.6,<0.18", *PARITY],
+    "test": [
+        "pytest>=9.2,<10",
+        "pytest-timeout>=2.4,<3",
+        "pytest-xdist>=3.8,<4",
+        "hypothesis>=6.170,<7",
+        "ruff>=0.17.6,<0.18",
+        *PARITY,
+    ],
     # Rollout fleets, each in its own environment (scripts/install_fleet.sh): vLLM's CUDA build on
     # GPU nodes, the CPU build elsewhere.
     "fleet-cuda": ["vllm>=0.33,<0.34"],
