@@ -70,13 +70,15 @@ def strip_comment(line: str) -> str:
 @dataclass(frozen=True)
 class Miniature:
     """How the test runs a documented command: flags set (`--flag` -> value; None drops the flag),
-    flags added, words replaced (a documented placeholder -> a path), extra environment."""
+    flags added, words replaced (a documented placeholder -> a path), extra environment, and the
+    documented commands whose outputs it reads (`after`: run first, once, when not yet run)."""
 
     set: dict[str, str | None] = field(default_factory=dict)
     add: tuple[str, ...] = ()
     replace: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: int = 900
+    after: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

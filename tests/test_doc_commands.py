@@ -70,15 +70,18 @@ ROOFLINE_MINIATURE = {"--rows": "1", "--caches": "64", "--steps": "2", "--repeat
     "--matmul-size": "128",
 }
 
+MAIN_JOB = ".venv/bin/python launch/train.py --config configs/tiny_cpu.py --workdir workdir/tiny_cpu"
+HELDOUT_TASKS = "python launch/make_tasks.py --out /tmp/heldout --per-kind 48 --seed 4242 --kinds shapes"
+EXPORT = "python launch/convert.py flax2hf --src workdir/tiny_cpu --dst workdir/tiny_cpu_hf --dtype bfloat16"
+HF_TO_FLAX = "python launch/convert.py hf2flax --src HF_DIR --dst DIR"
+
 PLANS: dict[str, Miniature | CannotRun] = {
     # README.md
     "bash scripts/install.sh": CannotRun(
         "builds the environment this test runs in: CI's command (scripts/test.sh) runs it first"
     ),
     # the packaged checkpoint it starts from is small; the export below copies its files
-    ".venv/bin/python launch/train.py --config configs/tiny_cpu.py --workdir workdir/tiny_cpu": Miniature(
-        set={**SHORT, **SMALL_STEP, "--config.train.steps": "1", **HELDOUT}
-    ),
+    MAIN_JOB: Miniature(set={**SHORT, **SMALL_STEP, "--config.train.steps": "1", **HELDOUT}),
     "bash scripts/test.sh": CannotRun("the test run itself: CI's .ci/run runs exactly this command"),
     "python3 -m venv .venv": CannotRun(
         "the first half of the GPU and TPU installs, which need those machines; scripts/install.sh "
@@ -128,24 +131,24 @@ PLANS: dict[str, Miniature | CannotRun] = {
         "flags to add to the commands above, not a command: they name the user's copies of the released "
         "prompts, which are not shipped"
     ),
-    "python launch/make_tasks.py --out /tmp/heldout --per-kind 48 --seed 4242 --kinds shapes": Miniature(
-        set={"--per-kind": "2"}
-    ),
+    HELDOUT_TASKS: Miniature(set={"--per-kind": "2"}),
     "python launch/eval.py --config configs/tiny_cpu.py --data /tmp/heldout/tasks.jsonl --k 4 "
-    "--out /tmp/heldout_eval": Miniature(set={**EVAL, **TINY_MODEL}),
+    "--out /tmp/heldout_eval": Miniature(set={**EVAL, **TINY_MODEL}, after=(HELDOUT_TASKS,)),
     "python launch/eval.py --config configs/pyvision_image_7b.py --config.rollout.engine=jax "
     "--config.grading.judge_url=http://JUDGE_HOST:8000 --checkpoint /models/PyVision-Image-7B "
     "--data /data/vstar.jsonl --k 32 --out /runs/eval_vstar": Miniature(set={**CPU_7B, **EVAL}),
     "python launch/eval.py --config configs/tiny_cpu.py --checkpoint workdir/tiny_cpu "
-    "--data workdir/tiny_cpu/heldout/tasks/tasks.jsonl --k 4 --out workdir/tiny_cpu_eval": Miniature(set=EVAL),
-    "python launch/convert.py flax2hf --src workdir/tiny_cpu --dst workdir/tiny_cpu_hf --dtype bfloat16": Miniature(),
-    "python launch/eval.py --config configs/tiny_cpu.py --checkpoint workdir/tiny_cpu_hf "
-    "--data workdir/tiny_cpu/heldout/tasks/tasks.jsonl --k 4 --out workdir/tiny_cpu_hf_eval": Miniature(set=EVAL),
-    "python launch/convert.py hf2flax --src HF_DIR --dst DIR": Miniature(
-        replace={"HF_DIR": "{scratch}/models/PyVision-Image-7B", "DIR": "{scratch}/flax_params"}
+    "--data workdir/tiny_cpu/heldout/tasks/tasks.jsonl --k 4 --out workdir/tiny_cpu_eval": Miniature(
+        set=EVAL, after=(MAIN_JOB,)
     ),
+    EXPORT: Miniature(after=(MAIN_JOB,)),
+    "python launch/eval.py --config configs/tiny_cpu.py --checkpoint workdir/tiny_cpu_hf "
+    "--data workdir/tiny_cpu/heldout/tasks/tasks.jsonl --k 4 --out workdir/tiny_cpu_hf_eval": Miniature(
+        set=EVAL, after=(EXPORT,)
+    ),
+    HF_TO_FLAX: Miniature(replace={"HF_DIR": "{scratch}/models/PyVision-Image-7B", "DIR": "{scratch}/flax_params"}),
     "python launch/convert.py flax2hf --src DIR --dst HF_DIR": Miniature(
-        replace={"DIR": "{scratch}/flax_params", "HF_DIR": "{scratch}/hf_again"}
+        replace={"DIR": "{scratch}/flax_params", "HF_DIR": "{scratch}/hf_again"}, after=(HF_TO_FLAX,)
     ),
     # docs/accelerator_suite.md (its install commands are README's); one section at CPU sizes
     ".venv/bin/python -m benchmarks.accelerator_suite --out results.json": Miniature(
@@ -384,7 +387,7 @@ def world(tmp_path_factory):
         "JUDGE_HOST:8000": judge.url.removeprefix("http://"),
         "TRAINER_HOST:6379": f"127.0.0.1:{redis_server.port}",
     }
-    yield {"scratch": scratch, "env": env, "hosts": hosts}
+    yield {"scratch": scratch, "env": env, "hosts": hosts, "ran": set()}
     judge.shutdown()
     redis_server.stop()
 
@@ -416,6 +419,8 @@ def test_every_command_has_a_plan():
     for text, plan in all_plans().items():
         if isinstance(plan, CannotRun):
             assert len(plan.reason) > 20, f"{text}: give the reason"
+        else:
+            assert all(isinstance(all_plans().get(e), Miniature) for e in plan.after), f"{text}: after no miniature"
 
 
 def solo_commands() -> list[str]:
@@ -434,10 +439,20 @@ def where(command: str) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("command", solo_commands(), ids=where)
 def test_the_documented_command_runs_in_miniature(command, world):
+    run_documented(command, world)
+
+
+def run_documented(command: str, world: dict) -> None:
+    """Runs `command`'s miniature, first those of the commands whose outputs it reads (its
+    `after`) that this module has not run yet, so that each test also runs alone."""
     plan = all_plans()[command]
+    for earlier in plan.after:
+        if earlier not in world["ran"]:
+            run_documented(earlier, world)
     argv = argv_for(command, plan, world)
     done = run(argv, {**world["env"], **plan.env}, plan.timeout_s)
     assert done.returncode == 0, f"{' '.join(argv)}\nexit {done.returncode}\n{done.stderr[-4000:]}"
+    world["ran"].add(command)
 
 
 @pytest.mark.slow
