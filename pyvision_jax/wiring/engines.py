@@ -55,9 +55,9 @@ def jax_engine(
     r = config.rollout
     image_tokens = max_image_tokens(model.vision, config.episode.image_max_pixels)
     batch_sizes = int_tuple(r.batch_sizes, "rollout.batch_sizes")
-    if batch_sizes and min(batch_sizes) < 1:
-        raise ValueError(f"rollout.batch_sizes must be positive row counts, got {batch_sizes}")
     if batch_sizes:  # capped at max_batch, which is always one of them (a smaller max_batch overrides)
+        if min(batch_sizes) < 1:
+            raise ValueError(f"rollout.batch_sizes must be positive row counts, got {batch_sizes}")
         batch_sizes = tuple(sorted({min(b, r.max_batch) for b in batch_sizes} | {r.max_batch}))
     engine = JaxEngine(
         model,
