@@ -384,7 +384,7 @@ def test_cancelled_starts_leave_no_process():
                 found.append(proc.pid)
         return found
 
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 30  # a bound only: under load the kills take a moment
     while leftovers() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(outcomes) == 6 and leftovers() == []
