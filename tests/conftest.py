@@ -6,8 +6,9 @@ from transformers import PreTrainedTokenizerFast
 from pyvision_jax.processing.tokenizer import load_tiny_tokenizer
 
 # The test files that take minutes, longest first (measured on 2 cores). scripts/test.sh's
-# pytest-xdist workers take whole files in collection order, so these start first rather than
-# leave one worker running them alone at the end; the order of everything else is unchanged.
+# pytest-xdist workers take whole files in collection order (--no-loadscope-reorder), so these
+# start first rather than leave one worker running them alone at the end; the order of
+# everything else is unchanged.
 LONGEST_FILES = (
     "tests/test_doc_commands.py",
     "tests/benchmarks/test_fleet_soak.py",
@@ -17,6 +18,9 @@ LONGEST_FILES = (
     "tests/train/test_validation_kill.py",
     "tests/train/test_sft_runs.py",
     "tests/benchmarks/test_accelerator_suite.py",
+    "tests/train/test_run_guards.py",
+    "tests/train/test_secrets_stay_out.py",
+    "tests/train/test_trainer_kill.py",
 )
 
 
