@@ -227,6 +227,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.guess_share = 0.1  # share of plans that guess without a tool call
     c.sft.wrong_share = 0.1  # share of plans whose code measures wrong (thresholds, flips)
     c.sft.careful_share = 0.25  # shapes tasks: share of the careful plan (look, then measure); the rest quick
+    c.sft.wording_by_options = False  # shapes tasks: a plan's first thought worded by what the options differ in
     c.sft.batch_size = 8  # samples per step
     c.sft.export_dir = ""  # HF safetensors export at the end ("": WORKDIR/hf)
     c.sft.export_dtype = ""  # cast on export ("": the params' dtype)

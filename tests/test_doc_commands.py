@@ -174,17 +174,23 @@ PLANS: dict[str, Miniature | CannotRun] = {
         )
     ),
     # docs/learning.md
-    "python launch/train.py --config configs/sft_shapes.py --workdir /tmp/sft_shapes "
-    "--config.sft.export_dir=pyvision_jax/assets/shapes_sft": Miniature(
-        set={
-            "--config.sft.export_dir": "{scratch}/shapes_sft",
-            "--config.train.steps": "1",
-            "--config.sft.synthetic_per_kind": "1",
-            "--config.sft.rollouts_per_task": "1",
-            "--config.sft.batch_size": "2",
-            "--config.train.micro_batch": "2",
-        }
-    ),
+    **{
+        f"python launch/train.py --config configs/{config}.py --workdir /tmp/{workdir} "
+        f"--config.sft.export_dir=pyvision_jax/assets/{name}": Miniature(
+            set={
+                "--config.sft.export_dir": "{scratch}/" + name,
+                "--config.train.steps": "1",
+                "--config.sft.synthetic_per_kind": "1",
+                "--config.sft.rollouts_per_task": "1",
+                "--config.sft.batch_size": "2",
+                "--config.train.micro_batch": "2",
+            }
+        )
+        for config, workdir, name in (
+            ("sft_shapes", "sft_shapes", "shapes_sft"),
+            ("sft_shapes_adaptive", "sft_adaptive", "shapes_adaptive_sft"),
+        )
+    },
     **{
         command: Miniature(set={**DYNAMICS, "--variants": variants})
         for command, variants in (

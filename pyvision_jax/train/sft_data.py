@@ -40,7 +40,8 @@ class SftSamples:
 class SyntheticSftSettings:
     """Synthetic SFT data: `per_kind` tasks of each of `kinds` (seed `seed`), each solved
     `rollouts_per_task` times by the scripted plans, `guess_share` / `wrong_share` of them
-    the untooled-guess and wrong-answer plans, `careful_share` the careful plan of shapes tasks
+    the untooled-guess and wrong-answer plans, `careful_share` the careful plan of shapes tasks,
+    `wording_by_options` a shapes plan's first thought worded by what the options differ in
     (config section `sft`)."""
 
     per_kind: int
@@ -50,6 +51,7 @@ class SyntheticSftSettings:
     guess_share: float = 0.0
     wrong_share: float = 0.0
     careful_share: float = 0.0
+    wording_by_options: bool = False
 
     def __post_init__(self) -> None:
         for name, other in (("wrong_share", self.wrong_share), ("careful_share", self.careful_share)):
@@ -90,6 +92,7 @@ def synthetic_sft_file(
             guess_share=s.guess_share,
             wrong_share=s.wrong_share,
             careful_share=s.careful_share,
+            wording_by_options=s.wording_by_options,
         )
     log(
         f"synthetic SFT data: {report.rows} trajectories in {report.path} (dropped {report.dropped}); "

@@ -101,14 +101,17 @@ def draw_plans(
     guess_share: float,
     wrong_share: float,
     careful_share: float = 0.0,
+    wording_by_options: bool = False,
 ) -> dict[str, SolutionPlan]:
     """`per_task` plans of every task, keyed by request id `"{task id}/{k}"`; each plan's
     draw depends only on (seed, task position, k). Shapes tasks draw `data.shape_plans`
-    (`guess_share`, `careful_share`), the other kinds `data.sft_solutions`."""
+    (`guess_share`, `careful_share`, `wording_by_options`), the other kinds `data.sft_solutions`."""
 
     def plan(task: Task, rng: np.random.Generator) -> SolutionPlan:
         if task.data_source == SHAPES_SOURCE:
-            return shape_plan(task, rng, guess_share=guess_share, careful_share=careful_share)
+            return shape_plan(
+                task, rng, guess_share=guess_share, careful_share=careful_share, wording_by_options=wording_by_options
+            )
         return solution_plan(task, rng, guess_share=guess_share, wrong_share=wrong_share)
 
     return {
@@ -146,6 +149,7 @@ def write_synthetic_sft(
     guess_share: float,
     wrong_share: float,
     careful_share: float = 0.0,
+    wording_by_options: bool = False,
     progress: bool = False,
 ) -> SyntheticSftReport:
     """Runs `per_task` drawn plans of every task and writes `out_dir/sft.jsonl` with the
@@ -153,7 +157,7 @@ def write_synthetic_sft(
     out_dir = Path(out_dir)
     image_dir = out_dir / "images"
     image_dir.mkdir(parents=True, exist_ok=True)
-    plans = draw_plans(tasks, per_task, seed, guess_share, wrong_share, careful_share)
+    plans = draw_plans(tasks, per_task, seed, guess_share, wrong_share, careful_share, wording_by_options)
     trajectories = run_plans(tasks, plans, tokenizer=tokenizer, sandboxes=sandboxes, episode=episode, progress=progress)
     by_id = {task.id: task for task in tasks}
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")

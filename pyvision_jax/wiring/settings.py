@@ -205,6 +205,7 @@ def synthetic_sft_settings(config: ml_collections.ConfigDict) -> SyntheticSftSet
         guess_share=float(s.guess_share),
         wrong_share=float(s.wrong_share),
         careful_share=float(s.careful_share),
+        wording_by_options=bool(s.wording_by_options),
     )
 
 

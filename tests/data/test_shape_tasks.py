@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import io
 from collections import Counter
 from pathlib import Path
@@ -14,9 +15,10 @@ import pytest
 from PIL import Image
 
 from pyvision_jax.data.sft_solutions import RESULT_SLOT
-from pyvision_jax.data.shape_plans import plan_of, shape_plan
+from pyvision_jax.data.shape_plans import COLOUR_THOUGHTS, SHAPE_THOUGHTS, options_differ_in, plan_of, shape_plan
 from pyvision_jax.data.shape_tasks import (
     HARD_SHAPES,
+    generate_adaptive_shapes,
     generate_cluttered_shapes,
     generate_direct_shapes,
     generate_shapes,
@@ -124,3 +126,25 @@ def test_scripted_plans_follow_their_shares_and_read_back(tasks):
     assert plan_of("no answer and no code") == "other"
     with pytest.raises(ValueError, match="careful_share"):
         shape_plan(tasks[0], np.random.default_rng(0), guess_share=0.5, careful_share=0.6)
+
+
+def test_plans_worded_by_options_differ_in_their_first_words_only_and_are_drawn_as_before(tmp_path):
+    tasks = load_tasks(generate_adaptive_shapes(tmp_path, 6, seed=5)).tasks
+    for task in tasks:
+        differ_in = options_differ_in(task)
+        assert differ_in == ("shape" if task.ability.startswith("shapes_hard") else "colour")
+        thoughts = SHAPE_THOUGHTS if differ_in == "shape" else COLOUR_THOUGHTS
+        for k in range(20):
+            plain = shape_plan(task, np.random.default_rng([k]), guess_share=0.2, careful_share=0.3)
+            worded = shape_plan(
+                task, np.random.default_rng([k]), guess_share=0.2, careful_share=0.3, wording_by_options=True
+            )
+            plan = plain.strategy.removeprefix("shapes/")
+            assert worded.strategy == plain.strategy
+            assert worded.turns[0].startswith(thoughts[plan]) and worded.turns[1:] == plain.turns[1:]
+            assert worded.turns[0].removeprefix(thoughts[plan]) == plain.turns[0].removeprefix(COLOUR_THOUGHTS[plan])
+            assert plan_of("\n".join(worded.turns).replace(RESULT_SLOT, "B")) == plan
+    firsts = [thought.split()[0][0] for thought in (*COLOUR_THOUGHTS.values(), *SHAPE_THOUGHTS.values())]
+    assert len(set(firsts)) == 6  # every plan of either wording opens with its own letter
+    with pytest.raises(ValueError, match="has none"):
+        options_differ_in(dataclasses.replace(tasks[0], options=()))

@@ -7,14 +7,20 @@ from configs import (
     pyvision_image_7b,
     pyvision_image_7b_v5p8,
     pyvision_video_7b,
+    sft_shapes,
+    sft_shapes_adaptive,
     shapes_adaptive_cpu,
     shapes_cluttered_cpu,
     shapes_direct_cpu,
     tiny_cpu,
 )
 from pyvision_jax.data.tasks import write_tasks_jsonl
+from pyvision_jax.wiring.settings import synthetic_sft_settings
 from pyvision_jax.wiring.validation import ConfigError, validate_run
 from tests.train.scripted_runs import colour_tasks
+
+ADAPTIVE_RECIPE = {"model.hf_dir": "packaged:shapes_adaptive_sft", "train.steps": 48}
+"""What the adaptive toy's config sets apart from its tasks (docs/learning.md#learning-when-to-use-tools)."""
 
 
 def flat_keys(config, prefix=""):
@@ -64,18 +70,23 @@ def test_v5p8_config_is_the_image_recipe_on_four_chips():
 
 
 @pytest.mark.parametrize(
-    "module, kind",
+    "module, kind, own",
     [
-        (shapes_cluttered_cpu, "shapes_cluttered"),
-        (shapes_direct_cpu, "shapes_direct"),
-        (shapes_adaptive_cpu, "shapes_adaptive"),
+        (shapes_cluttered_cpu, "shapes_cluttered", {}),
+        (shapes_direct_cpu, "shapes_direct", {}),
+        (shapes_adaptive_cpu, "shapes_adaptive", ADAPTIVE_RECIPE),
     ],
 )
-def test_the_toy_configs_are_the_embedded_default_on_their_toy(module, kind, tmp_path):
+def test_the_toy_configs_are_the_embedded_default_on_their_toy(module, kind, own, tmp_path):
+    """Each toy's config is the embedded default on its tasks, apart from the fields it names."""
     c, default = module.get_config(), tiny_cpu.get_config()
     assert tuple(c.data.synthetic_kinds) == (kind,)
     validate_run(c, tmp_path / "run")
     c.data.synthetic_kinds = default.data.synthetic_kinds
+    for field, value in own.items():
+        section, name = field.split(".")
+        assert c[section][name] == value, field
+        c[section][name] = default[section][name]
     assert c.to_dict() == default.to_dict()
 
 
@@ -109,3 +120,13 @@ def test_a_bad_validation_setting_is_one_line_naming_the_key(tmp_path, key, valu
     c.data.val_files = (str(tmp_path / "missing.jsonl"),)
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         validate_run(c, tmp_path / "run")
+
+
+def test_the_adaptive_sft_config_is_the_shapes_sft_stage_with_plans_worded_by_their_options(tmp_path):
+    c, shapes_stage = sft_shapes_adaptive.get_config(), sft_shapes.get_config()
+    settings = synthetic_sft_settings(c)
+    assert settings.kinds == ("shapes_adaptive",) and settings.wording_by_options
+    assert not synthetic_sft_settings(shapes_stage).wording_by_options
+    validate_run(c, tmp_path / "run")
+    c.data.synthetic_kinds, c.sft.wording_by_options = shapes_stage.data.synthetic_kinds, False
+    assert c.to_dict() == shapes_stage.to_dict()
