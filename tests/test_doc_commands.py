@@ -237,14 +237,13 @@ PLANS: dict[str, Miniature | CannotRun] = {
                 "--config.eval.heldout_k=4",
                 "full",
             ),
-            (
-                "python -m experiments.reproduce_dynamics --config configs/shapes_adaptive_cpu.py "
-                "--workdir /tmp/adaptive_learning --steps 6 --eval-every 6 --seeds 0,1 --temperatures 1.0 "
-                "--variants full --config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
-                "full",
-            ),
         )
     },
+    "python -m experiments.reproduce_dynamics --config configs/shapes_adaptive_cpu.py --workdir /tmp/w48/test "
+    "--steps 48 --eval-every 12 --seeds 0,1,2 --jobs 3 --temperatures 1.0 --variants full "
+    "--config.eval.heldout_per_kind=48 --config.eval.heldout_k=4": Miniature(
+        set={**DYNAMICS, "--variants": "full", "--jobs": None}
+    ),
     "python launch/train.py --config configs/tiny_cpu.py --workdir /tmp/kl_full_0.1 --config.rl.kl_coef=0.1 "
     "--config.eval.heldout_seed=777 --config.eval.heldout_per_kind=48 --config.eval.heldout_k=4": Miniature(set=TRAIN),
     # docs/performance.md
