@@ -6,7 +6,7 @@
 The shapes SFT stage (configs/sft_shapes.py: the same plan shares, task count, seed and steps) on
 tasks of the adaptive kind, each plan's first thought worded by what the options differ in
 (`sft.wording_by_options`, data.shape_plans). The plan is drawn apart from the wording, so the SFT
-model chooses its plan the same way on every task.
+data holds each plan in the same share on every task.
 """
 
 import ml_collections

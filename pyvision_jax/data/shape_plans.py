@@ -11,7 +11,7 @@ not its best one:
 With `wording_by_options` a plan's first thought is worded by what the task's options differ
 in (`options_differ_in`): the thoughts above where they differ in colour, `SHAPE_THOUGHTS` (other
 first words) where they differ in shape. The plan is still drawn apart from the wording, so the
-SFT model chooses its plan the same way on every task; what differs is the token that chooses it.
+SFT data holds each plan in the same share on every task; what differs is the token that chooses it.
 At the small model's size this is what lets updates move one family's plans without the other's:
 with one wording, the model's state where it picks its plan hardly depends on the task, and
 GRPO moves both families' plans alike (docs/learning.md#learning-when-to-use-tools).
