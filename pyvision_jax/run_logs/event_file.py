@@ -54,8 +54,11 @@ class SynchronousEventOutput(Output):
     def __init__(self, logdir: str | os.PathLike[str]) -> None:
         logdir = os.fspath(logdir)
         os.makedirs(logdir, exist_ok=True)
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
-        self.path = os.path.join(logdir, f"{name}.{next(_FILE_NUMBERS)}")
+        # TensorBoard reads a directory's event files in name order: the fields are padded so
+        # that files opened within one second (or by processes whose pids differ in length)
+        # sort in the order they were written.
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid():07d}"
+        self.path = os.path.join(logdir, f"{name}.{next(_FILE_NUMBERS):06d}")
         self._records = RecordWriter(_WholeWrites(self.path))
         self._write(event_pb2.Event(wall_time=time.time(), file_version=_FILE_VERSION))
 

@@ -1,13 +1,14 @@
 """MetricsWriter writes TensorBoard scalars that read back with tensorboard's own reader."""
 
 import gc
+import itertools
 import subprocess
 import threading
 
 import numpy as np
 import pytest
 
-from pyvision_jax.run_logs import metric_names, metrics
+from pyvision_jax.run_logs import event_file, metric_names, metrics
 from tests.train.tensorboard_events import read_scalars
 
 
@@ -35,6 +36,17 @@ def test_flush_makes_scalars_visible_before_close(tmp_path):
     writer.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
         writer.write(8, {metric_names.REWARD_TOTAL: 1.0})
+
+
+def test_writers_opened_within_one_second_read_back_in_the_order_written(tmp_path, monkeypatch):
+    """Validation opens one writer per validated step; files of one second must sort by their
+    number (9 before 10), as TensorBoard reads a directory's files in name order."""
+    monkeypatch.setattr(event_file.time, "time", lambda: 1_700_000_000.0)
+    monkeypatch.setattr(event_file, "_FILE_NUMBERS", itertools.count(5))
+    for step in range(0, 24, 2):
+        with metrics.MetricsWriter(tmp_path) as writer:
+            writer.write(step, {metric_names.VAL_ACCURACY: step / 32})
+    assert read_scalars(str(tmp_path)) == {metric_names.VAL_ACCURACY: [(step, step / 32) for step in range(0, 24, 2)]}
 
 
 def test_bad_values_are_rejected_naming_the_metric_and_nothing_is_written(tmp_path):
