@@ -19,7 +19,12 @@ from pyvision_jax.wiring.settings import synthetic_sft_settings
 from pyvision_jax.wiring.validation import ConfigError, validate_run
 from tests.train.scripted_runs import colour_tasks
 
-ADAPTIVE_RECIPE = {"model.hf_dir": "packaged:shapes_adaptive_sft", "train.steps": 48}
+ADAPTIVE_RECIPE = {
+    "model.hf_dir": "packaged:shapes_adaptive_sft",
+    "rl.kl_coef": 0.1,
+    "rl.tool_reward_coef": 0.0,
+    "train.steps": 36,
+}
 """What the adaptive toy's config sets apart from its tasks (docs/learning.md#learning-when-to-use-tools)."""
 
 
