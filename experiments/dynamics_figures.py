@@ -138,3 +138,54 @@ def plot_plans(runs: Sequence[Mapping[str, Any]], out_png: str | os.PathLike, ti
         axis.set_title(title, pad=18, fontsize=9)
     figure.tight_layout()
     figure.savefig(out_png, dpi=100)
+
+
+def plot_plans_by_family(runs: Sequence[Mapping[str, Any]], out_png: str | os.PathLike, title: str = "") -> bool:
+    """One PNG with a panel per task family: for every run (variant and seed) two stacked bars,
+    the held-out plan shares at the start and at the early-stopped step
+    (`statistics.plans_by_family`). Returns False, writing nothing, when the runs' tasks hold
+    fewer than two families."""
+    families = sorted({f for run in runs for f in run["statistics"].get("plans_by_family", {}).get("start", {})})
+    if len(families) < 2:
+        return False
+    figure = Figure(figsize=(max(4.0, 1.1 * len(runs) + 1.5) * len(families) / 1.4 + 1.2, 4))
+    axes = figure.subplots(1, len(families), sharey=True, squeeze=False)[0]
+    for axis, family in zip(axes, families):
+        positions, labels = [], []
+        for n, run in enumerate(runs):
+            plans = run["statistics"]["plans_by_family"]
+            for offset, when in ((-0.2, "start"), (0.2, "early_stopped")):
+                shares = plans[when].get(family, {})
+                bottom = 0.0
+                for plan in PLANS:
+                    share = shares.get(plan, 0.0)
+                    first = axis is axes[0] and n == 0 and when == "start"
+                    axis.bar(
+                        n + offset,
+                        share,
+                        width=0.36,
+                        bottom=bottom,
+                        color=PLAN_COLOURS[plan],
+                        label=plan if first else None,
+                    )
+                    bottom += share
+                positions.append(n + offset)
+                labels.append("start" if when == "start" else "RL")
+            axis.text(
+                n,
+                1.02,
+                f"{run['name']}, seed {run['seed']}",
+                ha="center",
+                fontsize=7,
+                transform=axis.get_xaxis_transform(),
+            )
+        axis.set_xticks(positions, labels, fontsize=7)
+        axis.set_ylim(0, 1)
+        axis.set_title(family, pad=16, fontsize=9)
+    axes[0].set_ylabel("share of held-out rollouts")
+    axes[-1].legend(*axes[0].get_legend_handles_labels(), fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if title:
+        figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(out_png, dpi=100)
+    return True

@@ -47,8 +47,10 @@ variants, validation, heldout, baselines, input_independent, start, runs, claims
 WORKDIR/dynamics.png (held-out accuracy with the best baseline and the start, training
 accuracy, tool calls, careful-plan share, entropy, response length: one line per variant, the
 mean over seeds); WORKDIR/plans.png (held-out plan shares at the start and the end per
-variant); WORKDIR/results.md (the baseline, the tables, the claim checks). Rerunning
-resumes the runs and reuses every finished evaluation.
+variant); WORKDIR/plans_by_family.png (on toys with two task families: each run's held-out
+plan shares per family at the start and the early-stopped step); WORKDIR/results.md (the
+baseline, the tables, the claim checks). Rerunning resumes the runs and reuses every finished
+evaluation.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ from experiments.baseline_runs import (
     validation_set,
 )
 from experiments.baselines import HELDOUT
-from experiments.dynamics_figures import plot_dynamics, plot_plans
+from experiments.dynamics_figures import plot_dynamics, plot_plans, plot_plans_by_family
 from experiments.dynamics_runs import check_seeds, run_dir, run_variant
 from experiments.dynamics_stats import claim_checks, run_records, statistics_by_run
 from experiments.dynamics_tables import results_markdown
@@ -209,14 +211,20 @@ def main(argv: list[str]) -> None:
         baseline_label=f"best fixed T {baselines.best_temperature:g}",
     )
     plot_plans(records, workdir / "plans.png", title=f"held-out plan shares, {seeds_text}")
+    by_family = plot_plans_by_family(
+        records, workdir / "plans_by_family.png", title=f"held-out plan shares by task family, seed {heldout.seed}"
+    )
     markdown = results_markdown(
         records, baselines_record, checks, validation.seed, heldout.seed, results["input_independent"]
     )
     (workdir / "results.md").write_text(markdown + "\n")
     print(markdown)
+    figures = [workdir / "dynamics.png", workdir / "plans.png"] + (
+        [workdir / "plans_by_family.png"] if by_family else []
+    )
     print(
-        f"results: {workdir / 'results.json'}, {workdir / 'results.md'}; figures: {workdir / 'dynamics.png'}, "
-        f"{workdir / 'plans.png'}; wall time {results['wall_time_s']['total']:.0f} s"
+        f"results: {workdir / 'results.json'}, {workdir / 'results.md'}; figures: {', '.join(map(str, figures))}; "
+        f"wall time {results['wall_time_s']['total']:.0f} s"
     )
 
 

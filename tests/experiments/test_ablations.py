@@ -24,7 +24,7 @@ from experiments.ablations import (
     read_curves,
 )
 from experiments.baselines import EvalSet, TemperatureBaselines
-from experiments.dynamics_figures import mean_curve, plot_dynamics, plot_plans
+from experiments.dynamics_figures import mean_curve, plot_dynamics, plot_plans, plot_plans_by_family
 from experiments.dynamics_runs import variant_config
 from experiments.dynamics_stats import VariantRun, claim_checks, early_stop_step, run_records, statistics_by_run
 from experiments.dynamics_tables import results_markdown, results_table
@@ -127,6 +127,13 @@ def test_figures_and_tables(tmp_path):
     assert np.asarray(Image.open(tmp_path / "with_params.png")).shape[:2] == (800, 2000)  # a 2 x 4 grid
     plot_plans(records, tmp_path / "plans.png", title="t")
     assert np.asarray(Image.open(tmp_path / "plans.png")).std() > 10
+    assert not plot_plans_by_family(records, tmp_path / "by_family.png")  # one family: no figure
+    assert not (tmp_path / "by_family.png").exists()
+    shares = {"easy": {"quick": 0.5, "guess": 0.5}, "hard": {"careful": 1.0}}
+    for record in records:
+        record["statistics"]["plans_by_family"] = {"start": shares, "early_stopped": shares, "last": shares}
+    assert plot_plans_by_family(records, tmp_path / "by_family.png", title="t")
+    assert np.asarray(Image.open(tmp_path / "by_family.png")).std() > 10
     assert mean_curve([[(1, 1.0), (2, 2.0)], [(2, 4.0), (3, 1.0)]]) == [(2, 3.0)]
     table = results_table(records).splitlines()
     assert table[0] == "### Recipe and ablations" and table[8] == "### Controls"
