@@ -22,7 +22,6 @@ from tests.train.scripted_runs import colour_tasks
 ADAPTIVE_RECIPE = {
     "model.hf_dir": "packaged:shapes_adaptive_sft",
     "rl.kl_coef": 0.1,
-    "rl.tool_reward_coef": 0.0,
     "train.steps": 36,
 }
 """What the adaptive toy's config sets apart from its tasks (docs/learning.md#learning-when-to-use-tools)."""
