@@ -213,24 +213,6 @@ PLANS: dict[str, Miniature | CannotRun] = {
                 "full",
             ),
             (
-                "python -m experiments.reproduce_dynamics --config configs/shapes_direct_cpu.py --workdir /tmp/direct "
-                "--steps 24 --eval-every 12 --seeds 0 --variants full,no_tool_reward "
-                "--config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
-                "full",
-            ),
-            (
-                "python -m experiments.reproduce_dynamics --config configs/shapes_direct_cpu.py "
-                "--workdir /tmp/direct_k2 --steps 24 --eval-every 12 --seeds 0 --variants full,no_tool_reward "
-                "--config.rl.kl_estimator=k2 --config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
-                "full",
-            ),
-            (
-                "python -m experiments.reproduce_dynamics --config configs/shapes_direct_cpu.py "
-                "--workdir /tmp/direct_s1 --steps 24 --eval-every 12 --seeds 1 --temperatures 1.0 "
-                "--variants full,no_tool_reward --config.eval.heldout_per_kind=48 --config.eval.heldout_k=4",
-                "full",
-            ),
-            (
                 "python -m experiments.reproduce_dynamics --config configs/shapes_direct_cpu.py "
                 "--workdir /tmp/direct_lr5 --steps 36 --eval-every 12 --seeds 0,1,2,3,4 --temperatures 1.0 "
                 "--variants full,no_tool_reward --config.train.lr=5e-4 --config.eval.heldout_per_kind=48 "
@@ -239,11 +221,18 @@ PLANS: dict[str, Miniature | CannotRun] = {
             ),
         )
     },
-    "python -m experiments.reproduce_dynamics --config configs/shapes_adaptive_cpu.py --workdir /tmp/w48/test "
-    "--steps 48 --eval-every 12 --seeds 0,1,2 --jobs 3 --temperatures 1.0 --variants full "
-    "--config.eval.heldout_per_kind=48 --config.eval.heldout_k=4": Miniature(
-        set={**DYNAMICS, "--variants": "full", "--jobs": None}
-    ),
+    **{
+        "python -m experiments.reproduce_dynamics --config configs/shapes_adaptive_cpu.py --workdir "
+        f"{workdir} --steps 36 --eval-every 12 --seeds 0,1,2 --jobs 3 --temperatures 1.0 --variants full "
+        f"{flags}--config.eval.heldout_per_kind=48 --config.eval.heldout_k=4": Miniature(
+            set={**DYNAMICS, "--variants": "full", "--jobs": None}
+        )
+        for workdir, flags in (
+            ("/tmp/w48c/test", "--config.rl.tool_reward_coef=0 "),
+            ("/tmp/w48d/test", ""),
+            ("/tmp/w48e/confirm", "--config.eval.heldout_seed=5151 "),
+        )
+    },
     "python launch/train.py --config configs/tiny_cpu.py --workdir /tmp/kl_full_0.1 --config.rl.kl_coef=0.1 "
     "--config.eval.heldout_seed=777 --config.eval.heldout_per_kind=48 --config.eval.heldout_k=4": Miniature(set=TRAIN),
     # docs/performance.md
