@@ -48,12 +48,12 @@ def heldout_set(config: ml_collections.ConfigDict) -> EvalSet:
     return EvalSet(HELDOUT, held.seed, held.per_kind, held.k)
 
 
-def validation_set(config: ml_collections.ConfigDict, seed: int) -> EvalSet:
-    """The validation set: the held-out set's size on synthetic seed `seed`, which must be
-    neither the held-out seed nor a training seed."""
+def validation_set(config: ml_collections.ConfigDict, seed: int, per_kind: int = 0) -> EvalSet:
+    """The validation set on synthetic seed `seed`, which must be neither the held-out seed nor a
+    training seed: `per_kind` tasks per kind (0: the held-out set's), the held-out set's k."""
     held = heldout_set(config)
     check_validation_seed(seed, held.seed, training_seeds(config))
-    return EvalSet(VALIDATION, seed, held.per_kind, held.k)
+    return EvalSet(VALIDATION, seed, per_kind or held.per_kind, held.k)
 
 
 def synthetic_tasks(out_dir: str | os.PathLike, seed: int, per_kind: int, kinds: tuple[str, ...]) -> Path:

@@ -4,13 +4,14 @@ intervals over held-out tasks.
 
     python -m experiments.reproduce_dynamics --workdir /tmp/dynamics [--steps 24] [--eval-every 6] \
         [--variants full,no_tool_reward,std_norm,arrival_order,turns_2,random_reward,entropy_min] \
-        [--seeds 0] [--temperatures 0.1,0.3,0.6,1.0] [--validation-seed 777] [--jobs 1] \
-        [--config configs/tiny_cpu.py] [--config.x=y ...]
+        [--seeds 0] [--temperatures 0.1,0.3,0.6,1.0] [--validation-seed 777] [--validation-per-kind 0] \
+        [--jobs 1] [--config configs/tiny_cpu.py] [--config.x=y ...]
 
 Two task sets of the config's synthetic kinds (`data.synthetic_kinds`), both of
-`eval.heldout_per_kind` tasks per kind and `eval.heldout_k` rollouts per task: the validation
-set (synthetic seed --validation-seed) and the held-out set (`eval.heldout_seed`). Neither seed
-may be a training seed, nor the two the same. Nothing is ever chosen on the held-out set.
+`eval.heldout_per_kind` tasks per kind (the validation set's: --validation-per-kind when set) and
+`eval.heldout_k` rollouts per task: the validation set (synthetic seed --validation-seed) and the
+held-out set (`eval.heldout_seed`). Neither seed may be a training seed, nor the two the same.
+Nothing is ever chosen on the held-out set.
 
 1. Baselines: the config's starting model (no training) at each of --temperatures on both
    sets; the temperature best on validation (the first listed among equals) gives "the best
@@ -95,6 +96,12 @@ _TEMPERATURES = flags.DEFINE_list("temperatures", ["0.1", "0.3", "0.6", "1.0"], 
 _VALIDATION_SEED = flags.DEFINE_integer(
     "validation-seed", 777, "Synthetic seed of the validation set (temperature choice, early stopping)."
 )
+_VALIDATION_PER_KIND = flags.DEFINE_integer(
+    "validation-per-kind",
+    0,
+    "Tasks per kind of the validation set (0: eval.heldout_per_kind, the held-out set's); a test set "
+    "larger than the validation set buys a narrower interval without changing the early stopping.",
+)
 _JOBS = flags.DEFINE_integer("jobs", 1, "Runs trained at once, each in a process of its own (1: one after another).")
 _RUNS_ONLY = flags.DEFINE_bool(
     "runs-only",
@@ -145,7 +152,7 @@ def main(argv: list[str]) -> None:
         seeds = [int(s) for s in _SEEDS.value]
         temperatures = [float(t) for t in _TEMPERATURES.value]
         heldout = heldout_set(config)
-        validation = validation_set(config, _VALIDATION_SEED.value)
+        validation = validation_set(config, _VALIDATION_SEED.value, _VALIDATION_PER_KIND.value)
         check_seeds(config, seeds)
         if not temperatures or min(temperatures) <= 0:
             raise ValueError(f"--temperatures must be > 0, got {_TEMPERATURES.value}")

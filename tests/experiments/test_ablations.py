@@ -198,7 +198,13 @@ def tiny_command(workdir, *flags):
 def test_reproduce_dynamics_end_to_end(tmp_path):
     """The two runs trained side by side (--jobs 2), then the same command one run after the
     other, which reuses every step and evaluation and reports the same results."""
-    flags = ("--steps=2", "--eval-every=2", "--variants=full,random_reward", "--temperatures=0.5,1.0")
+    flags = (
+        "--steps=2",
+        "--eval-every=2",
+        "--variants=full,random_reward",
+        "--temperatures=0.5,1.0",
+        "--validation-per-kind=2",
+    )
     command = tiny_command(tmp_path, *flags, "--jobs=2")
     result = subprocess.run(command, cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -248,7 +254,9 @@ def test_reproduce_dynamics_end_to_end(tmp_path):
             assert (run_dir / name / "step_2" / "results.json").is_file()
     config = json.loads((tmp_path / "random_reward" / "seed_0" / "config.json").read_text())
     assert config["rl"]["reward_control"] == "random" and config["seed"] == 0
-    assert (tmp_path / "validation" / "tasks" / "tasks.jsonl").read_text().count("counting-777-") == 1
+    assert (tmp_path / "validation" / "tasks" / "tasks.jsonl").read_text().count("counting-777-") == 2
+    assert (tmp_path / "heldout" / "tasks" / "tasks.jsonl").read_text().count("counting-4242-") == 1
+    assert results["validation"]["per_kind"] == 2 and results["heldout"]["per_kind"] == 1
     assert list(results["claims"]["seed_0"]) == [
         "full_gain",
         "full_tool_calls",
@@ -268,6 +276,7 @@ def test_reproduce_dynamics_end_to_end(tmp_path):
         (["--validation-seed=1000"], "must differ from the training seed sft.synthetic_seed=1000"),
         (["--seeds=0,1"], "a random-init start (model.hf_dir empty) depends on the seed"),
         (["--jobs=0"], "--jobs must be >= 1, got 0"),
+        (["--validation-per-kind=-1"], "validation set: per_kind and k must be >= 1, got -1 and 1"),
     ],
 )
 def test_reproduce_dynamics_refuses_before_any_evaluation(tmp_path, flags, message):
