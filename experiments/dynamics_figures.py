@@ -105,6 +105,16 @@ def plot_dynamics(
     figure.savefig(out_png, dpi=100)
 
 
+def stacked_plan_bar(axis: Any, x: float, shares: Mapping[str, float], legend: bool) -> None:
+    """One bar at `x` of the plan shares stacked in PLANS order (an absent plan: 0), each plan
+    labelled for the legend when `legend`."""
+    bottom = 0.0
+    for plan in PLANS:
+        share = shares.get(plan, 0.0)
+        axis.bar(x, share, width=0.36, bottom=bottom, color=PLAN_COLOURS[plan], label=plan if legend else None)
+        bottom += share
+
+
 def plot_plans(runs: Sequence[Mapping[str, Any]], out_png: str | os.PathLike, title: str = "") -> None:
     """One PNG: per variant two stacked bars, the held-out plan shares (PLANS) at the start and
     at the last step (means over seeds), from each record's statistics."""
@@ -115,17 +125,7 @@ def plot_plans(runs: Sequence[Mapping[str, Any]], out_png: str | os.PathLike, ti
     for n, group in enumerate(groups.values()):
         for offset, when in ((-0.2, "start"), (0.2, "last")):
             shares = mean_shares([run["statistics"]["plans"][when] for run in group])
-            bottom = 0.0
-            for plan in PLANS:
-                axis.bar(
-                    n + offset,
-                    shares[plan],
-                    width=0.36,
-                    bottom=bottom,
-                    color=PLAN_COLOURS[plan],
-                    label=plan if n == 0 and when == "start" else None,
-                )
-                bottom += shares[plan]
+            stacked_plan_bar(axis, n + offset, shares, legend=n == 0 and when == "start")
             positions.append(n + offset)
             labels.append("start" if when == "start" else "end")
     axis.set_xticks(positions, labels, fontsize=7)
@@ -155,20 +155,8 @@ def plot_plans_by_family(runs: Sequence[Mapping[str, Any]], out_png: str | os.Pa
         for n, run in enumerate(runs):
             plans = run["statistics"]["plans_by_family"]
             for offset, when in ((-0.2, "start"), (0.2, "early_stopped")):
-                shares = plans[when].get(family, {})
-                bottom = 0.0
-                for plan in PLANS:
-                    share = shares.get(plan, 0.0)
-                    first = axis is axes[0] and n == 0 and when == "start"
-                    axis.bar(
-                        n + offset,
-                        share,
-                        width=0.36,
-                        bottom=bottom,
-                        color=PLAN_COLOURS[plan],
-                        label=plan if first else None,
-                    )
-                    bottom += share
+                first = axis is axes[0] and n == 0 and when == "start"
+                stacked_plan_bar(axis, n + offset, plans[when].get(family, {}), legend=first)
                 positions.append(n + offset)
                 labels.append("start" if when == "start" else "RL")
             axis.text(

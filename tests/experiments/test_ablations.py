@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from matplotlib.colors import to_rgba
+from matplotlib.figure import Figure
 from PIL import Image
 
 from experiments.ablations import (
@@ -24,7 +26,14 @@ from experiments.ablations import (
     read_curves,
 )
 from experiments.baselines import EvalSet, TemperatureBaselines
-from experiments.dynamics_figures import mean_curve, plot_dynamics, plot_plans, plot_plans_by_family
+from experiments.dynamics_figures import (
+    PLAN_COLOURS,
+    mean_curve,
+    plot_dynamics,
+    plot_plans,
+    plot_plans_by_family,
+    stacked_plan_bar,
+)
 from experiments.dynamics_runs import variant_config
 from experiments.dynamics_stats import VariantRun, claim_checks, early_stop_step, run_records, statistics_by_run
 from experiments.dynamics_tables import results_markdown, results_table
@@ -109,6 +118,25 @@ def test_evaluations_are_logged_once_per_step_unless_they_change(tmp_path):
     assert curves[HELDOUT_ACCURACY] == [(12, 0.25), (24, 0.5)]
     assert curves["heldout/tool_calls"] == [(12, 1.25), (24, 1.25)]
     assert curves[VALIDATION_ACCURACY] == [(12, 0.75), (24, 0.75)]
+
+
+def test_a_stacked_plan_bar_stacks_every_plan_in_order_an_absent_one_at_zero():
+    axis = Figure().subplots()
+    stacked_plan_bar(axis, 2.0, {"careful": 0.25, "quick": 0.5, "other": 0.125}, legend=True)
+    bars = axis.patches
+    assert [(b.get_x() + b.get_width() / 2, b.get_y(), b.get_height()) for b in bars] == [
+        (2.0, 0.0, 0.5),
+        (2.0, 0.5, 0.25),
+        (2.0, 0.75, 0.0),
+        (2.0, 0.75, 0.125),
+    ]
+    assert [c.get_label() for c in axis.containers] == ["quick", "careful", "guess", "other"]
+    assert [b.get_facecolor() for b in bars] == [
+        to_rgba(PLAN_COLOURS[p]) for p in ("quick", "careful", "guess", "other")
+    ]
+    stacked_plan_bar(axis, 3.0, {"guess": 1.0}, legend=False)
+    assert not any(c.get_label() in PLAN_COLOURS for c in axis.containers[4:])
+    assert axis.patches[6].get_height() == 1.0
 
 
 def test_figures_and_tables(tmp_path):
