@@ -224,13 +224,17 @@ PLANS: dict[str, Miniature | CannotRun] = {
     **{
         "python -m experiments.reproduce_dynamics --config configs/shapes_adaptive_cpu.py --workdir "
         f"{workdir} --steps 36 --eval-every 12 --seeds 0,1,2 --jobs 3 --temperatures 1.0 --variants full "
-        f"{flags}--config.eval.heldout_per_kind=48 --config.eval.heldout_k=4": Miniature(
-            set={**DYNAMICS, "--variants": "full", "--jobs": None}
+        f"{flags} --config.eval.heldout_k=4": Miniature(
+            set={**DYNAMICS, "--variants": "full", "--jobs": None, "--validation-per-kind": "1"}
         )
         for workdir, flags in (
-            ("/tmp/w48c/test", "--config.rl.tool_reward_coef=0 "),
-            ("/tmp/w48d/test", ""),
-            ("/tmp/w48e/confirm", "--config.eval.heldout_seed=5151 "),
+            ("/tmp/w48c/test", "--config.rl.tool_reward_coef=0 --config.eval.heldout_per_kind=48"),
+            ("/tmp/w48d/test", "--config.eval.heldout_per_kind=48"),
+            ("/tmp/w48e/confirm", "--config.eval.heldout_seed=5151 --config.eval.heldout_per_kind=48"),
+            (
+                "/tmp/w48f/confirm",
+                "--validation-per-kind 48 --config.eval.heldout_seed=6161 --config.eval.heldout_per_kind=192",
+            ),
         )
     },
     "python launch/train.py --config configs/tiny_cpu.py --workdir /tmp/kl_full_0.1 --config.rl.kl_coef=0.1 "
