@@ -208,6 +208,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.ppo_mini_batch_groups = 0  # groups per optimizer update (released ppo_mini_batch_size 16): the step makes
     # rl.batch_groups / this updates on disjoint mini-batches, all clipped against
     # the policy before the step; 0: one update on the whole batch
+    c.train.xla_backend_optimization_level = -1  # XLA's LLVM optimization level for every executable of
+    # the run (XLA_FLAGS, set before JAX starts; one there wins); -1: XLA's default
     c.train.checkpoint_every = 2
     c.train.keep_checkpoints = 2
     c.train.sample_groups_per_step = 1  # trajectory groups appended to workdir/trajectories.jsonl per step

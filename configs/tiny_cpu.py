@@ -19,12 +19,15 @@ base_config = sibling("base").get_config
 def get_config() -> ml_collections.ConfigDict:
     c = shapes.apply(base_config())
     c.model.hf_dir = "packaged:shapes_sft"
-    c.episode.max_concurrent = 32
-    c.rollout.max_batch = 32
-    # every engine dispatch at 32 rows: one prefill, extension and decode executable per length
+    # a step's 64 episodes at once, each holding its own engine slot between turns (KV
+    # continuation): new episodes prefill together in one dispatch instead of joining a few at a
+    # time as others end (docs/performance.md#compilation-in-the-main-job)
+    c.episode.max_concurrent = 64
+    c.rollout.max_batch = 64
+    # every engine dispatch at 64 rows: one prefill, extension and decode executable per length
     # rather than one per row count; on 2 cores an executable takes 1.5-3.5 s to compile, more
-    # than the padded rows cost (docs/performance.md#compilation-in-the-main-job)
-    c.rollout.batch_sizes = (32,)
+    # than the padded rows cost
+    c.rollout.batch_sizes = (64,)
     # one trajectory per row: a step's 32 trajectories fill 4 micro-batches of 8 whatever their
     # lengths, so the train step compiles once (packed, the micro-batch count grows 3 -> 4 in step
     # 2 and the step compiles again, 7-10 s here)
@@ -32,6 +35,9 @@ def get_config() -> ml_collections.ConfigDict:
     # vision sizes with room for two images per row from step 1 (the task's image and a crop): a
     # step's 40-55 images fit, so the train step does not compile again when a batch holds more
     c.train.images_per_row = 2
+    # LLVM level 1: the run's executables compile faster and the small model's steps run as fast
+    # (docs/performance.md#compilation-in-the-main-job)
+    c.train.xla_backend_optimization_level = 1
     c.sandbox.pool_size = 8
     c.data.synthetic_per_kind = 64  # training tasks (seed 0): a step draws 16 of them
     c.rl.batch_groups = 8

@@ -110,6 +110,61 @@ def test_a_run_keeps_compiled_executables_in_its_workdir_unless_a_cache_is_set(t
     assert not (tmp_path / "run").exists() if preset else not (tmp_path / "mine").exists()
 
 
+OPTIMIZATION_PROBE = """
+import sys
+import jax, jax.numpy as jnp
+from jax.extend.backend import get_compile_options
+from pyvision_jax import wiring
+if sys.argv[1] == "after_start":
+    jax.jit(lambda x: x + 1)(jnp.ones(2)).block_until_ready()
+print(wiring.use_backend_optimization_level(int(sys.argv[2])))
+print(get_compile_options(1, 1).executable_build_options.debug_options.xla_backend_optimization_level)
+"""
+
+
+@pytest.mark.parametrize(
+    ("when", "preset", "level", "notice", "compiled_at"),
+    [
+        ("before_start", "", 1, None, 1),
+        ("before_start", "", -1, None, None),  # XLA's default
+        ("before_start", "--xla_backend_optimization_level=3", 1, "XLA_FLAGS sets", 3),
+        ("after_start", "", 1, "backend started", None),
+    ],
+)
+def test_a_run_sets_the_llvm_optimization_level_before_jax_starts_and_a_user_flag_wins(
+    when, preset, level, notice, compiled_at
+):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[1]), JAX_PLATFORMS="cpu")
+    if preset:
+        env["XLA_FLAGS"] = preset
+    default = subprocess.run(
+        [sys.executable, "-c", OPTIMIZATION_PROBE, "before_start", "-1"],
+        env=env | {"XLA_FLAGS": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", OPTIMIZATION_PROBE, when, str(level)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert default.returncode == 0 and out.returncode == 0, default.stderr[-2000:] + out.stderr[-2000:]
+    said, compiled = out.stdout.split("\n")[:2]
+    xla_default = int(default.stdout.split("\n")[1])
+    assert xla_default != 1
+    assert (said == "None") if notice is None else (notice in said and "xla_backend_optimization_level=1" in said)
+    assert int(compiled) == (xla_default if compiled_at is None else compiled_at)
+
+
+def test_an_optimization_level_out_of_range_names_its_field():
+    with pytest.raises(ValueError, match=r"--config.train.xla_backend_optimization_level=7 must be -1"):
+        wiring.use_backend_optimization_level(7)
+
+
 @pytest.mark.parametrize("control", ["", "random", "entropy_min"])
 def test_reward_controls_reach_the_selection_and_entropy_min_needs_an_entropy_term(control):
     config = tiny_config()

@@ -42,7 +42,8 @@ def main(argv: list[str]) -> None:
     config, workdir = _CONFIG.value, _WORKDIR.value
     with bad_input_exits(PROGRAM):
         validate_run(config, workdir)
-    for notice in startup_notices(config):
+        not_applied = wiring.use_backend_optimization_level(config.train.xla_backend_optimization_level)
+    for notice in startup_notices(config) + ([not_applied] if not_applied else []):
         print(notice, flush=True)
     # Taken before the held-out evaluation, so a second trainer is refused at once; in a
     # multi-host run process 0 takes it when training starts (its index is known then).

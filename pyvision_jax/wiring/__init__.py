@@ -14,11 +14,13 @@ module owns one concern:
 - `export`: a training checkpoint as a Hugging Face directory (`pyvision-convert flax2hf`).
 - `heldout`: held-out accuracy before and after training.
 - `compilation_cache`: JAX's persistent compilation cache in the workdir.
+- `code_generation`: the LLVM optimization level XLA compiles the run's executables with.
 
 `train/` and `eval/` never read a ConfigDict; `pyvision_jax.cli` is the only layer above in the
 package; the learning experiments (`experiments/`, outside it) build their runs on this one.
 """
 
+from pyvision_jax.wiring.code_generation import use_backend_optimization_level
 from pyvision_jax.wiring.compilation_cache import COMPILATION_CACHE_DIR, use_compilation_cache
 from pyvision_jax.wiring.config_values import int_tuple, str_tuple
 from pyvision_jax.wiring.engines import jax_engine, require_vllm, vllm_engine, vllm_model_dir
@@ -113,6 +115,7 @@ __all__ = [
     "train_with_heldout",
     "training_tasks",
     "trajectory_queue",
+    "use_backend_optimization_level",
     "use_compilation_cache",
     "vllm_engine",
     "vllm_model_dir",
