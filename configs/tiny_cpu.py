@@ -2,7 +2,7 @@
 where the SFT policy's likeliest plan is not its best one, docs/learning.md), from the packaged
 SFT checkpoint of the "small" model (configs/sft_shapes.py), the JAX engine in process.
 
-The recipe with held-out accuracy before and after, in about three minutes on 2 cores:
+The recipe with held-out accuracy before and after, in about two minutes on 2 cores:
     python launch/train.py --config configs/tiny_cpu.py --workdir /tmp/pyvision_tiny
 Override any field: --config.rl.group_size=8 --config.train.steps=20. The vision tower stays
 frozen (train.freeze_vision); every other weight trains, with a KL term to the SFT model.

@@ -21,6 +21,7 @@ LONGEST_FILES = (
     "tests/train/test_run_guards.py",
     "tests/train/test_secrets_stay_out.py",
     "tests/train/test_trainer_kill.py",
+    "tests/benchmarks/test_main_job_time.py",
 )
 
 

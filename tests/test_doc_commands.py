@@ -246,6 +246,10 @@ PLANS: dict[str, Miniature | CannotRun] = {
     ".venv/bin/python -m benchmarks.engine_roofline --models 7b-slice --rows 1,8 --caches 512 --repeats 2": Miniature(
         set=ROOFLINE_MINIATURE | {"--slice-layers": "1"}
     ),
+    ".venv/bin/python -m benchmarks.main_job_time --pairs 2 --out main_job_time.json": Miniature(
+        set={"--pairs": "1", "--out": "{scratch}/main_job_time.json"},
+        add=("--config.train.steps=1", "--config.eval.heldout_per_kind=1", "--config.rl.batch_groups=2"),
+    ),
     ".venv/bin/python -m benchmarks.rl_kernels": Miniature(
         set={"--groups": "64", "--group-size": "4", "--batch": "4", "--length": "64", "--repeats": "2"}
         | {"--loss-repeats": "1"}
