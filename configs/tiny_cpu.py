@@ -21,7 +21,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.hf_dir = "packaged:shapes_sft"
     # a step's 64 episodes at once, each holding its own engine slot between turns (KV
     # continuation): new episodes prefill together in one dispatch instead of joining a few at a
-    # time as others end (docs/performance.md#compilation-in-the-main-job)
+    # time as others end (docs/performance.md#the-main-jobs-wall-time)
     c.episode.max_concurrent = 64
     c.rollout.max_batch = 64
     # every engine dispatch at 64 rows: one prefill, extension and decode executable per length
@@ -36,7 +36,7 @@ def get_config() -> ml_collections.ConfigDict:
     # step's 40-55 images fit, so the train step does not compile again when a batch holds more
     c.train.images_per_row = 2
     # LLVM level 1: the run's executables compile faster and the small model's steps run as fast
-    # (docs/performance.md#compilation-in-the-main-job)
+    # (docs/performance.md#the-main-jobs-wall-time)
     c.train.xla_backend_optimization_level = 1
     c.sandbox.pool_size = 8
     c.data.synthetic_per_kind = 64  # training tasks (seed 0): a step draws 16 of them

@@ -1,8 +1,8 @@
 """XLA's code generation for a run: the LLVM optimization level its backend compiles with.
 
-On CPU a short run spends much of its time compiling (the main job: about a fifth of it at
-XLA's default level, docs/performance.md#compilation-in-the-main-job). Level 1 compiles those
-executables faster and, for the small model's decode, prefill and train steps, runs them as fast.
+On CPU a short run spends much of its time compiling. Level 1 compiles the executables faster
+and, for the small model's decode, prefill and train steps, runs them as fast
+(docs/performance.md#the-main-jobs-wall-time).
 The level is an XLA flag, read once when the backend starts, so it goes into XLA_FLAGS before
 the first JAX computation; it applies to every executable of the process.
 """
