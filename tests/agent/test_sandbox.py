@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -411,8 +414,17 @@ time.sleep(300)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
-def test_owner_termination_leaves_no_process(signum):
-    owner = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT], stdout=subprocess.PIPE, cwd=REPO_ROOT, text=True)
+def test_owner_termination_leaves_no_process(signum, monkeypatch):
+    # The owner's temp dir is its own: a sandbox started by another test process sweeps the
+    # shared temp dir, and would remove a killed owner's directories before this test looks.
+    temp_root = Path(tempfile.mkdtemp(prefix="pyvision_owner_test_"))
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER_SCRIPT],
+        stdout=subprocess.PIPE,
+        cwd=REPO_ROOT,
+        env={**os.environ, "TMPDIR": str(temp_root)},
+        text=True,
+    )
     try:
         report = json.loads(owner.stdout.readline())
         trace = process_footprint(report["pids"])
@@ -424,9 +436,11 @@ def test_owner_termination_leaves_no_process(signum):
         assert owner.wait(timeout=30) == -signum
         assert_gone(trace, grace_s=10)
         if signum == signal.SIGKILL:  # no cleanup was possible: the next owner sweeps
-            assert all(path.is_dir() for path in dirs)
+            assert all(path.is_dir() and temp_root in path.parents for path in dirs)
+            monkeypatch.setattr(tempfile, "tempdir", str(temp_root))
             sweep_abandoned_host_dirs()
         assert not any(path.exists() for path in dirs)
     finally:
         owner.kill()
         owner.wait()
+        shutil.rmtree(temp_root, ignore_errors=True)
