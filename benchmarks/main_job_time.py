@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
 import statistics
 import subprocess
@@ -26,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.machine import describe_machine
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = "configs/tiny_cpu.py"
@@ -37,12 +37,6 @@ REFERENCE = (
 )
 VARIANTS = {"reference": REFERENCE, "default": ()}
 STEP_LINE = re.compile(r"^step (\d+)/\d+ \|.*\| step_s ([\d.]+) \| wait_s ([\d.]+) \|", re.M)
-
-
-def machine() -> str:
-    with open("/proc/meminfo") as f:
-        total_kib = int(f.readline().split()[1])
-    return f"{os.cpu_count()} CPU cores, {total_kib / 2**20:.0f} GiB, {platform.processor() or platform.machine()}"
 
 
 def run_job(variant: str, overrides: list[str], workdir: Path) -> dict:
@@ -119,7 +113,7 @@ def main() -> None:
             "job": f".venv/bin/python launch/train.py --config {CONFIG} --workdir WORKDIR (fresh)",
             "reference_overrides": list(REFERENCE),
             "overrides": overrides,
-            "machine": machine(),
+            "machine": describe_machine(),
             **summary,
             "runs": runs,
         }

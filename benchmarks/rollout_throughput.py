@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +37,7 @@ from typing import Any
 
 import jax
 
+from benchmarks.machine import describe_machine
 from configs.kinds_cpu import get_config
 from pyvision_jax import wiring
 from pyvision_jax.agent.engine import Engine, GenerationRequest, GenerationResult, SamplingParams
@@ -258,7 +260,14 @@ def main() -> None:
     print(" prefilled / reused: prompt tokens prefilled and taken from a held cache; compiles: in timed rounds)")
     print_rounds(results)
     if args.out:
-        Path(args.out).write_text(json.dumps({"tasks": tasks, "rounds": args.rounds, "results": results}, indent=1))
+        report = {
+            "command": " ".join([".venv/bin/python -m benchmarks.rollout_throughput", *sys.argv[1:]]),
+            "machine": describe_machine(),
+            "tasks": tasks,
+            "rounds": args.rounds,
+            "results": results,
+        }
+        Path(args.out).write_text(json.dumps(report, indent=1))
         print(f"results: {args.out}")
 
 

@@ -23,6 +23,7 @@ from PIL import Image
 from pyvision_jax.agent.sandbox import STATE_LOST_NOTICE, SandboxConfig, SandboxPool, fork_server
 from pyvision_jax.agent.sandbox import sandbox as sandbox_module
 from pyvision_jax.agent.sandbox.isolation import SANDBOX_WORKDIR, python_roots_in_workdir
+from pyvision_jax.agent.sandbox.runtime.template import PRELOADED_MODULES
 from tests.agent.sandbox_probes import assert_gone, descendants, footprint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -186,6 +187,18 @@ def test_forks_draw_their_own_random_numbers(pool):
     assert draws[0] != draws[1]
     for box in boxes:
         pool.release(box)
+
+
+def test_forks_start_with_the_libraries_model_code_imports_already_imported(pool):
+    # scipy.ndimage took 0.16-0.23 s to import in each runtime, and the toy's policies import it
+    # in most tool calls (docs/performance.md, "Rollout throughput").
+    box = pool.acquire(timeout_s=120)
+    loaded = box.run(f"import sys\nprint([name for name in {PRELOADED_MODULES!r} if name not in sys.modules])")
+    labels = box.run("from scipy import ndimage\nprint(ndimage.label(np.eye(3, dtype=bool))[1])")
+    pool.release(box)
+    assert "scipy.ndimage" in PRELOADED_MODULES
+    assert (loaded.stdout, loaded.error) == ("[]\n", None)
+    assert (labels.stdout, labels.error) == ("3\n", None)  # diagonal pixels: not 4-connected
 
 
 def test_a_dead_template_takes_its_runtimes_along_and_is_restarted():

@@ -64,6 +64,7 @@ PRELOADED_MODULES = (
     "matplotlib.pyplot",
     "matplotlib.backends.backend_agg",
     "decord",
+    "scipy.ndimage",
 )
 _SANDBOX_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # one directory, never ".."
 _MAX_MESSAGE_BYTES = 1 << 20
