@@ -188,7 +188,7 @@ def test_rollout_warm_up_compiles_the_jax_engines_shapes_images_included_when_bu
     model, params = wiring.load_model(config)
     engine = wiring.jax_engine(config, model, params, wiring.load_tokenizer(config), version=0, max_total_tokens=64)
     # one batch size, one length bucket and extension bucket, one cache length: text and image blocks
-    expected = {"prefill": 2, "extend": 2, "decode": 1, "compact": 1, "permute": 1, "grow": 0}
+    expected = {"prefill": 2, "extend": 2, "decode": 1, "compact": 1, "swap": 0, "grow": 0}
     assert engine.compile_counts == (expected if warm_up else dict.fromkeys(expected, 0))
     assert not engine.calls
     # blocks with images start at the floors of one image per row either way (no creeping shapes)

@@ -5,7 +5,7 @@ for each cache length the engine can use (a length bucket plus ``decode_chunk``,
 ``min_cache_length``), prefill of every (prefill batch size, length bucket) that fits the
 cache, extension of every (prefill batch size, extension bucket), decode of every decode
 batch size at every live span (``decode_loop``: the cache lengths up to the cache's), the
-compaction and row permutation, and growth to each larger cache length.
+compaction, row swaps of each pair count, and growth to each larger cache length.
 Blocks with images add a vision layout to the prefill and extension inputs, at the engine's
 vision floors per (kind, batch size) (``vision_floors``: fixed up front from the image tokens
 a row is expected to hold; a block with more images raises its floor and compiles once more).
@@ -105,11 +105,14 @@ def warm_up(engine: Any, images: bool) -> WarmUp:
                 )
                 calls += 1
         cache = kv._compact(cache, jnp.zeros(engine.max_batch, jnp.int32), jnp.asarray(0, jnp.int32))
-        cache = kv._permute(cache, jnp.arange(engine.max_batch, dtype=jnp.int32))
+        for pairs in kv.swap_sizes:
+            rows = jnp.zeros(2 * pairs, jnp.int32)
+            cache = kv._swap(cache, rows, rows)
+            calls += 1
         for larger in (n for n in lengths if n > length):
             kv._grow(cache, larger)
             calls += 1
         cache.valid.block_until_ready()
-        calls += 2
+        calls += 1
     engine._vision.floors = floors
     return WarmUp(engine.compiles - compiled, calls, time.perf_counter() - began)

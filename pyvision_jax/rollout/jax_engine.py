@@ -155,7 +155,15 @@ class JaxEngine:
         self._params, placement = placements(unstack_layers(jax.tree.map(jnp.asarray, params)))
         counts = self.trace_counts, self.calls
         self._kv = SlotCache(
-            config, max_batch, buckets, decode_chunk, self.cache_dtype, min_cache_length, *counts, placement
+            config,
+            max_batch,
+            buckets,
+            decode_chunk,
+            self.cache_dtype,
+            min_cache_length,
+            *counts,
+            placement,
+            decode_batches=self.decode_batches,
         )
         self._version = int(version)
         self._lock = threading.Lock()
@@ -420,15 +428,17 @@ class JaxEngine:
         version: int,
     ) -> None:
         """Runs up to `decode_chunk` tokens for the first slots (a decode batch size holding
-        every active one, moved to the front if needed) and hands each slot its tokens."""
+        every active one, swapped to the front if needed) and hands each slot its tokens."""
         slots = self._slots
         self._kv.make_room(0, self.decode_chunk)
         active = [i for i, s in enumerate(slots) if isinstance(s, DecodingSlot)]
         rows = smallest_bucket(len(active), self.decode_batches)
-        if active[-1] >= rows:
-            order = active + [i for i, s in enumerate(slots) if not isinstance(s, DecodingSlot)]
-            self._kv.permute_rows(np.asarray(order, np.int32))
-            slots[:] = [slots[i] for i in order]
+        if active[-1] >= rows:  # the active rows beyond the batch trade places with others in it
+            beyond = [i for i in active if i >= rows]
+            within = [i for i in range(rows) if not isinstance(slots[i], DecodingSlot)][: len(beyond)]
+            self._kv.swap_rows(within, beyond)
+            for a, b in zip(within, beyond):
+                slots[a], slots[b] = slots[b], slots[a]
         running = [s if isinstance(s, DecodingSlot) else None for s in slots[:rows]]
         live = np.array([s is not None for s in running])
         column = lambda value, dtype=np.int32: np.array([value(s) if s else 0 for s in running], dtype)

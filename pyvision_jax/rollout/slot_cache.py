@@ -9,7 +9,8 @@ slot ending at ``index`` (its leading padding may wrap to the row's free end; jo
 the row's stale columns); a continued request's row is rebuilt ending at ``index`` (see
 ``pyvision_jax.rollout.cache_rows``); a decode dispatch appends columns to the first rows,
 which hold every active slot (inactive ones write masked, invalid columns), and leaves the
-free rows after them as they are (``permute_rows`` moves active rows to the front).
+free rows after them as they are (``swap_rows`` moves active rows to the front, trading places
+with free or held ones).
 
 ``content[row]`` is the number of leading valid columns of the row worth keeping: all of an
 active row's, the context of a held row (the columns a stop string's overrun wrote after it
@@ -39,6 +40,14 @@ def smallest_bucket(value: int, buckets: Sequence[int]) -> int | None:
     return buckets[position] if position < len(buckets) else None
 
 
+def swap_sizes(max_batch: int, decode_batches: Sequence[int]) -> tuple[int, ...]:
+    """The pair counts a row swap is padded to: powers of two up to the most pairs a decode
+    batch smaller than `max_batch` can need (its rows that are free or held, at most as many as
+    the active rows beyond it), that most included; none when every decode uses all rows."""
+    most = max((min(rows, max_batch - rows) for rows in decode_batches if rows < max_batch), default=0)
+    return tuple(sorted({min(1 << k, most) for k in range(most.bit_length() + 1)} - {0}))
+
+
 def compact_columns(cache: KVCache, keep: jax.Array, end: jax.Array, length: int) -> KVCache:
     """Rows of `length` columns holding each row's first keep[b] valid columns, in order, at
     columns [end - keep[b], end); every other column is invalid (keep [B]).
@@ -61,7 +70,7 @@ class SlotCache:
     The engine's jitted prefill, extension and decode read ``cache`` (donating it) and
     ``index``, store what they return and keep ``content`` up to date; this class sizes,
     compacts and grows the cache. ``trace_counts`` and ``calls`` are the engine's counters,
-    to which the compact, grow and permute functions add. ``placement`` (a sharding) commits
+    to which the compact, grow and swap functions add. ``placement`` (a sharding) commits
     a new cache where the engine's weights are, so that it enters the jitted functions as their
     outputs do (an uncommitted new cache would compile each of them once more).
     """
@@ -77,12 +86,14 @@ class SlotCache:
         trace_counts: Counter[str],
         calls: Counter[str],
         placement: jax.sharding.Sharding | None = None,
+        decode_batches: Sequence[int] = (),
     ):
         self.config = config
         self.placement = placement
         self.max_batch = max_batch
         self.length_buckets = tuple(length_buckets)
         self.decode_chunk = decode_chunk
+        self.swap_sizes = swap_sizes(max_batch, decode_batches)
         self.dtype = dtype
         self.trace_counts = trace_counts
         self.calls = calls
@@ -92,15 +103,15 @@ class SlotCache:
         self.content = np.zeros(max_batch, np.int64)
         self._compact = jax.jit(self._compact_impl, donate_argnums=(0,))
         self._grow = jax.jit(self._grow_impl, static_argnums=(1,))
-        self._permute = jax.jit(self._permute_impl, donate_argnums=(0,))
+        self._swap = jax.jit(self._swap_impl, donate_argnums=(0,))
 
     @property
     def compile_counts(self) -> dict[str, int]:
-        """Compiled executables of the compact, grow and row-permute functions."""
+        """Compiled executables of the compact, grow and row-swap functions."""
         return {
             "compact": self._compact._cache_size(),
             "grow": self._grow._cache_size(),
-            "permute": self._permute._cache_size(),
+            "swap": self._swap._cache_size(),
         }
 
     def capacity(self, needed: int) -> int:
@@ -156,12 +167,18 @@ class SlotCache:
             self.calls["compact"] += 1
             self.index = target
 
-    def permute_rows(self, order: np.ndarray) -> None:
-        """Row i of the cache becomes row order[i] (a permutation of the slots); columns and
-        the write index stay."""
-        self.cache = self._permute(self.cache, jnp.asarray(order))
-        self.content = self.content[order]
-        self.calls["permute"] += 1
+    def swap_rows(self, first: Sequence[int], second: Sequence[int]) -> None:
+        """Rows first[k] and second[k] trade places (distinct rows); the other rows, the
+        columns and the write index stay. Only the swapped rows are read and written, in a
+        dispatch of the smallest pair count of ``swap_sizes`` that holds them (padded with
+        the first pair again: every write to a row carries the same values)."""
+        pairs = len(first)
+        size = smallest_bucket(pairs, self.swap_sizes)
+        targets = np.array([*first, *second] + [first[0]] * (size - pairs) * 2, np.int32)
+        sources = np.array([*second, *first] + [second[0]] * (size - pairs) * 2, np.int32)
+        self.cache = self._swap(self.cache, jnp.asarray(targets), jnp.asarray(sources))
+        self.content[targets] = self.content[sources]
+        self.calls["swap"] += 1
 
     def _grow_to(self, needed: int) -> None:
         self.cache = self._grow(self.cache, self.capacity(needed))
@@ -173,10 +190,11 @@ class SlotCache:
         self.trace_counts["compact"] += 1
         return compact_columns(cache, keep, index, cache.max_length).replace(index=index)
 
-    def _permute_impl(self, cache: KVCache, order: jax.Array) -> KVCache:
-        """Gathers the rows of keys, values and validity in `order`."""
-        self.trace_counts["permute"] += 1
-        return cache.map_rows(lambda x: x[order])
+    def _swap_impl(self, cache: KVCache, targets: jax.Array, sources: jax.Array) -> KVCache:
+        """Rows `targets` of keys, values and validity set to rows `sources` (read before any
+        write), in place in the donated cache."""
+        self.trace_counts["swap"] += 1
+        return cache.map_rows(lambda x: x.at[targets].set(x[sources]))
 
     def _grow_impl(self, cache: KVCache, length: int) -> KVCache:
         """The same cache with `length` columns (new ones empty and invalid)."""

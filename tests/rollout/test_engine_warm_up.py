@@ -86,7 +86,7 @@ def test_after_warm_up_the_workload_compiles_nothing_and_samples_the_same_tokens
     report = warmed.warm_up()
     compiled = warmed.compile_counts
     assert report.compiles == sum(compiled.values()) > 0
-    assert all(compiled[name] > 0 for name in ("prefill", "extend", "decode", "compact", "permute"))
+    assert all(compiled[name] > 0 for name in ("prefill", "extend", "decode", "compact", "swap"))
     assert not warmed.calls and not warmed.token_counts and warmed.held_slots == 0
 
     outputs = workload(warmed, config, tokenizer)

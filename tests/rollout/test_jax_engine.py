@@ -40,8 +40,7 @@ def model():
     return config, random_params(config, seed=0)
 
 
-@pytest.fixture(scope="module")
-def engine(model, tokenizer):
+def build_engine(model, tokenizer) -> JaxEngine:
     config, params = model
     return JaxEngine(
         config,
@@ -55,6 +54,11 @@ def engine(model, tokenizer):
         eos_token_ids=(),
         version=3,
     )
+
+
+@pytest.fixture(scope="module")
+def engine(model, tokenizer):
+    return build_engine(model, tokenizer)
 
 
 def image_request(config, tokenizer, request_id="img", seed=0):
@@ -197,23 +201,24 @@ def test_stragglers_decode_in_a_smaller_batch_moved_to_the_front(model, tokenize
         for request, result in zip(requests, results):
             assert len(result.token_ids) == request.max_new_tokens
             assert_greedy(config, params, request, result)
-        assert small.calls["permute"] == 1 and small.calls["extend"] == attempt
-        assert small.compile_counts["decode"] == 2 and small.compile_counts["permute"] == 1
+        assert small.calls["swap"] == 1 and small.calls["extend"] == attempt
+        assert small.compile_counts["decode"] == 2 and small.compile_counts["swap"] == 1
     with pytest.raises(ValueError, match="decode_batch_sizes"):
         JaxEngine(config, params, tokenizer, max_batch=4, decode_batch_sizes=(1, 2))
 
 
-def test_long_generations_compact_the_cache_and_later_joins_stay_correct(model, tokenizer, engine):
-    """More tokens than the cache's columns: rows are compacted left while others join."""
+def test_long_generations_compact_the_cache_and_later_joins_stay_correct(model, tokenizer):
+    """More tokens than the cache's columns: rows are compacted left while others join. An
+    engine of its own: contexts other tests leave held would change when compaction is due."""
     config, params = model
+    engine = build_engine(model, tokenizer)
     limits = (400, 160, 100, 100, 450, 120)  # the 450 joins late and ends after column 516
     requests = [
         GenerationRequest(f"long{i}", text_ids(tokenizer, f"request number {i}"), max_new_tokens=limit)
         for i, limit in enumerate(limits)
     ]
-    compactions = engine.calls["compact"]
     results = engine.generate(requests, SamplingParams(temperature=0.0, max_new_tokens=450))
-    assert engine.calls["compact"] >= compactions + 2 and engine.calls["grow"] == 0
+    assert engine.calls["compact"] >= 2 and engine.calls["grow"] == 0
     for request, result, limit in zip(requests, results, limits):
         assert len(result.token_ids) == limit
         assert_greedy(config, params, request, result)
