@@ -155,15 +155,7 @@ class JaxEngine:
         self._params, placement = placements(unstack_layers(jax.tree.map(jnp.asarray, params)))
         counts = self.trace_counts, self.calls
         self._kv = SlotCache(
-            config,
-            max_batch,
-            buckets,
-            decode_chunk,
-            self.cache_dtype,
-            min_cache_length,
-            *counts,
-            placement,
-            decode_batches=self.decode_batches,
+            config, self.decode_batches, buckets, decode_chunk, self.cache_dtype, min_cache_length, *counts, placement
         )
         self._version = int(version)
         self._lock = threading.Lock()
@@ -436,9 +428,7 @@ class JaxEngine:
         if active[-1] >= rows:  # the active rows beyond the batch trade places with others in it
             beyond = [i for i in active if i >= rows]
             within = [i for i in range(rows) if not isinstance(slots[i], DecodingSlot)][: len(beyond)]
-            self._kv.swap_rows(within, beyond)
-            for a, b in zip(within, beyond):
-                slots[a], slots[b] = slots[b], slots[a]
+            self._kv.swap_rows(within, beyond, alongside=slots)
         running = [s if isinstance(s, DecodingSlot) else None for s in slots[:rows]]
         live = np.array([s is not None for s in running])
         column = lambda value, dtype=np.int32: np.array([value(s) if s else 0 for s in running], dtype)

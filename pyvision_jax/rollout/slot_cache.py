@@ -64,8 +64,8 @@ def compact_columns(cache: KVCache, keep: jax.Array, end: jax.Array, length: int
 
 
 class SlotCache:
-    """The KV cache [max_batch, S] of the decode slots, its shared write column and the
-    columns each row keeps (``content``).
+    """The KV cache [max_batch, S] of the decode slots (max_batch: the largest decode batch
+    size), its shared write column and the columns each row keeps (``content``).
 
     The engine's jitted prefill, extension and decode read ``cache`` (donating it) and
     ``index``, store what they return and keep ``content`` up to date; this class sizes,
@@ -78,7 +78,7 @@ class SlotCache:
     def __init__(
         self,
         config: ModelConfig,
-        max_batch: int,
+        decode_batches: Sequence[int],
         length_buckets: Sequence[int],
         decode_chunk: int,
         dtype: Any,
@@ -86,11 +86,10 @@ class SlotCache:
         trace_counts: Counter[str],
         calls: Counter[str],
         placement: jax.sharding.Sharding | None = None,
-        decode_batches: Sequence[int] = (),
     ):
         self.config = config
         self.placement = placement
-        self.max_batch = max_batch
+        self.max_batch = max_batch = decode_batches[-1]
         self.length_buckets = tuple(length_buckets)
         self.decode_chunk = decode_chunk
         self.swap_sizes = swap_sizes(max_batch, decode_batches)
@@ -167,17 +166,22 @@ class SlotCache:
             self.calls["compact"] += 1
             self.index = target
 
-    def swap_rows(self, first: Sequence[int], second: Sequence[int]) -> None:
-        """Rows first[k] and second[k] trade places (distinct rows); the other rows, the
-        columns and the write index stay. Only the swapped rows are read and written, in a
-        dispatch of the smallest pair count of ``swap_sizes`` that holds them (padded with
-        the first pair again: every write to a row carries the same values)."""
+    def swap_rows(self, first: Sequence[int], second: Sequence[int], alongside: list[Any] | None = None) -> None:
+        """Rows first[k] and second[k] trade places (distinct rows), and so do those entries of
+        `alongside` (the engine's slots); the other rows, the columns and the write index stay.
+        Only the swapped rows are read and written, in a dispatch of the smallest pair count of
+        ``swap_sizes`` that holds them (padded with the first pair again: every write to a row
+        carries the same values)."""
         pairs = len(first)
         size = smallest_bucket(pairs, self.swap_sizes)
         targets = np.array([*first, *second] + [first[0]] * (size - pairs) * 2, np.int32)
         sources = np.array([*second, *first] + [second[0]] * (size - pairs) * 2, np.int32)
         self.cache = self._swap(self.cache, jnp.asarray(targets), jnp.asarray(sources))
         self.content[targets] = self.content[sources]
+        if alongside is not None:
+            before = list(alongside)
+            for target, source in zip(targets[: 2 * pairs], sources[: 2 * pairs]):
+                alongside[target] = before[source]
         self.calls["swap"] += 1
 
     def _grow_to(self, needed: int) -> None:

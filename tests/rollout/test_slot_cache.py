@@ -28,7 +28,7 @@ def test_swap_sizes_are_powers_of_two_up_to_the_most_pairs_a_decode_batch_needs(
 @pytest.mark.parametrize("first, second", [([0, 2], [5, 3]), ([1, 0, 2], [7, 6, 4])])  # 3 pairs: padded to 4
 def test_swapped_rows_trade_places_and_every_other_row_stays(first, second):
     config = ModelConfig.preset("tiny")
-    slots = SlotCache(config, 8, (16,), 4, jnp.float32, 16, Counter(), Counter(), decode_batches=(2, 4, 8))
+    slots = SlotCache(config, (2, 4, 8), (16,), 4, jnp.float32, 16, Counter(), Counter())
     assert slots.swap_sizes == (1, 2, 4)
     empty = KVCache.init(config, 8, 20)
     draws = iter(jax.random.split(jax.random.key(0), 2 * config.num_hidden_layers))
@@ -42,7 +42,8 @@ def test_swapped_rows_trade_places_and_every_other_row_stays(first, second):
     slots.index, slots.content = 13, np.arange(8) * 10
     before = jax.tree.map(np.asarray, slots.cache)
 
-    slots.swap_rows(first, second)
+    names = [f"slot {row}" for row in range(8)]
+    slots.swap_rows(first, second, alongside=names)
 
     order = np.arange(8)
     order[first], order[second] = second, first
@@ -51,4 +52,5 @@ def test_swapped_rows_trade_places_and_every_other_row_stays(first, second):
         np.testing.assert_array_equal(got, was[order])
     assert int(after.index) == slots.index == 13
     assert slots.content.tolist() == (order * 10).tolist()
+    assert names == [f"slot {row}" for row in order]
     assert slots.calls["swap"] == 1 and slots.compile_counts["swap"] == 1
